@@ -1,0 +1,42 @@
+# Two commands a new user needs: `make run` and `make test`. Both set up what
+# they need (a virtualenv from PyPI, Delta's jars from Maven Central) and are
+# safe to run again.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+JARS_STAMP := .cache/ivy/.delta-jars
+
+.PHONY: run test test-fast setup bench proto clean
+
+setup: $(STAMP) $(JARS_STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+$(JARS_STAMP): $(STAMP)
+	$(BIN)/python -m storage.spark
+	touch $(JARS_STAMP)
+
+run: setup
+	$(BIN)/taproot run
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m unit
+
+bench: setup
+	$(BIN)/taproot bench
+
+proto: $(STAMP)
+	$(BIN)/python -m pip install --quiet 'grpcio-tools>=1.85.1'
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. protocol/taproot.proto
+
+clean:
+	rm -rf $(VENV) .cache data

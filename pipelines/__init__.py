@@ -1,0 +1,7 @@
+"""Spark Structured Streaming jobs (pyspark + delta-spark).
+
+Owns: the dedup pipeline (raw PUT log -> delivery log, exactly once, GUID
+history in RocksDB state). Writes only Spark-owned tables (the delivery log);
+reads delta-rs-owned ones. May import: conf, protocol, storage. Transforms are
+pure `DataFrame -> DataFrame` functions; the stream wiring is separate.
+"""

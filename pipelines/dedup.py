@@ -1,0 +1,100 @@
+"""The dedup pipeline: raw PUT log -> delivery log, exactly once.
+
+One Structured Streaming query per partition:
+
+    readStream(delta: partition-NNN/puts)
+      -> dedup_puts: drop GUIDs seen within the history window (RocksDB state,
+         checkpointed, so the history survives a restart of the job)
+      -> foreachBatch: append to partition-NNN/delivery with txnAppId/txnVersion
+         (a replayed batch is skipped by Delta), then notify the primary.
+
+PUT order: the delivery log carries each message's partition sequence number
+(`seq`, assigned by the primary in commit order); the primary pushes in `seq`
+order, so a queue's PUT order is kept whatever the file layout.
+
+Why `put_time` is a safe watermark column: the primary makes it monotonic per
+partition (it never goes below the last committed value), so no row is ever
+older than the watermark and `dropDuplicatesWithinWatermark` never drops a row
+as late; it only drops a GUID seen within the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from storage.tables import PartitionPaths
+
+log = logging.getLogger(__name__)
+
+
+def dedup_puts(puts: DataFrame, history_window_ms: int) -> DataFrame:
+    """Drop rows whose GUID was already seen within `history_window_ms` (streaming only)."""
+    return (puts.withWatermark("put_time", f"{history_window_ms} milliseconds")
+            .dropDuplicatesWithinWatermark(["guid"]))
+
+
+def to_delivery_rows(batch: DataFrame, batch_id: int) -> DataFrame:
+    """Add the delivery log's own columns to a deduplicated batch."""
+    return batch.withColumn("delivered_time", F.current_timestamp()).withColumn("batch_id", F.lit(batch_id).cast("bigint"))
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    rows: int = 0
+    last_batch_ms: float = 0.0
+    durations_ms: list[float] = field(default_factory=list)
+
+
+def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
+                      trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
+                      on_batch: Callable[[int, int], None] | None = None):
+    """Start the dedup query for one partition; returns (query, stats).
+
+    `on_batch(partition, rows)` runs after each committed non-empty batch (the
+    runner uses it to tell the primary there are new delivery rows).
+    """
+    stats = BatchStats()
+    query_id_ready = threading.Event()
+    app_id: list[str] = []
+
+    def write_batch(batch: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        query_id_ready.wait()
+        rows = to_delivery_rows(batch, batch_id).persist()
+        try:
+            count = rows.count()
+            if count:
+                # txnAppId is the query id: stable for a checkpoint, new for a new one
+                # (a reused appId with a fresh checkpoint would silently skip writes).
+                (rows.write.format("delta").mode("append")
+                 .option("txnAppId", app_id[0]).option("txnVersion", batch_id)
+                 .save(paths.delivery))
+        finally:
+            rows.unpersist()
+        stats.batches += 1
+        stats.rows += count
+        stats.last_batch_ms = (time.perf_counter() - started) * 1000
+        stats.durations_ms = (stats.durations_ms + [stats.last_batch_ms])[-1000:]
+        if count and on_batch is not None:
+            on_batch(paths.partition, count)
+
+    puts = (spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", max_files_per_trigger)
+            .load(paths.puts))
+    query = (dedup_puts(puts, history_window_ms).writeStream
+             .queryName(f"taproot-dedup-{paths.partition:03d}")
+             .option("checkpointLocation", paths.dedup_checkpoint)
+             .foreachBatch(write_batch)
+             .trigger(processingTime=f"{trigger_interval_ms} milliseconds")
+             .start())
+    app_id.append(f"taproot-delivery-{query.id}")
+    query_id_ready.set()
+    return query, stats

@@ -1,0 +1,97 @@
+"""`taproot pipeline`: runs the dedup query of every partition in one Spark app."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import grpc
+
+import conf
+from pipelines.dedup import start_dedup_query
+from protocol import pb, pb_grpc
+from protocol.stream import write_ready_file
+from storage import deltars, tables
+from storage import spark as spark_factory
+
+log = logging.getLogger(__name__)
+DEFAULT_HISTORY_WINDOW_MS = 300_000
+
+
+class DeliveryNotifier:
+    """Tells the primary that new delivery rows exist. Best effort: the primary
+    also tails the log, so a lost notice costs latency, never messages."""
+
+    def __init__(self, address: str | None):
+        self._stub = pb_grpc.BrokerStub(grpc.insecure_channel(address)) if address else None
+
+    def __call__(self, partition: int, rows: int) -> None:
+        if self._stub is None:
+            return
+        try:
+            self._stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0)
+        except grpc.RpcError as exc:
+            log.debug("delivery notice for partition %d not delivered: %s", partition, exc.code())
+
+
+def history_window_ms(config: conf.ClusterConfig) -> int:
+    """One query serves every domain of a partition, so it keeps the longest
+    window: a domain with a shorter window gets more dedup, never less."""
+    windows = [d.dedup_history_window_ms for d in config.domains.values()]
+    return max(windows) if windows else DEFAULT_HISTORY_WINDOW_MS
+
+
+def wait_for_table(path: str, stop: threading.Event, timeout_s: float = 600) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set() and time.monotonic() < deadline:
+        if deltars.try_open(path) is not None:
+            return True
+        stop.wait(0.2)
+    return False
+
+
+def create_delivery_table(spark, path: str) -> None:
+    """Create the delivery log (Spark owns it) with its documented schema and properties."""
+    properties = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({tables.spark_ddl(tables.DELIVERY_SCHEMA)}) "
+              f"USING DELTA TBLPROPERTIES ({properties})")
+
+
+def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,
+        stop_event: threading.Event | None = None) -> int:
+    stop = stop_event or threading.Event()
+    if stop_event is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    address = node_address or config.nodes[0].address
+    spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
+    notifier = DeliveryNotifier(address)
+    window = history_window_ms(config)
+    queries = []
+    for index in range(config.partitions):
+        paths = tables.PartitionPaths(config.data_dir, index)
+        if not wait_for_table(paths.puts, stop):
+            log.error("partition %d: PUT log %s never appeared", index, paths.puts)
+            return 1
+        create_delivery_table(spark, paths.delivery)
+        query, _ = start_dedup_query(spark, paths, window,
+                                     trigger_interval_ms=config.pipeline.trigger_interval_ms,
+                                     max_files_per_trigger=config.pipeline.max_files_per_trigger,
+                                     on_batch=notifier)
+        queries.append(query)
+    log.info("pipeline running %d dedup quer%s (history window %d ms)", len(queries),
+             "y" if len(queries) == 1 else "ies", window)
+    write_ready_file(ready_file, queries=[q.name for q in queries])
+    failed = None
+    while not stop.is_set() and failed is None:
+        stop.wait(0.5)
+        failed = next((q for q in queries if not q.isActive), None)
+    for q in queries:
+        if q.isActive:
+            q.stop()
+    if failed is not None:
+        log.error("query %s stopped: %s", failed.name, failed.exception())
+    spark.stop()
+    return 1 if failed is not None else 0

@@ -1,0 +1,240 @@
+"""One storage partition on its primary: the PUT and confirm logs (delta-rs
+writers), the queues mapped to it, and the tail of its delivery log.
+
+Threads: one group-commit thread for PUTs, one for CONFIRMs, one tailer for
+the delivery log. Routing state (`QueueState.dispatcher`) is guarded by
+`Partition.lock`; links are only ever written through `Link.send`, which is
+thread safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from conf import ClusterConfig, DomainConfig
+from primary.dispatcher import QueueDispatcher, StoredMessage
+from primary.group_commit import GroupCommitter, GroupPolicy
+from protocol import ResultCode, pb
+from protocol.properties import maps_to_wire, wire_to_maps
+from protocol.uri import QueueUri
+from storage import deltars, tables
+from taproot.clock import wall_time_us
+
+if TYPE_CHECKING:
+    from primary.links import Link
+
+log = logging.getLogger(__name__)
+PUSH_FRAME_MESSAGES_MAX = 1000
+
+
+@dataclass
+class QueueState:
+    uri: QueueUri
+    domain: DomainConfig
+    dispatcher: QueueDispatcher = field(default_factory=QueueDispatcher)
+
+
+@dataclass
+class PendingPut:
+    link: "Link"
+    queue_id: int
+    queue: QueueState
+    message: pb.PutMessage
+
+
+@dataclass
+class PendingConfirm:
+    queue: QueueState
+    app_id: str
+    message: StoredMessage
+
+
+def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
+    """Send dispatcher output ((link, queue_id), message) as PushBatch frames, one
+    or more per link, in order."""
+    by_link: dict["Link", list[pb.PushMessage]] = {}
+    for (link, queue_id), message in pushes:
+        by_link.setdefault(link, []).append(pb.PushMessage(
+            queue_id=queue_id, guid=message.guid, payload=message.payload,
+            properties=message.properties, put_time_us=message.put_time_us,
+            delivery_count=message.delivery_count, sequence=message.seq))
+    for link, messages in by_link.items():
+        for start in range(0, len(messages), frame_messages_max):
+            link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
+
+
+def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:
+    by_link: dict["Link", list[pb.AckMessage]] = {}
+    for link, ack in acks:
+        by_link.setdefault(link, []).append(ack)
+    for link, messages in by_link.items():
+        link.send(pb.Frame(ack=pb.AckBatch(messages=messages)))
+
+
+class Partition:
+    def __init__(self, index: int, config: ClusterConfig, epoch: int = 1):
+        self.index = index
+        self.config = config
+        self.paths = tables.PartitionPaths(config.data_dir, index)
+        self.epoch = epoch
+        self.lock = threading.RLock()
+        self.queues: dict[tuple[str, str], QueueState] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA)
+        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA)
+        self._next_seq = self._max_column("seq") + 1
+        # put_time never goes backwards within a partition: the pipeline uses it
+        # as its watermark, and a row older than the watermark would be dropped.
+        self._last_put_us = self._max_column("put_time")
+        self._delivery_version = -1
+        policy = GroupPolicy(config.primary.group_commit_max_messages,
+                             config.primary.group_commit_max_bytes,
+                             config.primary.group_commit_linger_ms)
+        self.put_committer: GroupCommitter[PendingPut] = GroupCommitter(
+            f"puts-{index}", self._commit_puts, policy, config.primary.pending_puts_max)
+        self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
+            f"confirms-{index}", self._commit_confirms, policy, 10_000_000)
+        self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
+        self.on_pushes: Callable[[list], None] = send_pushes
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> None:
+        self._recover()
+        self.put_committer.start()
+        self.confirm_committer.start()
+        self._tailer.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self.put_committer.stop()
+        self.confirm_committer.stop()
+        self._tailer.join(10)
+
+    def notify_delivery(self) -> None:
+        self._wake.set()
+
+    def queue_state(self, uri: QueueUri, domain: DomainConfig) -> QueueState:
+        key = (uri.domain, uri.queue)
+        with self.lock:
+            state = self.queues.get(key)
+            if state is None:
+                state = self.queues[key] = QueueState(uri, domain)
+            return state
+
+    def _max_column(self, column: str) -> int:
+        """Max of an int64/timestamp column from file statistics (no data read)."""
+        actions = pa.table(self._puts.table.get_add_actions(flatten=True))
+        name = f"max.{column}"
+        if actions.num_rows == 0 or name not in actions.column_names:
+            return -1
+        values = actions[name]
+        if pa.types.is_timestamp(values.type):
+            values = values.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        value = pc.max(values).as_py()
+        return -1 if value is None else int(value)
+
+    def _recover(self) -> None:
+        """Rebuild what is unconfirmed: every delivery row whose GUID has no confirm."""
+        confirmed = set(self._confirms.table.to_pyarrow_table(columns=["guid"])["guid"].to_pylist())
+        self._catch_up(skip=confirmed)
+        log.info("partition %d recovered: next seq %d, delivery version %d, %d confirmed skipped",
+                 self.index, self._next_seq, self._delivery_version, len(confirmed))
+
+    # -- PUT path -----------------------------------------------------------
+    def _commit_puts(self, items: list[PendingPut]) -> None:
+        now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
+        count = len(items)
+        first_seq = self._next_seq
+        self._next_seq += count
+        props = [wire_to_maps(i.message.properties) for i in items]
+        batch = pa.table({
+            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
+            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
+            "guid": pa.array([i.message.guid for i in items], pa.binary()),
+            "seq": pa.array(range(first_seq, first_seq + count), pa.int64()),
+            "payload": pa.array([i.message.payload for i in items], pa.binary()),
+            "properties": pa.array([p[0] for p in props], tables.PROPERTY_MAP),
+            "property_types": pa.array([p[1] for p in props], tables.PROPERTY_MAP),
+            "producer_time": pa.array([i.message.put_time_us or None for i in items], tables.TIMESTAMP),
+            "put_time": pa.array([now_us] * count, tables.TIMESTAMP),
+            "epoch": pa.array([self.epoch] * count, pa.int64()),
+        }, schema=tables.PUTS_SCHEMA)
+        code, text = ResultCode.SUCCESS, ""
+        try:
+            self._puts.append(batch)
+        except Exception as exc:
+            log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
+            code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
+        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=int(code),
+                                          message=text)) for i in items])
+
+    def _commit_confirms(self, items: list[PendingConfirm]) -> None:
+        now = datetime.now(timezone.utc)
+        batch = pa.table({
+            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
+            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
+            "app_id": pa.array([i.app_id for i in items], pa.string()),
+            "guid": pa.array([i.message.guid for i in items], pa.binary()),
+            "seq": pa.array([i.message.seq for i in items], pa.int64()),
+            "confirm_time": pa.array([now] * len(items), tables.TIMESTAMP),
+        }, schema=tables.CONFIRMS_SCHEMA)
+        try:
+            self._confirms.append(batch)
+        except Exception:
+            # Not fatal for correctness: an unpersisted confirm means the message
+            # is delivered again after a restart (at-least-once).
+            log.exception("partition %d: CONFIRM commit of %d rows failed", self.index, len(items))
+
+    # -- delivery path ------------------------------------------------------
+    def _tail_delivery(self) -> None:
+        interval_s = self.config.primary.delivery_poll_interval_ms / 1000
+        while not self._stopping.is_set():
+            self._wake.wait(interval_s)
+            self._wake.clear()
+            try:
+                self._catch_up()
+            except Exception:
+                log.exception("partition %d: reading the delivery log failed; retrying", self.index)
+
+    def _catch_up(self, skip: set[bytes] | None = None) -> None:
+        table = deltars.try_open(self.paths.delivery)
+        if table is None:
+            return
+        latest, rows = deltars.read_since(table, self._delivery_version, columns=[
+            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time"])
+        if rows.num_rows:
+            rows = rows.sort_by([("seq", "ascending")])
+            by_queue: dict[tuple[str, str], list[StoredMessage]] = {}
+            columns = {name: rows[name].to_pylist() for name in (
+                "domain", "queue", "guid", "seq", "payload", "properties", "property_types")}
+            producer = rows["producer_time"].cast(pa.int64()).to_pylist()
+            for i in range(rows.num_rows):
+                guid = columns["guid"][i]
+                if skip and guid in skip:
+                    continue
+                by_queue.setdefault((columns["domain"][i], columns["queue"][i]), []).append(StoredMessage(
+                    guid=guid, seq=columns["seq"][i], payload=columns["payload"][i],
+                    properties=maps_to_wire(columns["properties"][i], columns["property_types"][i]),
+                    put_time_us=producer[i] or 0))
+            pushes: list = []
+            with self.lock:
+                for (domain, queue), messages in by_queue.items():
+                    state = self.queues.get((domain, queue))
+                    if state is None:
+                        domain_config = self.config.domains.get(domain)
+                        if domain_config is None:
+                            log.error("delivery row for unknown domain %r: kept in storage only", domain)
+                            continue
+                        state = self.queue_state(QueueUri(domain, queue), domain_config)
+                    pushes.extend(state.dispatcher.add_messages(messages))
+            self.on_pushes(pushes)
+        self._delivery_version = latest

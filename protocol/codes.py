@@ -1,0 +1,44 @@
+"""Result codes: defined once (in `taproot.proto`), documented here.
+
+| code | when |
+|---|---|
+| SUCCESS | the operation succeeded; for a PUT: durable in the partition's Delta log |
+| UNKNOWN | outcome unknown, e.g. the link dropped after the PUT left the SDK |
+| TIMEOUT | no answer within the deadline |
+| NOT_CONNECTED | no route to the primary (the upstream link is down) |
+| CANCELED | the request was cancelled because its session or queue closed |
+| NOT_SUPPORTED | the queue's mode does not support the operation |
+| REFUSED | the peer refused: unknown domain, queue not open for that access, node stopping |
+| INVALID_ARGUMENT | malformed frame, bad queue URI, bad GUID, oversized payload, bad option |
+| NOT_READY | the peer or partition is starting and cannot take the request yet |
+| LIMIT_MESSAGES | a message quota or buffer bound was reached |
+| LIMIT_BYTES | a byte quota or buffer bound was reached |
+| STORAGE_FAILURE | the Delta commit failed; the PUT was not persisted |
+
+Numeric values match BlazingMQ's where BlazingMQ has them and never change.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from protocol import taproot_pb2 as pb
+
+
+class ResultCode(enum.IntEnum):
+    SUCCESS = pb.SUCCESS
+    UNKNOWN = pb.UNKNOWN
+    TIMEOUT = pb.TIMEOUT
+    NOT_CONNECTED = pb.NOT_CONNECTED
+    CANCELED = pb.CANCELED
+    NOT_SUPPORTED = pb.NOT_SUPPORTED
+    REFUSED = pb.REFUSED
+    INVALID_ARGUMENT = pb.INVALID_ARGUMENT
+    NOT_READY = pb.NOT_READY
+    LIMIT_MESSAGES = pb.LIMIT_MESSAGES
+    LIMIT_BYTES = pb.LIMIT_BYTES
+    STORAGE_FAILURE = pb.STORAGE_FAILURE
+
+
+def status(code: ResultCode | int, message: str = "") -> pb.Status:
+    return pb.Status(code=int(code), message=message)

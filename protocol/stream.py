@@ -1,0 +1,127 @@
+"""Server-side plumbing for `Broker.Session` streams, shared by every role.
+
+A `Link` is one session stream seen from the server: frames go out through
+`send` (thread safe, never blocks), and `serve_session` runs the stream: a
+reader thread hands each inbound frame to `on_frame`, the gRPC worker thread
+yields outbound frames, and `on_close` runs once when either side ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+from typing import Callable, Iterator
+
+import grpc
+
+from protocol import taproot_pb2 as pb
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+_CLOSE = object()
+
+# Batches of 1 KiB messages run to megabytes; 64 MiB payloads must fit too.
+_SIZES = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+]
+# Clients ping every 10 s so a dead peer is noticed within ~15 s even when idle.
+GRPC_OPTIONS = _SIZES + [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# Servers must accept those pings (gRPC's default answers them with GOAWAY).
+SERVER_GRPC_OPTIONS = _SIZES + [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+class Link:
+    def __init__(self, peer: str):
+        self.id = next(_ids)
+        self.peer = peer
+        self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        self._closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"Link({self.id}, {self.peer})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def send(self, frame: pb.Frame) -> None:
+        if not self._closed.is_set():
+            self._out.put(frame)
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            self._out.put(_CLOSE)
+
+    def frames(self) -> Iterator[pb.Frame]:
+        while True:
+            frame = self._out.get()
+            if frame is _CLOSE:
+                return
+            yield frame  # type: ignore[misc]
+
+
+def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext,
+                  on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
+                  on_close: Callable[[Link], None]) -> Iterator[pb.Frame]:
+    link = Link(context.peer())
+    closed_once = threading.Lock()
+    done = [False]
+
+    def finish() -> None:
+        with closed_once:
+            if done[0]:
+                return
+            done[0] = True
+        link.close()
+        try:
+            on_close(link)
+        except Exception:
+            log.exception("%r: close handler failed", link)
+
+    def read() -> None:
+        try:
+            for frame in request_iterator:
+                try:
+                    on_frame(link, frame)
+                except Exception as exc:
+                    # A bug in a handler must not take the server down or
+                    # leave the peer waiting: answer with an error frame.
+                    log.exception("%r: frame handler failed", link)
+                    link.send(pb.Frame(error=pb.FrameError(status=pb.Status(
+                        code=pb.UNKNOWN, message=f"internal error: {exc}"))))
+        except grpc.RpcError:
+            pass  # peer went away or sent an undecodable frame: only this link ends
+        except Exception:
+            log.exception("%r: reader failed", link)
+        finally:
+            finish()
+
+    on_open(link)
+    context.add_callback(finish)
+    threading.Thread(target=read, name=f"link-{link.id}", daemon=True).start()
+    yield from link.frames()
+
+
+def write_ready_file(path: str | None, **info: object) -> None:
+    """Tell a launcher we are serving (atomically: write then rename)."""
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"pid": os.getpid(), **info}, fh)
+    os.replace(tmp, path)

@@ -1,0 +1,86 @@
+"""delta-rs access for the tables the primary owns (puts, confirms) and reads.
+
+`Appender` keeps one `DeltaTable` handle open: reusing it halves commit latency
+compared with reopening by URI (reference/spark-delta.md §4: 17 ms vs 37 ms p50).
+Not thread safe: one thread owns an `Appender`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from storage.tables import TABLE_PROPERTIES
+
+
+def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    try:
+        return DeltaTable(path, storage_options=storage_options)
+    except TableNotFoundError:
+        # mode="ignore": if a concurrent creator won, keep its table.
+        return DeltaTable.create(path, schema, mode="ignore", configuration=TABLE_PROPERTIES,
+                                 storage_options=storage_options)
+
+
+def try_open(path: str, storage_options: dict[str, str] | None = None) -> DeltaTable | None:
+    try:
+        return DeltaTable(path, storage_options=storage_options)
+    except TableNotFoundError:
+        return None
+
+
+class Appender:
+    """Blind appends to one table through a reused handle."""
+
+    def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None):
+        self.path = path
+        self.schema = schema
+        self.table = open_or_create(path, schema, storage_options)
+
+    def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None) -> int:
+        """Commit `batch` as one Delta version and return that version."""
+        write_deltalake(
+            self.table, batch, mode="append", commit_properties=commit_properties,
+            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True,
+                                                                cleanup_expired_logs=False),
+        )
+        return self.table.version()
+
+
+def read_since(table: DeltaTable, after_version: int, columns: list[str] | None = None
+               ) -> tuple[int, pa.Table]:
+    """Return (latest version, rows inserted by versions after `after_version`).
+
+    Uses the change feed (inserts are synthesised from add actions, so it works
+    without `delta.enableChangeDataFeed`); only inserts are returned, with their
+    `_commit_version`. Costs about a millisecond when nothing changed.
+    """
+    table.update_incremental()
+    latest = table.version()
+    if latest <= after_version:
+        return latest, pa.table({})
+    cdf_columns = None if columns is None else [*columns, "_change_type", "_commit_version"]
+    reader = table.load_cdf(starting_version=after_version + 1, ending_version=latest, columns=cdf_columns)
+    rows = _without_views(pa.RecordBatchReader.from_stream(reader).read_all())
+    rows = rows.filter(pc.equal(rows["_change_type"], "insert"))
+    keep = [c for c in rows.column_names if c not in ("_change_type", "_commit_timestamp")]
+    return latest, rows.select(keep)
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    if pa.types.is_map(t):
+        return pa.map_(_plain_type(t.key_type), _plain_type(t.item_type))
+    return t
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    """delta-rs's change feed returns string_view/binary_view columns, which many
+    pyarrow kernels (take, filter) do not handle yet: cast to the plain types."""
+    schema = pa.schema([f.with_type(_plain_type(f.type)) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)

@@ -1,0 +1,107 @@
+"""Spark session factory: Delta's jars, the RocksDB state store, local mode.
+
+Delta's jars come from Maven Central the first time (Spark's Ivy resolver,
+`spark.jars.packages`) into a cache the project owns (`$TAPROOT_CACHE_DIR`,
+default `<repo>/.cache`). Later sessions load the cached jar files directly
+through `spark.jars`, so they start without touching the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DELTA_SPARK_VERSION = "4.4.0"  # the newest delta-spark_4.2_2.13 jar on Maven Central
+DELTA_PACKAGE = f"io.delta:delta-spark_4.2_2.13:{DELTA_SPARK_VERSION}"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TAPROOT_CACHE_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / ".cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cached_jars() -> list[Path]:
+    jars_dir = cache_dir() / "ivy" / "jars"
+    if not jars_dir.is_dir():
+        return []
+    jars = sorted(jars_dir.glob("*.jar"))
+    names = " ".join(j.name for j in jars)
+    # The resolver puts delta-spark and its runtime dependencies here; anything
+    # less means an interrupted download: resolve again.
+    if f"delta-spark_4.2_2.13-{DELTA_SPARK_VERSION}.jar" not in names or "delta-storage" not in names:
+        return []
+    # Ivy also resolves older copies of libraries that Spark ships newer
+    # (hadoop-client, parquet, log4j, jackson...). Loading both invites
+    # class-version clashes, so keep only the artifacts Spark lacks.
+    import pyspark
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    shipped = {_artifact(j.name) for j in spark_jars.glob("*.jar")}
+    return [j for j in jars if _artifact(j.name.split("_", 1)[-1]) not in shipped]
+
+
+def _artifact(jar_name: str) -> str:
+    """`parquet-column-1.16.0.jar` -> `parquet-column`."""
+    return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
+
+
+def session(app_name: str = "taproot", *, master: str = "local[2]",
+            shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None) -> "SparkSession":
+    """Return a SparkSession with Delta Lake enabled.
+
+    `shuffle_partitions` is fixed per streaming checkpoint (Spark refuses to change
+    it once a checkpoint exists), so pipelines pass the value from the cluster conf.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
+    )
+    jars = _cached_jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    else:
+        builder = builder.config("spark.jars.packages", DELTA_PACKAGE).config(
+            "spark.jars.ivy", str(cache_dir() / "ivy"))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main() -> None:
+    """`python -m storage.spark`: fetch Delta's jars once (used by `make setup`)."""
+    if _cached_jars():
+        print(f"delta jars cached in {cache_dir() / 'ivy' / 'jars'}")
+        return
+    spark = session("taproot-setup")
+    spark.range(1).count()
+    spark.stop()
+    print(f"delta jars fetched into {cache_dir() / 'ivy' / 'jars'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Every Taproot table: its path, its schema, and which engine writes it.
+
+Layout under the cluster's data directory (a local path or an object-store URI):
+
+    <data>/partition-NNN/puts       raw PUT log       writer: primary (delta-rs)
+    <data>/partition-NNN/delivery   delivery log      writer: pipeline (Spark)
+    <data>/partition-NNN/confirms   confirm log       writer: primary (delta-rs)
+    <data>/_checkpoints/...         Spark checkpoints (dedup state lives here)
+
+One writer engine per table (see shared design): Spark's and delta-rs's commit
+protocols do not exclude each other on a local filesystem or S3. Tables stay
+append-only at a protocol both engines read (reader 1, writer 2).
+
+Message properties are stored as two string maps so that Spark SQL can filter on
+them directly (`properties['region'] = 'EU'`): `properties` holds each value
+rendered as text (binary values base64), `property_types` its type name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+PROPERTY_MAP = pa.map_(pa.string(), pa.string())
+
+PUTS_SCHEMA = pa.schema([
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("queue", pa.string(), nullable=False),        # queue name within the domain
+    pa.field("guid", pa.binary(), nullable=False),         # 16 bytes, made by the SDK
+    pa.field("seq", pa.int64(), nullable=False),           # partition sequence: PUT order
+    pa.field("payload", pa.binary(), nullable=False),
+    pa.field("properties", PROPERTY_MAP),
+    pa.field("property_types", PROPERTY_MAP),
+    pa.field("producer_time", TIMESTAMP),                  # producer's clock when posted
+    pa.field("put_time", TIMESTAMP, nullable=False),       # primary's clock at commit
+    pa.field("epoch", pa.int64(), nullable=False),         # primary lease epoch that wrote it
+])
+
+# Columns the pipeline adds; the rest are copied from the PUT log.
+DELIVERY_SCHEMA = pa.schema(list(PUTS_SCHEMA) + [
+    pa.field("delivered_time", TIMESTAMP, nullable=False),  # when the pipeline appended it
+    pa.field("batch_id", pa.int64(), nullable=False),       # pipeline micro-batch id
+])
+
+CONFIRMS_SCHEMA = pa.schema([
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("queue", pa.string(), nullable=False),
+    pa.field("app_id", pa.string(), nullable=False),       # "" for priority queues
+    pa.field("guid", pa.binary(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("confirm_time", TIMESTAMP, nullable=False),
+])
+
+# Table properties both engines honour; set explicitly because delta-rs defaults
+# to a checkpoint every 100 commits and delta-spark to every 10.
+# The change data feed is on so that data teams (and the primary's tailer) can
+# read each version's new rows; for append-only tables it costs nothing extra.
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableChangeDataFeed": "true"}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The schema as a Spark SQL column list, for tables Spark creates."""
+    def sql_type(t: pa.DataType) -> str:
+        if pa.types.is_map(t):
+            return f"MAP<{sql_type(t.key_type)}, {sql_type(t.item_type)}>"
+        return {pa.string(): "STRING", pa.binary(): "BINARY", pa.int64(): "BIGINT",
+                TIMESTAMP: "TIMESTAMP"}[t]
+    return ", ".join(f"`{f.name}` {sql_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in schema)
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts for a local path or a URI (no os.sep on object stores)."""
+    if "://" in base:
+        return "/".join([base.rstrip("/"), *parts])
+    return os.path.join(base, *parts)
+
+
+def absolute(data_dir: str) -> str:
+    return data_dir if "://" in data_dir else os.path.abspath(data_dir)
+
+
+@dataclass(frozen=True)
+class PartitionPaths:
+    data_dir: str
+    partition: int
+
+    @property
+    def root(self) -> str:
+        return join(absolute(self.data_dir), f"partition-{self.partition:03d}")
+
+    @property
+    def puts(self) -> str:
+        return join(self.root, "puts")
+
+    @property
+    def delivery(self) -> str:
+        return join(self.root, "delivery")
+
+    @property
+    def confirms(self) -> str:
+        return join(self.root, "confirms")
+
+    @property
+    def dedup_checkpoint(self) -> str:
+        return join(absolute(self.data_dir), "_checkpoints", f"dedup-{self.partition:03d}")

@@ -1,0 +1,45 @@
+"""PUT batching in the SDK: the pure decision of when a batch leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    linger_ms: float = 1.0            # how long the first PUT of a batch may wait
+    max_messages: int = 1000
+    max_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.linger_ms < 0 or self.max_messages < 1 or self.max_bytes < 1:
+            raise ValueError("linger_ms >= 0, max_messages >= 1 and max_bytes >= 1 are required")
+
+
+class Batcher:
+    """Accumulates items; `add` and `due` say when to flush. No clock inside:
+    callers pass `now_ms`."""
+
+    def __init__(self, policy: BatchPolicy):
+        self.policy = policy
+        self.items: list = []
+        self.nbytes = 0
+        self.first_ms = 0.0
+
+    def add(self, item: object, nbytes: int, now_ms: float) -> bool:
+        """Add an item; True when the batch is full and must be flushed now."""
+        if not self.items:
+            self.first_ms = now_ms
+        self.items.append(item)
+        self.nbytes += nbytes
+        return len(self.items) >= self.policy.max_messages or self.nbytes >= self.policy.max_bytes
+
+    def due(self, now_ms: float) -> bool:
+        return bool(self.items) and now_ms - self.first_ms >= self.policy.linger_ms
+
+    def deadline_ms(self) -> float | None:
+        return self.first_ms + self.policy.linger_ms if self.items else None
+
+    def take(self) -> list:
+        items, self.items, self.nbytes = self.items, [], 0
+        return items

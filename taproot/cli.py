@@ -1,0 +1,198 @@
+"""The `taproot` command.
+
+    taproot run                     embedded cluster + demo traffic; Ctrl-C stops it
+    taproot produce --uri U -n N    post N messages (through the proxy by default)
+    taproot consume --uri U         print and confirm messages
+    taproot bench                   PUT->ACK / PUT->PUSH latency and throughput
+    taproot node | proxy | pipeline one role as a process (what `run` starts)
+
+Server roles are imported lazily so that the SDK commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+
+import conf
+
+DEFAULT_HOST = "127.0.0.1:30115"
+
+
+def _config(args: argparse.Namespace) -> conf.ClusterConfig:
+    return conf.load(args.config, data_dir=args.data_dir)
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
+    p.add_argument("--data-dir", help="override cluster.data_dir")
+    p.add_argument("--ready-file", help=argparse.SUPPRESS)
+    p.add_argument("--log-level", default="INFO")
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    _logging(args.log_level)
+    from primary.server import serve
+    config = _config(args)
+    serve(config, args.name or config.nodes[0].name, port=args.port, ready_file=args.ready_file)
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    _logging(args.log_level)
+    from proxies.server import serve
+    config = _config(args)
+    proxy = config.proxy(args.name) if args.name and config.proxies else (
+        config.proxies[0] if config.proxies else conf.ProxyConfig("proxy1"))
+    upstream = args.upstream or (config.node(proxy.upstream) if proxy.upstream else config.nodes[0]).address
+    serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file)
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    _logging(args.log_level)
+    from pipelines.runner import run
+    return run(_config(args), node_address=args.node_address, ready_file=args.ready_file)
+
+
+def _parse_properties(items: list[str]) -> dict:
+    out: dict = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--property {item!r}: expected name=value")
+        out[name] = int(value) if value.lstrip("-").isdigit() else value
+    return out
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from taproot import Session, TaprootError
+    properties = _parse_properties(args.property)
+    payload = args.message.encode() if args.message is not None else None
+    try:
+        with Session(args.hosts) as session, session.open_queue(args.uri, write=True) as queue:
+            futures = []
+            for i in range(args.count):
+                body = payload if payload is not None else f"message {i}".encode()
+                futures.append(queue.post(body, properties=properties))
+            queue.flush()
+            failed = 0
+            for future in futures:
+                try:
+                    future.result(timeout=60)
+                except TaprootError as exc:
+                    failed += 1
+                    print(f"NACK {exc}", file=sys.stderr)
+            print(f"posted {len(futures)}, acked {len(futures) - failed}, failed {failed}")
+            return 1 if failed else 0
+    except TaprootError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from taproot import Session, TaprootError
+    received = 0
+    try:
+        with Session(args.hosts) as session, session.open_queue(args.uri, read=True) as queue:
+            for message in queue.messages(timeout_s=args.timeout):
+                text = message.payload[:80].decode(errors="replace")
+                flag = f" redelivered({message.delivery_count})" if message.redelivered else ""
+                print(f"{message.guid.hex().upper()} seq={message.sequence}{flag} {dict(message.properties)} {text}")
+                queue.confirm(message)
+                received += 1
+                if args.count and received >= args.count:
+                    break
+    except TaprootError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"received and confirmed {received}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from taproot.demo import run_embedded
+    return run_embedded(args.config, args.data_dir or "data", demo_messages=args.demo_messages)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from taproot.bench import main as bench_main
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taproot", description="Taproot: a Spark-native message queue")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C")
+    p.add_argument("--config")
+    p.add_argument("--data-dir", help="data directory (default ./data)")
+    p.add_argument("--demo-messages", type=int, default=2000, help="demo messages to send (0: none)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("node", help="run a cluster node")
+    _server_args(p)
+    p.add_argument("--name")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_node)
+
+    p = sub.add_parser("proxy", help="run a proxy")
+    _server_args(p)
+    p.add_argument("--name")
+    p.add_argument("--port", type=int)
+    p.add_argument("--upstream", help="node host:port (default from the config)")
+    p.set_defaults(func=cmd_proxy)
+
+    p = sub.add_parser("pipeline", help="run the Spark dedup pipeline")
+    _server_args(p)
+    p.add_argument("--node-address", help="primary host:port to notify (default: first node)")
+    p.set_defaults(func=cmd_pipeline)
+
+    p = sub.add_parser("produce", help="post messages")
+    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    p.add_argument("--uri", default="taproot://demo/orders")
+    p.add_argument("-n", "--count", type=int, default=1)
+    p.add_argument("-m", "--message", help="payload text (default 'message <i>')")
+    p.add_argument("-p", "--property", action="append", help="name=value (repeatable)")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("consume", help="print and confirm messages")
+    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    p.add_argument("--uri", default="taproot://demo/orders")
+    p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (0: no limit)")
+    p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
+    p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("bench", help="measure PUT->ACK, PUT->PUSH and msg/s")
+    p.add_argument("--hosts", nargs="+", help="use a running cluster (default: start an embedded one)")
+    p.add_argument("--uri", default="taproot://bench/q1")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes")
+    p.add_argument("--rate", type=float, default=10_000, help="msg/s for the latency run (0: max)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except conf.ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
