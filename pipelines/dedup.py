@@ -83,8 +83,11 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
         stats.rows += count
         stats.last_batch_ms = (time.perf_counter() - started) * 1000
         stats.durations_ms = (stats.durations_ms + [stats.last_batch_ms])[-1000:]
-        if count and on_batch is not None:
-            on_batch(paths.partition, count)
+        if count:
+            log.info("partition %d batch %d: %d rows in %.0f ms", paths.partition, batch_id, count,
+                     stats.last_batch_ms)
+            if on_batch is not None:
+                on_batch(paths.partition, count)
 
     puts = (spark.readStream.format("delta")
             .option("maxFilesPerTrigger", max_files_per_trigger)

@@ -1,0 +1,73 @@
+"""A protocol-level client for tests: send any frame (or raw bytes), read frames."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import grpc
+
+from protocol import pb, pb_grpc
+
+_CLOSE = object()
+
+
+class RawSession:
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address)
+        grpc.channel_ready_future(self.channel).result(timeout=10)
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: grpc.RpcError | None = None
+        responses = pb_grpc.BrokerStub(self.channel).Session(self._frames())
+        threading.Thread(target=self._read, args=(responses,), daemon=True).start()
+
+    def _frames(self):
+        while True:
+            item = self._out.get()
+            if item is _CLOSE:
+                return
+            yield item
+
+    def _read(self, responses) -> None:
+        try:
+            for frame in responses:
+                self.inbox.put(frame)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def send(self, frame: pb.Frame) -> None:
+        self._out.put(frame)
+
+    def recv(self, kind: str, timeout_s: float = 10.0) -> pb.Frame:
+        """The next frame of `kind` (others are dropped)."""
+        import time
+        deadline = time.monotonic() + timeout_s
+        while True:
+            frame = self.inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+            if frame.WhichOneof("body") == kind:
+                return frame
+
+    def open(self, queue_id: int, uri: str, read: bool = False, write: bool = True) -> pb.OpenQueueResponse:
+        self.send(pb.Frame(open_queue=pb.OpenQueue(request_id=queue_id, queue_id=queue_id, uri=uri,
+                                                   read=read, write=write)))
+        return self.recv("open_queue_response").open_queue_response
+
+    def close(self) -> None:
+        self._out.put(_CLOSE)
+        self.channel.close()
+
+
+def send_garbage(address: str, payload: bytes) -> grpc.RpcError | None:
+    """Open a Session stream and send bytes that are not a Frame."""
+    channel = grpc.insecure_channel(address)
+    call = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=None,
+                                 response_deserializer=None)
+    try:
+        for _ in call(iter([payload]), timeout=10):
+            pass
+    except grpc.RpcError as exc:
+        return exc
+    finally:
+        channel.close()
+    return None

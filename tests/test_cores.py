@@ -1,0 +1,135 @@
+"""Batching, GUIDs, group-commit policy, URIs, properties, status mapping, config."""
+
+import threading
+
+import pytest
+
+import conf
+from primary.group_commit import GroupCommitter, GroupPolicy
+from protocol import ResultCode, parse_queue_uri, pb
+from protocol.properties import from_wire, maps_to_wire, to_wire, validate_wire, wire_to_maps
+from taproot import errors
+from taproot.batching import BatchPolicy, Batcher
+from taproot.clock import ManualClock
+from taproot.guid import GUID_LENGTH, GuidGenerator
+
+
+def test_batcher_flushes_on_count_bytes_and_linger():
+    b = Batcher(BatchPolicy(linger_ms=5, max_messages=3, max_bytes=100))
+    assert not b.add("a", 10, now_ms=0)
+    assert not b.due(4)
+    assert b.due(5)
+    assert not b.add("b", 10, now_ms=1)
+    assert b.add("c", 10, now_ms=2)  # third message fills it
+    assert b.take() == ["a", "b", "c"] and b.deadline_ms() is None
+    assert b.add("big", 100, now_ms=10)  # bytes bound
+    with pytest.raises(ValueError):
+        BatchPolicy(max_messages=0)
+
+
+def test_guids_are_16_bytes_unique_and_increasing_even_when_the_clock_stalls():
+    gen = GuidGenerator(clock_ns=lambda: 1000, node_id=b"\x01" * 8)
+    guids = [gen.next() for _ in range(1000)]
+    assert all(len(g) == GUID_LENGTH for g in guids)
+    assert len(set(guids)) == 1000
+    assert guids == sorted(guids)
+    other = GuidGenerator(clock_ns=lambda: 1000, node_id=b"\x02" * 8)
+    assert not set(guids) & {other.next() for _ in range(1000)}
+
+
+def test_group_policy():
+    policy = GroupPolicy(max_items=10, max_bytes=1000, linger_ms=2)
+    assert not policy.should_commit(0, 0, 100)
+    assert not policy.should_commit(1, 10, 1)
+    assert policy.should_commit(1, 10, 2)
+    assert policy.should_commit(10, 10, 0)
+    assert policy.should_commit(1, 1000, 0)
+
+
+def test_group_committer_commits_everything_and_bounds_pending():
+    committed: list[list[int]] = []
+    gate = threading.Event()
+
+    def commit(items):
+        gate.wait(5)
+        committed.append(items)
+
+    gc = GroupCommitter("t", commit, GroupPolicy(1000, 1 << 20, 0), pending_max=5)
+    gc.start()
+    assert gc.submit([1], 1)
+    # While the first commit is blocked, the next group builds up to the bound.
+    import time
+    time.sleep(0.05)
+    assert gc.submit([2, 3, 4], 3)
+    assert not gc.submit([5, 6, 7], 3)  # 3 + 3 > 5: refused, caller NACKs
+    gate.set()
+    gc.stop()
+    assert [i for group in committed for i in group] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("uri,reason", [
+    ("taproot://demo/q", None),
+    ("taproot://demo/q?id=app1", None),
+    ("bmq://demo/q", "must start with"),
+    ("taproot:///q", "domain must match"),
+    ("taproot://demo/", "queue name must match"),
+    ("taproot://demo/" + "q" * 65, "longer than 64"),
+    ("taproot://demo/q?foo=1", "unknown option"),
+    ("taproot://demo/q#frag", "fragments"),
+    ("", "empty"),
+])
+def test_queue_uri_validation(uri, reason):
+    result = parse_queue_uri(uri)
+    if reason is None:
+        assert not isinstance(result, str)
+        assert result.canonical == uri.split("?")[0]
+    else:
+        assert isinstance(result, str) and reason in result
+
+
+def test_properties_round_trip_through_wire_and_table_maps():
+    props = {"flag": True, "n": 7, "big": 2**40, "s": "EU", "raw": b"\x00\x01"}
+    wire = to_wire(props)
+    assert validate_wire(wire) is None
+    assert from_wire(wire) == props
+    values, types = wire_to_maps(wire)
+    assert dict(types) == {"flag": "bool", "n": "int32", "big": "int64", "s": "string", "raw": "binary"}
+    assert from_wire(maps_to_wire(values, types)) == props
+    with pytest.raises(ValueError):
+        to_wire({"_bad": 1})
+    with pytest.raises(ValueError):
+        to_wire({"x": 2**70})
+    assert "given twice" in validate_wire([pb.Property(name="a", int32_value=1), pb.Property(name="a", int32_value=2)])
+
+
+def test_status_codes_map_to_the_most_specific_exception():
+    assert isinstance(errors.request_error(ResultCode.INVALID_ARGUMENT, "x"), errors.InvalidArgumentError)
+    assert isinstance(errors.request_error(ResultCode.REFUSED, "x"), errors.RefusedError)
+    assert isinstance(errors.request_error(ResultCode.TIMEOUT, "x"), errors.TimeoutError)
+    generic = errors.request_error(9999, "x")
+    assert type(generic) is errors.RequestError and generic.code == ResultCode.UNKNOWN
+    assert ResultCode.LIMIT_MESSAGES == 100 and ResultCode.STORAGE_FAILURE == 104  # BlazingMQ values
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(conf.ConfigError, match=r"primary.group_commit_linger_ms: must be between"):
+        conf.parse_cluster({"primary": {"group_commit_linger_ms": -1}}, {})
+    with pytest.raises(conf.ConfigError, match=r"pipeline.trigger_interval: unknown field"):
+        conf.parse_cluster({"pipeline": {"trigger_interval": 5}}, {})
+    with pytest.raises(conf.ConfigError, match=r"nodes\[0\].port: expected int"):
+        conf.parse_cluster({"nodes": [{"name": "n", "port": "x"}]}, {})
+    with pytest.raises(conf.ConfigError, match=r"mode: must be one of"):
+        conf.parse_domain("d", {"mode": "lifo"})
+    (tmp_path / "cluster.toml").write_text("[cluster\nname=")
+    with pytest.raises(conf.ConfigError, match="not valid TOML"):
+        conf.load(tmp_path / "cluster.toml")
+    (tmp_path / "cluster.toml").write_text("[cluster]\npartitions = 2\n")
+    (tmp_path / "domains").mkdir()
+    (tmp_path / "domains" / "d1.toml").write_text("max_payload_bytes = 0\n")
+    with pytest.raises(conf.ConfigError, match=r"d1.toml: max_payload_bytes: must be between"):
+        conf.load(tmp_path / "cluster.toml")
+
+
+def test_shipped_config_loads():
+    config = conf.load()
+    assert "demo" in config.domains and config.partitions >= 1
