@@ -45,6 +45,22 @@ def to_delivery_rows(batch: DataFrame, batch_id: int) -> DataFrame:
     return batch.withColumn("delivered_time", F.current_timestamp()).withColumn("batch_id", F.lit(batch_id).cast("bigint"))
 
 
+def write_delivery_batch(batch: DataFrame, batch_id: int, delivery_path: str, app_id: str) -> int:
+    """Append one micro-batch to the delivery log, exactly once: Delta skips a
+    write whose (txnAppId, txnVersion) it has already recorded, so a batch that
+    Spark replays after a failure adds no duplicates. Returns the row count."""
+    rows = to_delivery_rows(batch, batch_id).persist()
+    try:
+        count = rows.count()
+        if count:
+            (rows.write.format("delta").mode("append")
+             .option("txnAppId", app_id).option("txnVersion", batch_id)
+             .save(delivery_path))
+        return count
+    finally:
+        rows.unpersist()
+
+
 @dataclass
 class BatchStats:
     batches: int = 0
@@ -68,17 +84,9 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         query_id_ready.wait()
-        rows = to_delivery_rows(batch, batch_id).persist()
-        try:
-            count = rows.count()
-            if count:
-                # txnAppId is the query id: stable for a checkpoint, new for a new one
-                # (a reused appId with a fresh checkpoint would silently skip writes).
-                (rows.write.format("delta").mode("append")
-                 .option("txnAppId", app_id[0]).option("txnVersion", batch_id)
-                 .save(paths.delivery))
-        finally:
-            rows.unpersist()
+        # txnAppId is the query id: stable for a checkpoint, new for a new one
+        # (a reused appId with a fresh checkpoint would silently skip writes).
+        count = write_delivery_batch(batch, batch_id, paths.delivery, app_id[0])
         stats.batches += 1
         stats.rows += count
         stats.last_batch_ms = (time.perf_counter() - started) * 1000
