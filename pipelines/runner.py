@@ -27,7 +27,7 @@ class DeliveryNotifier:
     def __init__(self, address: str | None):
         self._stub = pb_grpc.BrokerStub(grpc.insecure_channel(address)) if address else None
 
-    def __call__(self, partition: int, rows: int) -> None:
+    def __call__(self, partition: int, batch_id: int) -> None:
         if self._stub is None:
             return
         try:

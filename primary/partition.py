@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
@@ -151,6 +152,7 @@ class Partition:
 
     # -- PUT path -----------------------------------------------------------
     def _commit_puts(self, items: list[PendingPut]) -> None:
+        build_started = time.perf_counter()
         now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
         count = len(items)
         first_seq = self._next_seq
@@ -169,6 +171,7 @@ class Partition:
             "epoch": pa.array([self.epoch] * count, pa.int64()),
         }, schema=tables.PUTS_SCHEMA)
         code, text = ResultCode.SUCCESS, ""
+        started = time.perf_counter()
         try:
             self._puts.append(batch)
         except Exception as exc:
@@ -176,6 +179,9 @@ class Partition:
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
         send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=int(code),
                                           message=text)) for i in items])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("partition %d: committed %d PUTs in %.1f ms (build %.1f ms)", self.index, count,
+                      (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
 
     def _commit_confirms(self, items: list[PendingConfirm]) -> None:
         now = datetime.now(timezone.utc)
