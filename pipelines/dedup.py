@@ -67,11 +67,12 @@ class BatchStats:
 
 def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
                       trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
-                      on_batch: Callable[[int, int], None] | None = None):
+                      on_batch: Callable[[int, int], None] | None = None, available_now: bool = False):
     """Start the dedup query for one partition; returns (query, stats).
 
     `on_batch(partition, batch_id)` runs after each committed batch (the runner
-    uses it to tell the primary there are new delivery rows).
+    uses it to tell the primary there are new delivery rows). `available_now`
+    processes what exists and stops (warm-up, tests, catch-up jobs).
     """
     stats = BatchStats()
     query_id_ready = threading.Event()
@@ -96,9 +97,9 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     query = (dedup_puts(puts, history_window_ms).writeStream
              .queryName(f"taproot-dedup-{paths.partition:03d}")
              .option("checkpointLocation", paths.dedup_checkpoint)
-             .foreachBatch(write_batch)
-             .trigger(processingTime=f"{trigger_interval_ms} milliseconds")
-             .start())
+             .foreachBatch(write_batch))
+    trigger = {"availableNow": True} if available_now else {"processingTime": f"{trigger_interval_ms} milliseconds"}
+    query = query.trigger(**trigger).start()
     app_id.append(f"taproot-delivery-{query.id}")
     query_id_ready.set()
     return query, stats

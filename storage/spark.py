@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 DELTA_SPARK_VERSION = "4.4.0"  # the newest delta-spark_4.2_2.13 jar on Maven Central
 DELTA_PACKAGE = f"io.delta:delta-spark_4.2_2.13:{DELTA_SPARK_VERSION}"
+LOG4J2_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -62,6 +63,7 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, unless told otherwise
     from pyspark.sql import SparkSession
 
     builder = (
@@ -77,6 +79,7 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE}")
         .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
         # Delta rebuilds table state with this many tasks (default 50); in local
         # mode on a few cores that alone cost seconds per micro-batch (measured:

@@ -98,8 +98,11 @@ class EmbeddedCluster:
         if self.config_file:
             common += ["--config", self.config_file]
         with open(log_file, "ab") as log_fh:
+            # A session of its own: Ctrl-C reaches only the launcher, which then
+            # stops the roles in order (edge first, root last).
             popen = subprocess.Popen([sys.executable, "-m", "taproot.cli", role, *common, *args],
-                                     stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                     stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
         process = Process(role, popen, ready, log_file)
         self.processes[role] = process
         return process
