@@ -117,6 +117,34 @@ def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerCo
     yield from link.frames()
 
 
+def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_file: str | None = None,
+                 stop_event: threading.Event | None = None) -> None:
+    """Serve `servicer` (a BrokerServicer) on host:port until SIGINT/SIGTERM or
+    `stop_event`; write the ready file (with the bound port) once serving.
+    Returns after the server has stopped; the caller then stops its role."""
+    from concurrent import futures
+    import signal
+
+    from protocol import taproot_pb2_grpc as pb_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
+                         options=SERVER_GRPC_OPTIONS)
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"{role}: cannot bind {host}:{port}")
+    server.start()
+    log.info("%s serving on %s:%d", role, host, bound)
+    write_ready_file(ready_file, port=bound, host=host)
+    stop = stop_event or threading.Event()
+    if stop_event is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("%s stopping", role)
+    server.stop(grace=2).wait()
+
+
 def write_ready_file(path: str | None, **info: object) -> None:
     """Tell a launcher we are serving (atomically: write then rename)."""
     if not path:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
-from concurrent import futures
 
 import grpc
 
 from protocol import pb, pb_grpc
-from protocol.stream import GRPC_OPTIONS, SERVER_GRPC_OPTIONS, Link, serve_session, write_ready_file
+from protocol.stream import GRPC_OPTIONS, Link, serve_broker, serve_session
 from replicas.relay import UPSTREAM, Relay
 
 log = logging.getLogger(__name__)
@@ -122,19 +120,8 @@ def serve(host: str, port: int, upstream_address: str, *, ready_file: str | None
           stop_event: threading.Event | None = None) -> None:
     proxy = Proxy(upstream_address)
     proxy.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
-                         options=SERVER_GRPC_OPTIONS)
-    pb_grpc.add_BrokerServicer_to_server(ProxyServicer(proxy), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise SystemExit(f"proxy: cannot bind {host}:{port}")
-    server.start()
-    log.info("proxy serving on %s:%d, upstream %s", host, bound, upstream_address)
-    write_ready_file(ready_file, port=bound, host=host)
-    stop = stop_event or threading.Event()
-    if stop_event is None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    server.stop(grace=2).wait()
-    proxy.stop()
+    log.info("proxy: upstream %s", upstream_address)
+    try:
+        serve_broker(ProxyServicer(proxy), "proxy", host, port, ready_file=ready_file, stop_event=stop_event)
+    finally:
+        proxy.stop()

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
-import time
 
 import conf
 

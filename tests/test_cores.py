@@ -10,7 +10,6 @@ from protocol import ResultCode, parse_queue_uri, pb
 from protocol.properties import from_wire, maps_to_wire, to_wire, validate_wire, wire_to_maps
 from taproot import errors
 from taproot.batching import BatchPolicy, Batcher
-from taproot.clock import ManualClock
 from taproot.guid import GUID_LENGTH, GuidGenerator
 
 
