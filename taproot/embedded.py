@@ -107,11 +107,19 @@ class EmbeddedCluster:
         self.processes[role] = process
         return process
 
-    def start_node(self, timeout_s: float = 60) -> None:
+    def start_node(self, timeout_s: float = 60, port: int | None = None) -> None:
         node = self.config.nodes[0]
-        port_args = ["--port", "0"] if self.ephemeral_ports else []
+        port_args = ["--port", str(port)] if port is not None else ["--port", "0"] if self.ephemeral_ports else []
         info = self._spawn("node", ["--name", node.name, *port_args]).wait_ready(timeout_s)
         self.node_address = f"{info['host']}:{info['port']}"
+
+    def restart_node(self, timeout_s: float = 60) -> None:
+        """Stop the node (SIGTERM) and start it again on the same port."""
+        process = self.processes.pop("node")
+        port = int(process.info["port"])
+        process.stop()
+        process.ready_file.unlink(missing_ok=True)
+        self.start_node(timeout_s, port=port)
 
     def start_proxy(self, timeout_s: float = 60) -> None:
         proxy = self.config.proxies[0] if self.config.proxies else conf.ProxyConfig("proxy1")
