@@ -67,11 +67,18 @@ class PrimaryConfig:
     delivery_poll_interval_ms: int = 200
     # Bound on PUTs waiting for a commit; beyond it PUTs are NACKed with LIMIT_MESSAGES.
     pending_puts_max: int = 200_000
+    # Compact the PUT and confirm tables after this many commits (0: never).
+    # Without it commit latency grows with the number of small files; files of
+    # compact_target_file_bytes or more are left alone, which bounds rewrites.
+    compact_every_commits: int = 50
+    compact_target_file_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    trigger_interval_ms: int = 0      # 0 = start the next micro-batch as soon as one ends
+    # Between micro-batch starts. 0 polls the PUT log back to back: measured 22%
+    # of a core when idle, against 11% at 100 ms, on the 2-core dev machine.
+    trigger_interval_ms: int = 100
     shuffle_partitions: int = 2       # fixed per checkpoint once it exists
     max_files_per_trigger: int = 1000
 
@@ -118,6 +125,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "group_commit_linger_ms": (0, 10_000),
     "delivery_poll_interval_ms": (1, 60_000),
     "pending_puts_max": (1, 10_000_000),
+    "compact_every_commits": (0, 1_000_000),
+    "compact_target_file_bytes": (1024 * 1024, 1 << 34),
     "trigger_interval_ms": (0, 3_600_000),
     "shuffle_partitions": (1, 1024),
     "max_files_per_trigger": (1, 1_000_000),

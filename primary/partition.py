@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import QueueDispatcher, StoredMessage
 from primary.group_commit import GroupCommitter, GroupPolicy
+from primary.maintenance import Compactor
 from protocol import ResultCode, pb
 from protocol.properties import maps_to_wire, wire_to_maps
 from protocol.uri import QueueUri
@@ -104,6 +105,9 @@ class Partition:
         self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
             f"confirms-{index}", self._commit_confirms, policy, 10_000_000)
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
+        every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
+        self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target),
+                           Compactor(self.paths.confirms, every, f"confirms-{index}", target))
         self.on_pushes: Callable[[list], None] = send_pushes
 
     # -- lifecycle ----------------------------------------------------------
@@ -112,6 +116,8 @@ class Partition:
         self.put_committer.start()
         self.confirm_committer.start()
         self._tailer.start()
+        for compactor in self.compactors:
+            compactor.start()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -119,6 +125,8 @@ class Partition:
         self.put_committer.stop()
         self.confirm_committer.stop()
         self._tailer.join(10)
+        for compactor in self.compactors:
+            compactor.stop()
 
     def notify_delivery(self) -> None:
         self._wake.set()
@@ -174,6 +182,7 @@ class Partition:
         started = time.perf_counter()
         try:
             self._puts.append(batch)
+            self.compactors[0].on_commit()
         except Exception as exc:
             log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
@@ -195,6 +204,7 @@ class Partition:
         }, schema=tables.CONFIRMS_SCHEMA)
         try:
             self._confirms.append(batch)
+            self.compactors[1].on_commit()
         except Exception:
             # Not fatal for correctness: an unpersisted confirm means the message
             # is delivered again after a restart (at-least-once).

@@ -13,7 +13,10 @@ DEMO_URI = "taproot://demo/orders"
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    try:
+        print(text, flush=True)
+    except (BrokenPipeError, OSError):
+        pass  # the terminal or pipe went away (Ctrl-C on `make run | tee`): keep shutting down
 
 
 def run_demo_traffic(address: str, count: int) -> loadgen.ProduceResult:
@@ -93,6 +96,9 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
             stop.wait(1)
         return 0
     finally:
+        # Stop the roles before anything else can fail: they run in sessions of
+        # their own and would outlive the launcher.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _say("stopping...")
         cluster.stop()
         _say("stopped.")
