@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,3 +150,5 @@ class EmbeddedCluster:
             process = self.processes.pop(role, None)
             if process is not None:
                 process.stop()
+        if not self.processes:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
