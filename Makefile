@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 JARS_STAMP := .cache/ivy/.delta-jars
 
-.PHONY: run test test-fast setup bench proto clean
+.PHONY: run test test-fast typecheck setup bench proto clean
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -30,6 +30,10 @@ test: setup
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m unit
+
+typecheck: $(STAMP)
+	$(BIN)/python -m pip install --quiet mypy
+	$(BIN)/python -m mypy taproot primary proxies replicas pipelines storage conf protocol
 
 bench: setup
 	$(BIN)/taproot bench

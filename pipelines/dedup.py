@@ -94,12 +94,12 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     puts = (spark.readStream.format("delta")
             .option("maxFilesPerTrigger", max_files_per_trigger)
             .load(paths.puts))
-    query = (dedup_puts(puts, history_window_ms).writeStream
+    writer = (dedup_puts(puts, history_window_ms).writeStream
              .queryName(f"taproot-dedup-{paths.partition:03d}")
              .option("checkpointLocation", paths.dedup_checkpoint)
              .foreachBatch(write_batch))
     trigger = {"availableNow": True} if available_now else {"processingTime": f"{trigger_interval_ms} milliseconds"}
-    query = query.trigger(**trigger).start()
+    query = writer.trigger(**trigger).start()
     app_id.append(f"taproot-delivery-{query.id}")
     query_id_ready.set()
     return query, stats

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from conf import ClusterConfig
 from primary.dispatcher import ConsumerOptions
 from primary.partition import Partition, PendingConfirm, PendingPut, QueueState, send_acks
-from protocol import ResultCode, parse_queue_uri, pb, status
+from protocol import ResultCode, parse_queue_uri, pb, status, wire
 from protocol.properties import validate_wire
 from protocol.stream import Link
 from protocol.uri import QueueUri
@@ -193,7 +193,7 @@ class Node:
             if reason is not None or handle is None:
                 code, text = reason or (ResultCode.UNKNOWN, "")
                 nacks.append((link, pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
-                                                  code=int(code), message=text)))
+                                                  code=wire(code), message=text)))
                 continue
             items, nbytes = accepted.setdefault(handle.partition, ([], 0))
             items.append(PendingPut(link, message.queue_id, handle.state, message))
@@ -201,7 +201,7 @@ class Node:
         for partition, (items, nbytes) in accepted.items():
             if not partition.put_committer.submit(items, nbytes):
                 nacks.extend((i.link, pb.AckMessage(
-                    queue_id=i.queue_id, guid=i.message.guid, code=int(ResultCode.LIMIT_MESSAGES),
+                    queue_id=i.queue_id, guid=i.message.guid, code=wire(ResultCode.LIMIT_MESSAGES),
                     message="primary's pending PUT buffer is full")) for i in items)
         if nacks:
             send_acks(nacks)

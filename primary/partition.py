@@ -23,7 +23,7 @@ from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import QueueDispatcher, StoredMessage
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.maintenance import Compactor
-from protocol import ResultCode, pb
+from protocol import ResultCode, pb, wire
 from protocol.properties import maps_to_wire, wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -186,7 +186,7 @@ class Partition:
         except Exception as exc:
             log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
-        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=int(code),
+        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
                                           message=text)) for i in items])
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: committed %d PUTs in %.1f ms (build %.1f ms)", self.index, count,

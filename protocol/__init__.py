@@ -8,7 +8,7 @@ This package imports nothing else from Taproot.
 
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
-from protocol.codes import ResultCode, status
+from protocol.codes import ResultCode, status, wire
 from protocol.uri import QueueUri, parse_queue_uri
 
-__all__ = ["pb", "pb_grpc", "ResultCode", "status", "QueueUri", "parse_queue_uri"]
+__all__ = ["pb", "pb_grpc", "ResultCode", "status", "wire", "QueueUri", "parse_queue_uri"]

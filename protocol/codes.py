@@ -21,6 +21,7 @@ Numeric values match BlazingMQ's where BlazingMQ has them and never change.
 from __future__ import annotations
 
 import enum
+from typing import cast
 
 from protocol import taproot_pb2 as pb
 
@@ -40,5 +41,10 @@ class ResultCode(enum.IntEnum):
     STORAGE_FAILURE = pb.STORAGE_FAILURE
 
 
+def wire(code: ResultCode | int) -> "pb.ResultCode":
+    """A code as the generated protobuf type (an int at runtime)."""
+    return cast("pb.ResultCode", int(code))
+
+
 def status(code: ResultCode | int, message: str = "") -> pb.Status:
-    return pb.Status(code=int(code), message=message)
+    return pb.Status(code=wire(code), message=message)

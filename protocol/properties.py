@@ -81,7 +81,6 @@ def validate_wire(properties: list[pb.Property]) -> str | None:
 
 _TYPE_NAMES = {"bool_value": "bool", "int32_value": "int32", "int64_value": "int64",
                "string_value": "string", "binary_value": "binary"}
-_FIELDS = {v: k for k, v in _TYPE_NAMES.items()}
 
 
 def wire_to_maps(properties: list[pb.Property]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -112,8 +111,10 @@ def maps_to_wire(values: list[tuple[str, str]] | None, types: list[tuple[str, st
             out.append(pb.Property(name=name, binary_value=base64.b64decode(text)))
         elif kind == "bool":
             out.append(pb.Property(name=name, bool_value=text == "true"))
-        elif kind in ("int32", "int64"):
-            out.append(pb.Property(name=name, **{_FIELDS[kind]: int(text)}))
+        elif kind == "int32":
+            out.append(pb.Property(name=name, int32_value=int(text)))
+        elif kind == "int64":
+            out.append(pb.Property(name=name, int64_value=int(text)))
         else:
             out.append(pb.Property(name=name, string_value=text))
     return out

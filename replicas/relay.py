@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Hashable
 
-from protocol import ResultCode, pb, status
+from protocol import ResultCode, pb, status, wire
 
 UPSTREAM = "upstream"
 Out = list[tuple[object, pb.Frame]]
@@ -114,7 +114,7 @@ class Relay:
             if up_qid is None or not self.connected:
                 code, text = ((ResultCode.INVALID_ARGUMENT, f"queue id {message.queue_id} is not open")
                               if up_qid is None else (ResultCode.NOT_CONNECTED, "proxy has no upstream"))
-                nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid, code=int(code),
+                nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid, code=wire(code),
                                            message=text))
                 continue
             message.queue_id = up_qid
@@ -218,7 +218,7 @@ class Relay:
             route = self._routes.get(up_qid)
             if route is not None:
                 by_link.setdefault(route.link, []).append(pb.AckMessage(
-                    queue_id=route.queue_id, guid=guid, code=int(ResultCode.UNKNOWN), message=reason))
+                    queue_id=route.queue_id, guid=guid, code=wire(ResultCode.UNKNOWN), message=reason))
         self._unacked.clear()
         self._up.clear()
         self._routes.clear()
