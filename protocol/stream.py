@@ -22,7 +22,17 @@ from protocol import taproot_pb2 as pb
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
-_CLOSE = object()
+CLOSE = object()  # put on a frame queue to end the stream that drains it
+
+
+def drain(frames: "queue.SimpleQueue[object]") -> Iterator[pb.Frame]:
+    """Yield frames from `frames` until CLOSE: the request or response iterator
+    of a gRPC stream fed by other threads."""
+    while True:
+        frame = frames.get()
+        if frame is CLOSE:
+            return
+        yield frame  # type: ignore[misc]
 
 # Batches of 1 KiB messages run to megabytes; 64 MiB payloads must fit too.
 _SIZES = [
@@ -65,14 +75,10 @@ class Link:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._out.put(_CLOSE)
+            self._out.put(CLOSE)
 
     def frames(self) -> Iterator[pb.Frame]:
-        while True:
-            frame = self._out.get()
-            if frame is _CLOSE:
-                return
-            yield frame  # type: ignore[misc]
+        return drain(self._out)
 
 
 def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext,

@@ -9,11 +9,10 @@ import threading
 import grpc
 
 from protocol import pb, pb_grpc
-from protocol.stream import GRPC_OPTIONS, Link, serve_broker, serve_session
+from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain, serve_broker, serve_session
 from replicas.relay import UPSTREAM, Relay
 
 log = logging.getLogger(__name__)
-_CLOSE = object()
 
 
 class Proxy:
@@ -37,7 +36,7 @@ class Proxy:
 
     def stop(self) -> None:
         self._stop.set()
-        self._up_out.put(_CLOSE)
+        self._up_out.put(CLOSE)
         self._thread.join(5)
 
     # -- downstream ---------------------------------------------------------
@@ -64,14 +63,6 @@ class Proxy:
                 destination.send(frame)
 
     # -- upstream -----------------------------------------------------------
-    @staticmethod
-    def _outbound(frames: "queue.SimpleQueue[object]"):
-        while True:
-            frame = frames.get()
-            if frame is _CLOSE:
-                return
-            yield frame
-
     def _upstream_loop(self) -> None:
         while not self._stop.is_set():
             channel = grpc.insecure_channel(self.upstream_address, options=GRPC_OPTIONS)
@@ -84,7 +75,7 @@ class Proxy:
             with self._lock:
                 self._up_out = queue.SimpleQueue()
                 self.relay = Relay()
-            responses = pb_grpc.BrokerStub(channel).Session(self._outbound(self._up_out))
+            responses = pb_grpc.BrokerStub(channel).Session(drain(self._up_out))
             log.info("proxy: connected upstream to %s", self.upstream_address)
             self._connected.set()
             reason = "upstream stream ended"
@@ -100,7 +91,7 @@ class Proxy:
                 links, self._links = list(self._links), set()
             for link in links:
                 link.close()  # clients see the session end and reconnect
-            self._up_out.put(_CLOSE)
+            self._up_out.put(CLOSE)
             channel.close()
             if not self._stop.is_set():
                 log.warning("proxy: %s; reconnecting", reason)

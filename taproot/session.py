@@ -29,14 +29,14 @@ import grpc
 
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
 from protocol.properties import PropertyValue, from_wire, to_wire
-from protocol.stream import GRPC_OPTIONS
+from protocol.stream import CLOSE as _CLOSE
+from protocol.stream import GRPC_OPTIONS, drain
 from taproot import errors
 from taproot.batching import BatchPolicy, Batcher
 from taproot.clock import MonotonicClock, wall_time_us
 from taproot.guid import GuidGenerator
 
 log = logging.getLogger(__name__)
-_CLOSE = object()
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ class Session:
         else:
             raise errors.ConnectionError(f"no host reachable within {self.connect_timeout_s}s: {failures}")
         stub = pb_grpc.BrokerStub(self._channel)
-        responses = stub.Session(self._outbound())
+        responses = stub.Session(drain(self._out))
         for target, name in ((lambda: self._receive(responses), "receiver"), (self._flusher, "flusher")):
             thread = threading.Thread(target=target, name=f"taproot-{name}", daemon=True)
             thread.start()
@@ -378,13 +378,6 @@ class Session:
                     self._lock.wait(linger_s)  # let confirms gather for one linger period
                 self._send_puts_locked()
                 self._send_confirms_locked()
-
-    def _outbound(self) -> Iterator[pb.Frame]:
-        while True:
-            frame = self._out.get()
-            if frame is _CLOSE:
-                return
-            yield frame  # type: ignore[misc]
 
     def _receive(self, responses) -> None:
         reason = "stream ended"

@@ -18,6 +18,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession (with Delta) for every Spark-tier test; started on first use."""
+    from storage import spark as spark_factory
+    session = spark_factory.session("taproot-tests")
+    yield session
+    session.stop()
+
+
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05, what: str = ""):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

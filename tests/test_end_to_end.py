@@ -10,7 +10,6 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from protocol import ResultCode, pb
-from storage import spark as spark_factory
 from storage.tables import PartitionPaths
 from taproot import loadgen
 from taproot.embedded import EmbeddedCluster
@@ -25,13 +24,6 @@ MESSAGES = 10_000
 def cluster(tmp_path_factory):
     with EmbeddedCluster(data_dir=str(tmp_path_factory.mktemp("data")), ephemeral_ports=True) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = spark_factory.session("taproot-tests")
-    yield session
-    session.stop()
 
 
 def delivery(spark, cluster):

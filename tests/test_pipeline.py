@@ -10,17 +10,9 @@ from pyspark.sql import functions as F
 
 from pipelines.dedup import to_delivery_rows, write_delivery_batch
 from pipelines.runner import create_delivery_table
-from storage import spark as spark_factory
 from storage.tables import DELIVERY_SCHEMA, PUTS_SCHEMA, spark_ddl
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = spark_factory.session("taproot-pipeline-tests")
-    yield session
-    session.stop()
 
 
 def puts_df(spark, guids):
