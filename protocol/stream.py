@@ -85,19 +85,6 @@ def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerCo
                   on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
                   on_close: Callable[[Link], None]) -> Iterator[pb.Frame]:
     link = Link(context.peer())
-    closed_once = threading.Lock()
-    done = [False]
-
-    def finish() -> None:
-        with closed_once:
-            if done[0]:
-                return
-            done[0] = True
-        link.close()
-        try:
-            on_close(link)
-        except Exception:
-            log.exception("%r: close handler failed", link)
 
     def read() -> None:
         try:
@@ -115,10 +102,19 @@ def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerCo
         except Exception:
             log.exception("%r: reader failed", link)
         finally:
-            finish()
+            # on_close runs here, on the reader thread, after the last frame was
+            # handled, so a frame handler and the close never race (a queue
+            # opened by a frame still in flight would otherwise outlive the link).
+            link.close()
+            try:
+                on_close(link)
+            except Exception:
+                log.exception("%r: close handler failed", link)
 
     on_open(link)
-    context.add_callback(finish)
+    # When the RPC ends, stop the response side; the request iterator then ends
+    # too, and the reader closes the link.
+    context.add_callback(link.close)
     threading.Thread(target=read, name=f"link-{link.id}", daemon=True).start()
     yield from link.frames()
 

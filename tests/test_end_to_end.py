@@ -118,3 +118,30 @@ def _reopens(address: str, uri: str) -> bool:
             return True
     except TaprootError:
         return False
+
+
+@pytest.mark.parametrize("via", ["proxy", "node"])
+def test_consumer_that_vanishes_has_its_messages_redelivered(cluster, via):
+    """At-least-once: a consumer that disconnects without confirming loses
+    nothing; another consumer gets those messages, flagged as redelivered."""
+    from taproot import Session
+
+    address = cluster.proxy_address if via == "proxy" else cluster.node_address
+    uri = f"taproot://demo/vanish-{via}"
+    with Session([address]) as session, session.open_queue(uri, write=True) as producer:
+        futures = [producer.post(b"x") for _ in range(20)]
+        guids = [f.result(timeout=60).guid for f in futures]
+    doomed = RawSession(address)
+    assert doomed.open(1, uri, read=True, write=False).status.code == ResultCode.SUCCESS
+    held = []
+    wait_until(lambda: held.extend(doomed.recv("push", timeout_s=120).push.messages) or len(held) >= 20, 180,
+               what="the first consumer to hold all 20")
+    doomed.channel.close()  # gone without a CONFIRM or a CloseQueue
+
+    with Session([address]) as session, session.open_queue(uri, read=True) as consumer:
+        again = []
+        wait_until(lambda: again.extend(consumer.messages(timeout_s=1)) or len(again) >= 20, 60,
+                   what="redelivery to the second consumer")
+        assert [m.guid for m in again] == guids
+        assert all(m.redelivered and m.delivery_count == 2 for m in again)
+        consumer.confirm(again)
