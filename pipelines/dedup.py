@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -58,23 +57,15 @@ def write_delivery_batch(batch: DataFrame, batch_id: int, delivery_path: str, ap
      .save(delivery_path))
 
 
-@dataclass
-class BatchStats:
-    batches: int = 0
-    last_batch_ms: float = 0.0
-    durations_ms: list[float] = field(default_factory=list)
-
-
 def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
                       trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
                       on_batch: Callable[[int, int], None] | None = None, available_now: bool = False):
-    """Start the dedup query for one partition; returns (query, stats).
+    """Start the dedup query for one partition and return it.
 
     `on_batch(partition, batch_id)` runs after each committed batch (the runner
     uses it to tell the primary there are new delivery rows). `available_now`
     processes what exists and stops (warm-up, tests, catch-up jobs).
     """
-    stats = BatchStats()
     query_id_ready = threading.Event()
     app_id: list[str] = []
 
@@ -84,10 +75,8 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
         # txnAppId is the query id: stable for a checkpoint, new for a new one
         # (a reused appId with a fresh checkpoint would silently skip writes).
         write_delivery_batch(batch, batch_id, paths.delivery, app_id[0])
-        stats.batches += 1
-        stats.last_batch_ms = (time.perf_counter() - started) * 1000
-        stats.durations_ms = (stats.durations_ms + [stats.last_batch_ms])[-1000:]
-        log.debug("partition %d batch %d written in %.0f ms", paths.partition, batch_id, stats.last_batch_ms)
+        log.debug("partition %d batch %d written in %.0f ms", paths.partition, batch_id,
+                  (time.perf_counter() - started) * 1000)
         if on_batch is not None:
             on_batch(paths.partition, batch_id)
 
@@ -102,4 +91,4 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     query = writer.trigger(**trigger).start()
     app_id.append(f"taproot-delivery-{query.id}")
     query_id_ready.set()
-    return query, stats
+    return query

@@ -81,7 +81,7 @@ def warm_up(spark, history_window_ms: int) -> float:
                 dict(domain="warmup", queue="q", guid=g, seq=round_ * 3 + i, payload=b"", properties=[],
                      property_types=[], producer_time=now, put_time=now, epoch=0)
                 for i, g in enumerate(guids + guids[:1])][:4], schema=tables.PUTS_SCHEMA))
-            query, _ = start_dedup_query(spark, paths, history_window_ms, available_now=True)
+            query = start_dedup_query(spark, paths, history_window_ms, available_now=True)
             query.awaitTermination()
         spark.read.format("delta").load(paths.delivery).count()
     return time.monotonic() - started
@@ -118,7 +118,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
             log.error("partition %d: PUT log %s never appeared", index, paths.puts)
             return 1
         create_delivery_table(spark, paths.delivery)
-        query, _ = start_dedup_query(spark, paths, window,
+        query = start_dedup_query(spark, paths, window,
                                      trigger_interval_ms=config.pipeline.trigger_interval_ms,
                                      max_files_per_trigger=config.pipeline.max_files_per_trigger,
                                      on_batch=notifier)

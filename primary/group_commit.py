@@ -49,7 +49,6 @@ class GroupCommitter(Generic[T]):
         self._oldest_ms = 0.0
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"commit-{name}", daemon=True)
-        self.commits = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -95,6 +94,5 @@ class GroupCommitter(Generic[T]):
             # thread must survive it or every later PUT would go unanswered.
             try:
                 self._commit_fn(items)
-                self.commits += 1
             except Exception:  # pragma: no cover - defensive
                 log.exception("group commit %s: commit function raised", self.name)

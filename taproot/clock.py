@@ -1,4 +1,4 @@
-"""Clocks injected into the cores, so that tests can drive time."""
+"""Clocks: the cores take a `Clock` (an injectable `now_ms`) instead of reading time themselves."""
 
 from __future__ import annotations
 
@@ -13,19 +13,6 @@ class Clock(Protocol):
 class MonotonicClock:
     def now_ms(self) -> float:
         return time.monotonic() * 1000.0
-
-
-class ManualClock:
-    """A clock that moves only when told to (tests)."""
-
-    def __init__(self, start_ms: float = 0.0) -> None:
-        self._now = start_ms
-
-    def now_ms(self) -> float:
-        return self._now
-
-    def advance(self, ms: float) -> None:
-        self._now += ms
 
 
 def wall_time_us() -> int:
