@@ -66,7 +66,7 @@ def main(args) -> int:
         from taproot.embedded import EmbeddedCluster
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="taproot-bench-")
         print(f"starting an embedded cluster in {data_dir} ...", flush=True)
-        cluster = EmbeddedCluster(data_dir=data_dir, ephemeral_ports=True)
+        cluster = EmbeddedCluster(args.config, data_dir, ephemeral_ports=True)
         cluster.start()
         address = cluster.client_address
     try:

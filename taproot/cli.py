@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=10_000, help="msg/s for the latency run (0: max)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
+    p.add_argument("--config", help="cluster.toml for the embedded cluster (default: the shipped one)")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(func=cmd_bench)
     return parser
