@@ -64,8 +64,7 @@ def send_garbage(address: str, payload: bytes) -> grpc.RpcError | None:
     call = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=None,
                                  response_deserializer=None)
     try:
-        for _ in call(iter([payload]), timeout=10):
-            pass
+        list(call(iter([payload]), timeout=10))  # read until the server ends the stream
     except grpc.RpcError as exc:
         return exc
     finally:
