@@ -2,7 +2,7 @@
 writers), the queues mapped to it, and the tail of its delivery log.
 
 Threads: one group-commit thread for PUTs, one for CONFIRMs, one tailer for
-the delivery log. Routing state (`QueueState.dispatcher`) is guarded by
+the delivery log, and one compactor per owned table (`maintenance.py`). Routing state (`QueueState.dispatcher`) is guarded by
 `Partition.lock`; links are only ever written through `Link.send`, which is
 thread safe.
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import QueueDispatcher, StoredMessage
@@ -97,6 +98,7 @@ class Partition:
         # as its watermark, and a row older than the watermark would be dropped.
         self._last_put_us = self._max_column("put_time")
         self._delivery_version = -1
+        self._delivery_table: DeltaTable | None = None  # opened once the pipeline creates it
         policy = GroupPolicy(config.primary.group_commit_max_messages,
                              config.primary.group_commit_max_bytes,
                              config.primary.group_commit_linger_ms)
@@ -189,7 +191,7 @@ class Partition:
         send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
                                           message=text)) for i in items])
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("partition %d: committed %d PUTs in %.1f ms (build %.1f ms)", self.index, count,
+            log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
 
     def _commit_confirms(self, items: list[PendingConfirm]) -> None:
@@ -222,10 +224,14 @@ class Partition:
                 log.exception("partition %d: reading the delivery log failed; retrying", self.index)
 
     def _catch_up(self, skip: set[bytes] | None = None) -> None:
-        table = deltars.try_open(self.paths.delivery)
-        if table is None:
-            return
-        latest, rows = deltars.read_since(table, self._delivery_version, columns=[
+        # One handle for the life of the partition: read_since refreshes it
+        # incrementally (~1 ms when nothing changed); reopening would replay
+        # the whole log on every poll.
+        if self._delivery_table is None:
+            self._delivery_table = deltars.try_open(self.paths.delivery)
+            if self._delivery_table is None:
+                return  # the pipeline has not created it yet
+        latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=[
             "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time"])
         if rows.num_rows:
             rows = rows.sort_by([("seq", "ascending")])
