@@ -9,9 +9,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import pyarrow as pa
-
 import grpc
+import pyarrow as pa
 
 import conf
 from pipelines.dedup import start_dedup_query
@@ -76,11 +75,12 @@ def warm_up(spark, history_window_ms: int) -> float:
         create_delivery_table(spark, paths.delivery)
         now = datetime.now(timezone.utc)
         for round_ in range(2):
-            guids = [bytes([round_, i]) * 8 for i in range(3)]
+            # Three GUIDs and a repeat of the first, so the dedup path runs too.
+            guids = [bytes([round_, i]) * 8 for i in (0, 1, 2, 0)]
             puts.append(pa.Table.from_pylist([
-                dict(domain="warmup", queue="q", guid=g, seq=round_ * 3 + i, payload=b"", properties=[],
+                dict(domain="warmup", queue="q", guid=g, seq=round_ * 4 + i, payload=b"", properties=[],
                      property_types=[], producer_time=now, put_time=now, epoch=0)
-                for i, g in enumerate(guids + guids[:1])][:4], schema=tables.PUTS_SCHEMA))
+                for i, g in enumerate(guids)], schema=tables.PUTS_SCHEMA))
             query = start_dedup_query(spark, paths, history_window_ms, available_now=True)
             query.awaitTermination()
         spark.read.format("delta").load(paths.delivery).count()
@@ -88,7 +88,7 @@ def warm_up(spark, history_window_ms: int) -> float:
 
 
 def log_progress(query, logged: dict[str, int]) -> None:
-    """One line per micro-batch: rows, files' worth of time, and where it went."""
+    """One log line per new micro-batch: its rows, its duration, and where the time went."""
     for progress in query.recentProgress:
         batch = progress["batchId"]
         if batch <= logged.get(query.name, -1):

@@ -44,7 +44,7 @@ class Compactor:
             self._thread.join(30)
 
     def on_commit(self) -> None:
-        """Called by the table's writer after each commit (any thread)."""
+        """Called by the table's one writer thread after each commit."""
         self._commits += 1
         if self.every_commits > 0 and self._commits >= self.every_commits:
             self._commits = 0

@@ -13,12 +13,15 @@ import json
 import logging
 import os
 import queue
+import signal
 import threading
+from concurrent import futures
 from typing import Callable, Iterator
 
 import grpc
 
 from protocol import taproot_pb2 as pb
+from protocol import taproot_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -124,11 +127,6 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     """Serve `servicer` (a BrokerServicer) on host:port until SIGINT/SIGTERM or
     `stop_event`; write the ready file (with the bound port) once serving.
     Returns after the server has stopped; the caller then stops its role."""
-    from concurrent import futures
-    import signal
-
-    from protocol import taproot_pb2_grpc as pb_grpc
-
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
                          options=SERVER_GRPC_OPTIONS)
     pb_grpc.add_BrokerServicer_to_server(servicer, server)

@@ -70,7 +70,7 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
         _say(f"   node       {cluster.node_address}  (primary for {cluster.config.partitions} partition(s))")
         cluster.start_proxy()
         _say(f"   proxy      {cluster.proxy_address}  (clients connect here)")
-        _say("   pipeline   starting Spark (first start fetches nothing; JVM warm-up takes a while)...")
+        _say("   pipeline   starting Spark and warming it up (about 30 s on 2 cores)...")
         cluster.start_pipeline()
         _say(f"   pipeline   running  ({time.monotonic() - started:.0f} s to start everything)")
     except ClusterStartError as exc:
