@@ -109,12 +109,40 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class DomainConfig:
+    """One domain (`domains/<name>.toml`). 0 means "no limit" for every limit."""
     name: str
-    mode: str = "priority"
+    mode: str = "priority"                   # priority | fanout | broadcast
+    # Fanout: the applications; each gets every message (taproot://d/q?id=<app>).
+    app_ids: tuple[str, ...] = ()
+    # Application subscriptions: app id -> expression (protocol/expression.py).
+    # A message an app's expression does not match is auto-confirmed for that
+    # app. In a priority domain the key is "" (BlazingMQ's convention).
+    subscriptions: Mapping[str, str] = field(default_factory=dict)
     max_payload_bytes: int = 4 * 1024 * 1024
     dedup_history_window_ms: int = 300_000   # BlazingMQ deduplicationTimeMs default
     max_unconfirmed_messages_default: int = 1000
     max_unconfirmed_bytes_default: int = 32 * 1024 * 1024
+    # Quotas: messages accepted and not yet done (confirmed by every app, dead-
+    # lettered or expired). A PUT beyond one gets LIMIT_MESSAGES / LIMIT_BYTES.
+    queue_max_messages: int = 0
+    queue_max_bytes: int = 0
+    domain_max_messages: int = 0
+    domain_max_bytes: int = 0
+    watermark_percent: int = 80              # a warning alarm fires at this fill level
+    max_consumers: int = 0                   # per queue
+    max_producers: int = 0                   # per queue
+    message_ttl_ms: int = 0                  # not pushed after this long; 0: never expires
+    max_delivery_attempts: int = 0           # then dead-lettered; 0: unlimited (BlazingMQ recommends 5)
+
+    @property
+    def apps(self) -> tuple[str, ...]:
+        """The app ids routing works with: the fanout apps, or the single "" app."""
+        return self.app_ids if self.mode == "fanout" else ("",)
+
+    @property
+    def has_quota(self) -> bool:
+        return any((self.queue_max_messages, self.queue_max_bytes, self.domain_max_messages,
+                    self.domain_max_bytes))
 
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -134,7 +162,17 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "dedup_history_window_ms": (1000, 7 * 24 * 3_600_000),
     "max_unconfirmed_messages_default": (0, 10_000_000),
     "max_unconfirmed_bytes_default": (0, 1 << 40),
+    "queue_max_messages": (0, 1 << 40),
+    "queue_max_bytes": (0, 1 << 50),
+    "domain_max_messages": (0, 1 << 40),
+    "domain_max_bytes": (0, 1 << 50),
+    "watermark_percent": (1, 100),
+    "max_consumers": (0, 1_000_000),
+    "max_producers": (0, 1_000_000),
+    "message_ttl_ms": (0, 365 * 24 * 3_600_000),
+    "max_delivery_attempts": (0, 1_000_000),
 }
+APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.~]{1,64}$")
 
 
 def _build(cls: type, raw: Mapping[str, Any], where: str, **fixed: Any) -> Any:
@@ -173,14 +211,49 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
     where = where or f"domains/{name}.toml"
     if not DOMAIN_NAME_RE.match(name):
         raise ConfigError(f"{where}: domain name {name!r} must match {DOMAIN_NAME_RE.pattern}")
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    raw = dict(raw)
+    app_ids = raw.pop("app_ids", [])
+    subscriptions = raw.pop("subscriptions", {})
     domain = _build(DomainConfig, raw, "", name=name) if raw else DomainConfig(name=name)
     if domain.mode not in QUEUE_MODES:
         raise ConfigError(f"{where}: mode: must be one of {', '.join(QUEUE_MODES)}, got {domain.mode!r}")
-    if domain.mode != "priority":
-        # Fanout and broadcast routing land with the queue-modes work; refusing
-        # here beats accepting a domain that would behave like priority.
-        raise ConfigError(f"{where}: mode: {domain.mode!r} is not implemented yet (only 'priority')")
-    return domain
+    if not isinstance(app_ids, list) or not all(isinstance(a, str) for a in app_ids):
+        raise ConfigError(f"{where}: app_ids: expected a list of strings, got {app_ids!r}")
+    for app in app_ids:
+        if not APP_ID_RE.match(app):
+            raise ConfigError(f"{where}: app_ids: {app!r} must match {APP_ID_RE.pattern}")
+    if len(set(app_ids)) != len(app_ids):
+        raise ConfigError(f"{where}: app_ids: duplicate app id(s) "
+                          f"{sorted({a for a in app_ids if app_ids.count(a) > 1})}")
+    if domain.mode == "fanout" and not app_ids:
+        raise ConfigError(f"{where}: app_ids: a fanout domain needs at least one app id")
+    if domain.mode != "fanout" and app_ids:
+        raise ConfigError(f"{where}: app_ids: only fanout domains have app ids (mode is {domain.mode!r})")
+    if not isinstance(subscriptions, Mapping):
+        raise ConfigError(f"{where}: subscriptions: expected a table of app id = \"expression\"")
+    if subscriptions and domain.mode == "broadcast":
+        raise ConfigError(f"{where}: subscriptions: broadcast domains have no application subscriptions "
+                          "(consumers can still subscribe)")
+    from protocol.expression import ExpressionError, compile_expression  # no Taproot import at load time
+    for app, text in subscriptions.items():
+        allowed = app_ids if domain.mode == "fanout" else [""]
+        if app not in allowed:
+            raise ConfigError(f"{where}: subscriptions.{app!r}: not an app of this domain "
+                              f"(apps: {allowed!r}; a priority domain uses the key \"\")")
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: subscriptions.{app!r}: expected a string, got {text!r}")
+        try:
+            compile_expression(text)
+        except ExpressionError as exc:
+            raise ConfigError(f"{where}: subscriptions.{app!r}: {exc}") from None
+    if domain.mode == "broadcast":
+        for key in ("queue_max_messages", "queue_max_bytes", "domain_max_messages", "domain_max_bytes",
+                    "message_ttl_ms", "max_delivery_attempts"):
+            if getattr(domain, key):
+                raise ConfigError(f"{where}: {key}: broadcast domains store nothing, so {key} does not apply")
+    return dataclasses.replace(domain, app_ids=tuple(app_ids), subscriptions=dict(subscriptions))
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -225,19 +298,34 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     )
 
 
-def load(path: str | Path | None = None, *, data_dir: str | None = None) -> ClusterConfig:
-    """Load `cluster.toml` and the `domains/*.toml` beside it."""
-    path = Path(path) if path else DEFAULT_CLUSTER_FILE
-    raw = _read_toml(path)
+def domains_dir(cluster_file: str | Path | None = None) -> Path:
+    return (Path(cluster_file) if cluster_file else DEFAULT_CLUSTER_FILE).parent / "domains"
+
+
+def domain_files(directory: Path) -> dict[Path, float]:
+    """The domain files and their modification times (what a reload watches)."""
+    if not directory.is_dir():
+        return {}
+    return {p: p.stat().st_mtime for p in sorted(directory.glob("*.toml"))}
+
+
+def load_domains(directory: Path) -> dict[str, DomainConfig]:
     domains: dict[str, DomainConfig] = {}
-    domains_dir = path.parent / "domains"
-    for domain_file in sorted(domains_dir.glob("*.toml")) if domains_dir.is_dir() else []:
+    for domain_file in domain_files(directory):
         try:
             domains[domain_file.stem] = parse_domain(domain_file.stem, _read_toml(domain_file),
                                                      where=str(domain_file))
         except ConfigError as exc:
             raise ConfigError(str(exc) if str(exc).startswith(str(domain_file))
                               else f"{domain_file}: {exc}") from None
+    return domains
+
+
+def load(path: str | Path | None = None, *, data_dir: str | None = None) -> ClusterConfig:
+    """Load `cluster.toml` and the `domains/*.toml` beside it."""
+    path = Path(path) if path else DEFAULT_CLUSTER_FILE
+    raw = _read_toml(path)
+    domains = load_domains(domains_dir(path))
     try:
         config = parse_cluster(raw, domains)
     except ConfigError as exc:

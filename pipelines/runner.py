@@ -14,6 +14,7 @@ import pyarrow as pa
 
 import conf
 from pipelines.dedup import start_dedup_query
+from pipelines.fanout import DomainsReloader
 from protocol import pb, pb_grpc
 from protocol.stream import write_ready_file
 from storage import deltars, tables
@@ -56,10 +57,16 @@ def wait_for_table(path: str, stop: threading.Event, timeout_s: float = 600) -> 
 
 
 def create_delivery_table(spark, path: str) -> None:
-    """Create the delivery log (Spark owns it) with its documented schema and properties."""
+    """Create the delivery log (Spark owns it) with its documented schema and
+    properties; add the columns a table made by an older Taproot lacks."""
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({tables.spark_ddl(tables.DELIVERY_SCHEMA)}) "
               f"USING DELTA TBLPROPERTIES ({properties})")
+    existing = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in tables.DELIVERY_SCHEMA if f.name not in existing]
+    if missing:
+        ddl = tables.spark_ddl(pa.schema([f.with_nullable(True) for f in missing]))
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({ddl})")
 
 
 def warm_up(spark, history_window_ms: int) -> float:
@@ -79,7 +86,7 @@ def warm_up(spark, history_window_ms: int) -> float:
             guids = [bytes([round_, i]) * 8 for i in (0, 1, 2, 0)]
             puts.append(pa.Table.from_pylist([
                 dict(domain="warmup", queue="q", guid=g, seq=round_ * 4 + i, payload=b"", properties=[],
-                     property_types=[], producer_time=now, put_time=now, epoch=0)
+                     property_types=[], producer_time=now, put_time=now, epoch=0, compression=None)
                 for i, g in enumerate(guids)], schema=tables.PUTS_SCHEMA))
             query = start_dedup_query(spark, paths, history_window_ms, available_now=True)
             query.awaitTermination()
@@ -101,7 +108,7 @@ def log_progress(query, logged: dict[str, int]) -> None:
 
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,
-        stop_event: threading.Event | None = None) -> int:
+        stop_event: threading.Event | None = None, cluster_file: str | None = None) -> int:
     stop = stop_event or threading.Event()
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -110,6 +117,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
     notifier = DeliveryNotifier(address)
     window = history_window_ms(config)
+    domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     log.info("pipeline warmed up in %.1f s", warm_up(spark, window))
     queries = []
     for index in range(config.partitions):
@@ -121,7 +129,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
         query = start_dedup_query(spark, paths, window,
                                      trigger_interval_ms=config.pipeline.trigger_interval_ms,
                                      max_files_per_trigger=config.pipeline.max_files_per_trigger,
-                                     on_batch=notifier)
+                                     on_batch=notifier, domains=domains)
         queries.append(query)
     log.info("pipeline running %d dedup quer%s (history window %d ms)", len(queries),
              "y" if len(queries) == 1 else "ies", window)

@@ -1,11 +1,19 @@
-"""Priority-mode routing for one queue: a plain state machine, no I/O, no clock.
+"""Routing for one queue and one app: a plain state machine, no I/O.
 
-Messages enter in PUT order (`add_messages`) from the delivery log. They go
-round-robin to the consumers with the highest priority that have capacity
-(max unconfirmed messages and bytes); a consumer at capacity receives nothing
-new, and there is no spillover to lower priorities (BlazingMQ's rule). When a
-consumer goes away its unconfirmed messages return to the front of the queue,
-in their original order, flagged for redelivery (delivery_count + 1).
+Messages enter in PUT order (`add_messages`) from the delivery log. Each goes to
+a consumer whose subscription matches it (a consumer without one matches
+everything): among the matching consumers, only those with the highest
+priority are eligible, round-robin, and only while they have capacity (max
+unconfirmed messages and bytes). A consumer at capacity receives nothing new,
+and there is no spillover to lower priorities (BlazingMQ's rule). A message no
+consumer matches stays pending, and later messages pass it.
+
+When a consumer goes away its unconfirmed messages return to the front of the
+queue, in their original order, flagged for redelivery (delivery_count + 1).
+A message that has already been pushed `max_delivery_attempts` times is not
+pushed again but dropped as a poison pill; a message whose TTL passed is
+dropped as expired. Dropped messages are collected for the caller
+(`take_dropped`), which writes them to the dead-letter table.
 
 Every method returns the pushes to send as `(consumer_key, message)` pairs;
 the caller owns the links. Not thread safe: the caller holds the partition lock.
@@ -15,9 +23,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from typing import Callable, Hashable, Iterable, Sequence
+
+from protocol.expression import Expression
+from protocol.properties import from_wire
 
 ConsumerKey = Hashable
+REASON_ATTEMPTS = "max_delivery_attempts"
+REASON_TTL = "ttl_expired"
 
 
 @dataclass
@@ -28,10 +41,24 @@ class StoredMessage:
     properties: list  # list[pb.Property]; opaque here
     put_time_us: int
     delivery_count: int = 0
+    expires_us: int = 0          # primary clock; 0: never expires
+    compression: int = 0
+    _props: dict | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return len(self.payload)
+
+    @property
+    def typed_properties(self) -> dict:
+        if self._props is None:
+            self._props = from_wire(self.properties)
+        return self._props
+
+    def for_app(self) -> "StoredMessage":
+        """A copy with its own delivery state, sharing payload and properties."""
+        return StoredMessage(self.guid, self.seq, self.payload, self.properties, self.put_time_us,
+                             self.delivery_count, self.expires_us, self.compression, self._props)
 
 
 @dataclass
@@ -39,6 +66,17 @@ class ConsumerOptions:
     max_unconfirmed_messages: int = 1000
     max_unconfirmed_bytes: int = 32 * 1024 * 1024
     priority: int = 0
+    subscriptions: Sequence[Expression] = ()   # OR-combined; empty matches everything
+
+    def matches(self, message: StoredMessage) -> bool:
+        if not self.subscriptions:
+            return True
+        props = message.typed_properties
+        return any(s.matches(props) for s in self.subscriptions)
+
+    @property
+    def paused(self) -> bool:
+        return self.max_unconfirmed_messages <= 0 or self.max_unconfirmed_bytes <= 0
 
 
 @dataclass
@@ -60,14 +98,18 @@ class _Consumer:
 
 
 Push = tuple[ConsumerKey, StoredMessage]
+Dropped = tuple[StoredMessage, str, str]      # message, reason, detail
 
 
 class QueueDispatcher:
-    def __init__(self) -> None:
+    def __init__(self, *, max_delivery_attempts: int = 0, clock: Callable[[], int] | None = None) -> None:
+        self.max_delivery_attempts = max_delivery_attempts
+        self._clock = clock                      # microseconds, for TTL; None: TTL never checked
         self._pending: deque[StoredMessage] = deque()
         self._known: set[bytes] = set()          # guids pending or in flight
         self._consumers: dict[ConsumerKey, _Consumer] = {}
         self._rr: deque[ConsumerKey] = deque()   # round-robin order
+        self._dropped: list[Dropped] = []
 
     # -- inspection ---------------------------------------------------------
     @property
@@ -83,6 +125,11 @@ class QueueDispatcher:
 
     def unconfirmed_of(self, key: ConsumerKey) -> list[bytes]:
         return list(self._consumers[key].unconfirmed)
+
+    def take_dropped(self) -> list[Dropped]:
+        """Messages dropped since the last call (poison pills, expired)."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
 
     # -- events -------------------------------------------------------------
     def add_messages(self, messages: Iterable[StoredMessage]) -> list[Push]:
@@ -125,27 +172,79 @@ class QueueDispatcher:
         self._known.discard(guid)
         return message, self._dispatch()
 
+    def expire(self) -> None:
+        """Drop pending messages whose TTL has passed (a periodic sweep: a queue
+        with no consumer never dispatches)."""
+        if self._clock is None or not self._pending:
+            return
+        now = self._clock()
+        kept: deque[StoredMessage] = deque()
+        for message in self._pending:
+            if message.expires_us and message.expires_us <= now:
+                self._drop(message, REASON_TTL, "expired before it was pushed")
+            else:
+                kept.append(message)
+        self._pending = kept
+
+    def broadcast(self, message: StoredMessage) -> list[Push]:
+        """Broadcast mode: every highest-priority matching consumer that is not
+        paused gets the message now; nothing is kept (at-most-once)."""
+        candidates = [c for c in self._consumers.values()
+                      if not c.options.paused and c.options.matches(message)]
+        if not candidates:
+            return []
+        top = max(c.options.priority for c in candidates)
+        return [(c.key, message) for c in candidates if c.options.priority == top]
+
     # -- routing ------------------------------------------------------------
+    def _drop(self, message: StoredMessage, reason: str, detail: str) -> None:
+        self._known.discard(message.guid)
+        self._dropped.append((message, reason, detail))
+
+    def _pick(self, message: StoredMessage) -> _Consumer | None:
+        """The consumer for `message`, or None: nobody matches, or every
+        matching consumer of the top priority is at capacity."""
+        top = None
+        for consumer in self._consumers.values():
+            if consumer.options.matches(message) and (top is None or consumer.options.priority > top):
+                top = consumer.options.priority
+        if top is None:
+            return None
+        for _ in range(len(self._rr)):
+            key = self._rr[0]
+            self._rr.rotate(-1)
+            consumer = self._consumers[key]
+            if consumer.options.priority == top and consumer.has_capacity() and consumer.options.matches(message):
+                return consumer
+        return None
+
     def _dispatch(self) -> list[Push]:
         pushes: list[Push] = []
         if not self._pending or not self._consumers:
             return pushes
-        top = max(c.options.priority for c in self._consumers.values())
+        filtering = any(c.options.subscriptions for c in self._consumers.values())
+        now = self._clock() if self._clock is not None else 0
+        skipped: list[StoredMessage] = []
         while self._pending:
-            sent = False
-            for _ in range(len(self._rr)):
-                key = self._rr[0]
-                self._rr.rotate(-1)
-                consumer = self._consumers[key]
-                if consumer.options.priority != top or not consumer.has_capacity():
-                    continue
-                message = self._pending.popleft()
-                message.delivery_count += 1
-                consumer.unconfirmed[message.guid] = message
-                consumer.unconfirmed_bytes += message.size
-                pushes.append((key, message))
-                sent = True
+            if not any(c.has_capacity() for c in self._consumers.values()):
                 break
-            if not sent:
-                break  # every top-priority consumer is at capacity
+            message = self._pending.popleft()
+            if now and message.expires_us and message.expires_us <= now:
+                self._drop(message, REASON_TTL, "expired before it was pushed")
+                continue
+            if self.max_delivery_attempts and message.delivery_count >= self.max_delivery_attempts:
+                self._drop(message, REASON_ATTEMPTS, f"pushed {message.delivery_count} times, never confirmed")
+                continue
+            consumer = self._pick(message)
+            if consumer is None:
+                skipped.append(message)
+                if not filtering:
+                    break  # every consumer matches, so every top one is at capacity
+                continue
+            message.delivery_count += 1
+            consumer.unconfirmed[message.guid] = message
+            consumer.unconfirmed_bytes += message.size
+            pushes.append((consumer.key, message))
+        # Messages nobody could take stay in front, in their order.
+        self._pending.extendleft(reversed(skipped))
         return pushes

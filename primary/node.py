@@ -7,21 +7,29 @@ only, and the stream and every other client carry on.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import threading
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
-from conf import ClusterConfig
-from primary.dispatcher import ConsumerOptions
+import conf
+from conf import ClusterConfig, DomainConfig
+from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
 from primary.partition import Partition, PendingConfirm, PendingPut, QueueState, send_acks
+from primary.quota import DomainQuota
 from protocol import ResultCode, parse_queue_uri, pb, status, wire
+from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import validate_wire
 from protocol.stream import Link
 from protocol.uri import QueueUri
 
 log = logging.getLogger(__name__)
 GUID_LENGTH = 16
+DOMAIN_POLL_S = 1.0
+COMPRESSIONS = (pb.COMPRESSION_NONE, pb.COMPRESSION_ZLIB, pb.COMPRESSION_ZSTD)
 
 
 @dataclass
@@ -32,10 +40,18 @@ class OpenHandle:
     state: QueueState
     partition: Partition
 
+    @property
+    def app(self) -> str:
+        return self.uri.app_id or ""
+
+    @property
+    def broadcast(self) -> bool:
+        return self.state.domain.mode == "broadcast"
+
 
 def partition_of(uri: QueueUri, partitions: int) -> int:
     """Stable queue -> partition mapping (crc32 of the canonical URI)."""
-    return zlib.crc32(uri.canonical.encode()) % partitions
+    return zlib.crc32(QueueUri(uri.domain, uri.queue).canonical.encode()) % partitions
 
 
 def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions) -> ConsumerOptions | str:
@@ -45,29 +61,90 @@ def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions)
         return "max_unconfirmed_messages and max_unconfirmed_bytes must be >= 0"
     if not -(2**30) <= options.consumer_priority <= 2**30:
         return "consumer_priority must be within [-2^30, 2^30]"
+    subscriptions = []
+    for text in options.subscriptions:
+        try:
+            subscriptions.append(compile_expression(text))
+        except ExpressionError as exc:
+            return f"subscription {text!r}: {exc}"
     return ConsumerOptions(options.max_unconfirmed_messages, options.max_unconfirmed_bytes,
-                           options.consumer_priority)
+                           options.consumer_priority, tuple(subscriptions))
 
 
 class Node:
-    def __init__(self, config: ClusterConfig, name: str):
+    def __init__(self, config: ClusterConfig, name: str, domains_dir: Path | None = None):
         self.config = config
         self.name = name
-        self.partitions = [Partition(i, config) for i in range(config.partitions)]
+        self._quotas: dict[str, DomainQuota] = {
+            d.name: DomainQuota(d) for d in config.domains.values() if d.has_quota}
+        self.partitions = [Partition(i, config, quota_for=self._quotas.get) for i in range(config.partitions)]
         self._handles: dict[Link, dict[int, OpenHandle]] = {}
         self._lock = threading.Lock()
+        self._domains_dir = domains_dir
+        self._domain_stamp = conf.domain_files(domains_dir) if domains_dir else {}
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_domains, name="domain-watcher", daemon=True)
 
     def start(self) -> None:
         for partition in self.partitions:
             partition.start()
+        if self._domains_dir is not None:
+            self._watcher.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         for partition in self.partitions:
             partition.stop()
 
     def notify_delivery(self, partition: int) -> None:
         if 0 <= partition < len(self.partitions):
             self.partitions[partition].notify_delivery()
+
+    # -- configuration reload -------------------------------------------------
+    def _watch_domains(self) -> None:
+        assert self._domains_dir is not None
+        while not self._stopping.wait(DOMAIN_POLL_S):
+            stamp = conf.domain_files(self._domains_dir)
+            if stamp == self._domain_stamp:
+                continue
+            self._domain_stamp = stamp
+            try:
+                self.reload_domains(conf.load_domains(self._domains_dir))
+            except conf.ConfigError as exc:
+                log.error("domain reload rejected, keeping the previous configuration: %s", exc)
+
+    def reload_domains(self, domains: dict[str, DomainConfig]) -> None:
+        """Apply new domain definitions to a running node. A domain whose mode
+        would change while it has queues keeps its old definition (its stored
+        messages were routed for the old mode); everything else applies at once:
+        limits, TTL, delivery attempts, apps and subscriptions. A removed
+        domain refuses new opens; its open queues carry on."""
+        old = self.config.domains
+        merged = dict(domains)
+        active = {key[0] for p in self.partitions for key in p.queues}
+        for name, domain in domains.items():
+            previous = old.get(name)
+            if previous is not None and previous.mode != domain.mode and name in active:
+                log.error("domain %s: mode change %s -> %s refused while it has queues; restart with "
+                          "an empty domain to change it", name, previous.mode, domain.mode)
+                merged[name] = previous
+        for name, domain in merged.items():
+            quota = self._quotas.get(name)
+            if domain.has_quota:
+                if quota is None:
+                    self._quotas[name] = DomainQuota(domain)
+                else:
+                    quota.domain = domain
+            else:
+                self._quotas.pop(name, None)
+        self.config = dataclasses.replace(self.config, domains=merged)
+        for partition in self.partitions:
+            partition.config = self.config
+            with partition.lock:
+                for (name, _), state in partition.queues.items():
+                    if name in merged:
+                        state.set_domain(merged[name], self._quotas.get(name))
+        log.info("domains reloaded: %s", ", ".join(f"{n} ({d.mode})" for n, d in sorted(merged.items())))
 
     # -- links --------------------------------------------------------------
     def open_link(self, link: Link) -> None:
@@ -81,10 +158,11 @@ class Node:
             self._detach(link, queue_id, handle)
 
     def _detach(self, link: Link, queue_id: int, handle: OpenHandle) -> None:
+        with handle.partition.lock:
+            handle.state.consumers -= handle.read
+            handle.state.producers -= handle.write
         if handle.read:
-            with handle.partition.lock:
-                pushes = handle.state.dispatcher.remove_consumer((link, queue_id))
-            handle.partition.on_pushes(pushes)
+            handle.partition.route(handle.state, handle.app, lambda d: d.remove_consumer((link, queue_id)))
 
     # -- frames -------------------------------------------------------------
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
@@ -120,11 +198,20 @@ class Node:
         domain = self.config.domains.get(uri.domain)
         if domain is None:
             return reply(ResultCode.REFUSED, f"unknown domain {uri.domain!r}")
+        if not (req.read or req.write):
+            return reply(ResultCode.INVALID_ARGUMENT, "open for read, write or both")
         if uri.app_id and domain.mode != "fanout":
             return reply(ResultCode.INVALID_ARGUMENT,
                          f"?id= is only for fanout domains; {uri.domain!r} is {domain.mode}")
-        if not (req.read or req.write):
-            return reply(ResultCode.INVALID_ARGUMENT, "open for read, write or both")
+        if domain.mode == "fanout":
+            if req.write and uri.app_id:
+                return reply(ResultCode.INVALID_ARGUMENT, "producers open a fanout queue without ?id=")
+            if req.read and not uri.app_id:
+                return reply(ResultCode.INVALID_ARGUMENT, f"consumers of fanout domain {uri.domain!r} open "
+                             f"taproot://{uri.domain}/{uri.queue}?id=<app>; apps: {', '.join(domain.app_ids)}")
+            if req.read and uri.app_id not in domain.app_ids:
+                return reply(ResultCode.REFUSED, f"unknown app id {uri.app_id!r}; domain {uri.domain!r} has "
+                             f"apps {', '.join(domain.app_ids)}")
         defaults = ConsumerOptions(domain.max_unconfirmed_messages_default,
                                    domain.max_unconfirmed_bytes_default, 0)
         options = consumer_options(req.options if req.HasField("options") else None, defaults)
@@ -135,13 +222,19 @@ class Node:
             return reply(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is already open on this session")
         partition = self.partitions[partition_of(uri, len(self.partitions))]
         state = partition.queue_state(uri, domain)
+        with partition.lock:
+            for wanted, count, limit, what in ((req.read, state.consumers, domain.max_consumers, "consumers"),
+                                               (req.write, state.producers, domain.max_producers, "producers")):
+                if wanted and limit and count >= limit:
+                    return reply(ResultCode.REFUSED, f"queue {state.uri} has {count} {what}; domain "
+                                 f"{domain.name!r} allows at most {limit} (max_{what})")
+            state.consumers += req.read
+            state.producers += req.write
         handle = OpenHandle(uri, req.read, req.write, state, partition)
         handles[req.queue_id] = handle
         reply(ResultCode.SUCCESS, max_payload=domain.max_payload_bytes)
         if req.read:
-            with partition.lock:
-                pushes = state.dispatcher.add_consumer((link, req.queue_id), options)
-            partition.on_pushes(pushes)
+            partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
 
     def _on_configure(self, link: Link, req: pb.ConfigureQueue) -> None:
         def reply(code: ResultCode, message: str = "") -> None:
@@ -156,10 +249,9 @@ class Node:
         options = consumer_options(req.options, ConsumerOptions())
         if isinstance(options, str):
             return reply(ResultCode.INVALID_ARGUMENT, options)
-        with handle.partition.lock:
-            pushes = handle.state.dispatcher.configure_consumer((link, req.queue_id), options)
         reply(ResultCode.SUCCESS)
-        handle.partition.on_pushes(pushes)
+        handle.partition.route(handle.state, handle.app,
+                               lambda d: d.configure_consumer((link, req.queue_id), options))
 
     def _on_close(self, link: Link, req: pb.CloseQueue) -> None:
         handle = self._handles_of(link).pop(req.queue_id, None)
@@ -186,10 +278,19 @@ class Node:
             elif len(message.payload) > handle.state.domain.max_payload_bytes:
                 reason = (ResultCode.INVALID_ARGUMENT, f"payload of {len(message.payload)} bytes exceeds "
                           f"the domain's max_payload_bytes {handle.state.domain.max_payload_bytes}")
+            elif message.compression not in COMPRESSIONS:
+                reason = (ResultCode.INVALID_ARGUMENT, f"unknown compression {message.compression}")
             else:
                 prop_reason = validate_wire(message.properties)
                 if prop_reason:
                     reason = (ResultCode.INVALID_ARGUMENT, prop_reason)
+                elif handle.broadcast:
+                    self._broadcast(handle, message)
+                    nacks.append((link, pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
+                                                      code=wire(ResultCode.SUCCESS))))
+                    continue
+                elif handle.state.quota is not None:
+                    reason = handle.state.quota.admit(handle.state.uri.queue, message.guid, len(message.payload))
             if reason is not None or handle is None:
                 code, text = reason or (ResultCode.UNKNOWN, "")
                 nacks.append((link, pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
@@ -200,39 +301,61 @@ class Node:
             accepted[handle.partition] = (items, nbytes + len(message.payload))
         for partition, (items, nbytes) in accepted.items():
             if not partition.put_committer.submit(items, nbytes):
+                for i in items:
+                    if i.queue.quota is not None:
+                        i.queue.quota.unadmit(i.message.guid)
                 nacks.extend((i.link, pb.AckMessage(
                     queue_id=i.queue_id, guid=i.message.guid, code=wire(ResultCode.LIMIT_MESSAGES),
                     message="primary's pending PUT buffer is full")) for i in items)
         if nacks:
             send_acks(nacks)
 
+    def _broadcast(self, handle: OpenHandle, message: pb.PutMessage) -> None:
+        """Broadcast mode: no storage, no pipeline. The consumers attached right
+        now get it (at-most-once); the PUT is ACKed once it is handed to them."""
+        stored = StoredMessage(guid=message.guid, seq=0, payload=message.payload,
+                               properties=list(message.properties), put_time_us=message.put_time_us,
+                               delivery_count=1, compression=message.compression)
+        handle.partition.route(handle.state, "", lambda d: d.broadcast(stored))
+
     def _on_confirm(self, link: Link, batch: pb.ConfirmBatch) -> None:
         handles = self._handles_of(link)
-        by_partition: dict[Partition, tuple[list[PendingConfirm], list]] = {}
+        by_queue: dict[int, list[bytes]] = {}
         for message in batch.messages:
             handle = handles.get(message.queue_id)
-            if handle is None or not handle.read:
+            if handle is None or not handle.read or handle.broadcast:
                 # A confirm for a queue this link does not read is dropped: the
-                # message stays with whoever holds it (at-least-once).
+                # message stays with whoever holds it (at-least-once). Broadcast
+                # keeps nothing, so there is nothing to confirm.
                 continue
-            confirms, pushes = by_partition.setdefault(handle.partition, ([], []))
-            with handle.partition.lock:
-                stored, more = handle.state.dispatcher.confirm((link, message.queue_id), message.guid)
-            pushes.extend(more)
-            if stored is not None:
-                confirms.append(PendingConfirm(handle.state, handle.uri.app_id, stored))
-        for partition, (confirms, pushes) in by_partition.items():
+            by_queue.setdefault(message.queue_id, []).append(message.guid)
+        for queue_id, guids in by_queue.items():
+            handle = handles[queue_id]
+            state, app = handle.state, handle.app
+            confirms: list[PendingConfirm] = []
+
+            def confirm_all(d, guids=guids, queue_id=queue_id, state=state, app=app, confirms=confirms):
+                pushes = []
+                for guid in guids:
+                    stored, more = d.confirm((link, queue_id), guid)
+                    pushes.extend(more)
+                    if stored is not None:
+                        confirms.append(PendingConfirm(state, app, stored))
+                        if state.quota is not None:
+                            state.quota.app_done(guid, app)
+                return pushes
+
+            handle.partition.route(state, app, confirm_all)
             if confirms:
-                partition.confirm_committer.submit(confirms, 0)
-            partition.on_pushes(pushes)
+                handle.partition.confirm_committer.submit(confirms, 0)
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes (its consumers pause and
         # keep what they hold until they confirm or the link closes), then answer.
         for queue_id, handle in list(self._handles_of(link).items()):
             if handle.read:
-                with handle.partition.lock:
-                    handle.state.dispatcher.configure_consumer((link, queue_id), ConsumerOptions(0, 0, 0))
+                handle.partition.route(handle.state, handle.app, functools.partial(
+                    QueueDispatcher.configure_consumer, key=(link, queue_id), options=ConsumerOptions(0, 0, 0)))
         link.send(pb.Frame(stop_response=pb.StopResponse(request_id=req.request_id)))
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:

@@ -9,6 +9,7 @@ thread safe.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import QueueDispatcher, StoredMessage
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.maintenance import Compactor
+from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.properties import maps_to_wire, wire_to_maps
 from protocol.uri import QueueUri
@@ -35,13 +37,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUSH_FRAME_MESSAGES_MAX = 1000
+COMPRESSION_NAMES: dict[int, str] = {pb.COMPRESSION_ZLIB: "zlib", pb.COMPRESSION_ZSTD: "zstd"}
+COMPRESSION_CODES: dict[str | None, int] = {name: code for code, name in COMPRESSION_NAMES.items()}
 
 
 @dataclass
 class QueueState:
+    """One queue on its primary: a dispatcher per app ("" outside fanout), the
+    open handle counts for max_consumers / max_producers, and the domain's quota."""
     uri: QueueUri
     domain: DomainConfig
-    dispatcher: QueueDispatcher = field(default_factory=QueueDispatcher)
+    quota: DomainQuota | None = None
+    dispatchers: dict[str, QueueDispatcher] = field(default_factory=dict)
+    consumers: int = 0
+    producers: int = 0
+
+    def dispatcher(self, app: str = "") -> QueueDispatcher:
+        d = self.dispatchers.get(app)
+        if d is None:
+            d = self.dispatchers[app] = QueueDispatcher(
+                max_delivery_attempts=self.domain.max_delivery_attempts, clock=wall_time_us)
+        return d
+
+    def set_domain(self, domain: DomainConfig, quota: DomainQuota | None) -> None:
+        self.domain, self.quota = domain, quota
+        for d in self.dispatchers.values():
+            d.max_delivery_attempts = domain.max_delivery_attempts
 
 
 @dataclass
@@ -59,6 +80,15 @@ class PendingConfirm:
     message: StoredMessage
 
 
+@dataclass
+class DeadLetter:
+    queue: QueueState
+    app_id: str
+    message: StoredMessage
+    reason: str
+    detail: str
+
+
 def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
     """Send dispatcher output ((link, queue_id), message) as PushBatch frames, one
     or more per link, in order."""
@@ -67,7 +97,7 @@ def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX)
         by_link.setdefault(link, []).append(pb.PushMessage(
             queue_id=queue_id, guid=message.guid, payload=message.payload,
             properties=message.properties, put_time_us=message.put_time_us,
-            delivery_count=message.delivery_count, sequence=message.seq))
+            delivery_count=message.delivery_count, sequence=message.seq, compression=message.compression))
     for link, messages in by_link.items():
         for start in range(0, len(messages), frame_messages_max):
             link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
@@ -82,17 +112,20 @@ def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:
 
 
 class Partition:
-    def __init__(self, index: int, config: ClusterConfig, epoch: int = 1):
+    def __init__(self, index: int, config: ClusterConfig, epoch: int = 1,
+                 quota_for: Callable[[str], DomainQuota | None] = lambda _: None):
         self.index = index
         self.config = config
         self.paths = tables.PartitionPaths(config.data_dir, index)
         self.epoch = epoch
         self.lock = threading.RLock()
         self.queues: dict[tuple[str, str], QueueState] = {}
+        self.quota_for = quota_for
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA)
         self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA)
+        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA)
         self._next_seq = self._max_column("seq") + 1
         # put_time never goes backwards within a partition: the pipeline uses it
         # as its watermark, and a row older than the watermark would be dropped.
@@ -106,6 +139,8 @@ class Partition:
             f"puts-{index}", self._commit_puts, policy, config.primary.pending_puts_max)
         self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
             f"confirms-{index}", self._commit_confirms, policy, 10_000_000)
+        self.dead_committer: GroupCommitter[DeadLetter] = GroupCommitter(
+            f"dead-{index}", self._commit_dead, policy, 10_000_000)
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
         every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
         self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target),
@@ -117,6 +152,7 @@ class Partition:
         self._recover()
         self.put_committer.start()
         self.confirm_committer.start()
+        self.dead_committer.start()
         self._tailer.start()
         for compactor in self.compactors:
             compactor.start()
@@ -126,6 +162,7 @@ class Partition:
         self._wake.set()
         self.put_committer.stop()
         self.confirm_committer.stop()
+        self.dead_committer.stop()
         self._tailer.join(10)
         for compactor in self.compactors:
             compactor.stop()
@@ -138,8 +175,37 @@ class Partition:
         with self.lock:
             state = self.queues.get(key)
             if state is None:
-                state = self.queues[key] = QueueState(uri, domain)
+                state = self.queues[key] = QueueState(QueueUri(uri.domain, uri.queue), domain,
+                                                      self.quota_for(uri.domain))
             return state
+
+    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list]) -> None:
+        """Run `action` on the app's dispatcher under the lock, then send its
+        pushes and dead-letter whatever it dropped."""
+        with self.lock:
+            dispatcher = state.dispatcher(app)
+            pushes = action(dispatcher)
+            dropped = dispatcher.take_dropped()
+        self.on_pushes(pushes)
+        if dropped:
+            self._dead_letter(state, app, dropped)
+
+    def _dead_letter(self, state: QueueState, app: str, dropped: list) -> None:
+        for message, reason, detail in dropped:
+            log.warning("partition %d: taproot://%s/%s%s: message seq %d removed from delivery: %s (%s)",
+                        self.index, state.uri.domain, state.uri.queue, f"?id={app}" if app else "",
+                        message.seq, reason, detail)
+            if state.quota is not None:
+                state.quota.app_done(message.guid, app)
+        self.dead_committer.submit([DeadLetter(state, app, m, r, d) for m, r, d in dropped], 0)
+
+    def expire(self) -> None:
+        """TTL sweep of every queue whose domain has one."""
+        with self.lock:
+            targets = [(s, app) for s in self.queues.values() if s.domain.message_ttl_ms
+                       for app in list(s.dispatchers)]
+        for state, app in targets:
+            self.route(state, app, _expire)
 
     def _max_column(self, column: str) -> int:
         """Max of an int64/timestamp column from file statistics (no data read)."""
@@ -154,11 +220,29 @@ class Partition:
         return -1 if value is None else int(value)
 
     def _recover(self) -> None:
-        """Rebuild what is unconfirmed: every delivery row whose GUID has no confirm."""
-        confirmed = set(self._confirms.table.to_pyarrow_table(columns=["guid"])["guid"].to_pylist())
-        self._catch_up(skip=confirmed)
-        log.info("partition %d recovered: next seq %d, delivery version %d, %d confirmed skipped",
-                 self.index, self._next_seq, self._delivery_version, len(confirmed))
+        """Rebuild what is unconfirmed: every (delivery row, app) with no confirm
+        and no dead letter. PUTs not yet delivered count against quotas."""
+        done: set[tuple[bytes, str]] = set()
+        for table in (self._confirms.table, self._dead.table):
+            rows = table.to_pyarrow_table(columns=["guid", "app_id"])
+            done.update(zip(rows["guid"].to_pylist(), rows["app_id"].to_pylist()))
+        self._catch_up(skip=done)
+        self._recover_undelivered_quota()
+        log.info("partition %d recovered: next seq %d, delivery version %d, %d confirms and dead letters",
+                 self.index, self._next_seq, self._delivery_version, len(done))
+
+    def _recover_undelivered_quota(self) -> None:
+        quotas = {name: self.quota_for(name) for name in self.config.domains}
+        if not any(quotas.values()):
+            return
+        last_delivered = -1 if self._delivery_table is None else _max_stat(self._delivery_table, "seq")
+        rows = self._puts.table.to_pyarrow_table(
+            columns=["domain", "queue", "guid", "payload"], filters=[("seq", ">", last_delivered)])
+        for domain, queue, guid, payload in zip(*(rows[c].to_pylist() for c in ("domain", "queue", "guid",
+                                                                                  "payload"))):
+            quota = quotas.get(domain)
+            if quota is not None:
+                quota.admit(queue, guid, len(payload))
 
     # -- PUT path -----------------------------------------------------------
     def _commit_puts(self, items: list[PendingPut]) -> None:
@@ -179,6 +263,7 @@ class Partition:
             "producer_time": pa.array([i.message.put_time_us or None for i in items], tables.TIMESTAMP),
             "put_time": pa.array([now_us] * count, tables.TIMESTAMP),
             "epoch": pa.array([self.epoch] * count, pa.int64()),
+            "compression": pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in items], pa.string()),
         }, schema=tables.PUTS_SCHEMA)
         code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
@@ -188,6 +273,9 @@ class Partition:
         except Exception as exc:
             log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
+            for i in items:
+                if i.queue.quota is not None:
+                    i.queue.quota.unadmit(i.message.guid)
         send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
                                           message=text)) for i in items])
         if log.isEnabledFor(logging.DEBUG):
@@ -212,6 +300,31 @@ class Partition:
             # is delivered again after a restart (at-least-once).
             log.exception("partition %d: CONFIRM commit of %d rows failed", self.index, len(items))
 
+    def _commit_dead(self, items: list[DeadLetter]) -> None:
+        now = datetime.now(timezone.utc)
+        props = [(i.message.properties and wire_to_maps(i.message.properties)) or ([], []) for i in items]
+        batch = pa.table({
+            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
+            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
+            "app_id": pa.array([i.app_id for i in items], pa.string()),
+            "guid": pa.array([i.message.guid for i in items], pa.binary()),
+            "seq": pa.array([i.message.seq for i in items], pa.int64()),
+            "payload": pa.array([i.message.payload for i in items], pa.binary()),
+            "properties": pa.array([p[0] for p in props], tables.PROPERTY_MAP),
+            "property_types": pa.array([p[1] for p in props], tables.PROPERTY_MAP),
+            "compression": pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in items], pa.string()),
+            "put_time": pa.array([i.message.put_time_us for i in items], pa.int64()).cast(tables.TIMESTAMP),
+            "delivery_count": pa.array([i.message.delivery_count for i in items], pa.int64()),
+            "reason": pa.array([i.reason for i in items], pa.string()),
+            "detail": pa.array([i.detail for i in items], pa.string()),
+            "dead_time": pa.array([now] * len(items), tables.TIMESTAMP),
+        }, schema=tables.DEAD_LETTERS_SCHEMA)
+        try:
+            self._dead.append(batch)
+        except Exception:
+            # Like a lost confirm: after a restart the message is delivered again.
+            log.exception("partition %d: dead-letter commit of %d rows failed", self.index, len(items))
+
     # -- delivery path ------------------------------------------------------
     def _tail_delivery(self) -> None:
         interval_s = self.config.primary.delivery_poll_interval_ms / 1000
@@ -220,10 +333,11 @@ class Partition:
             self._wake.clear()
             try:
                 self._catch_up()
+                self.expire()
             except Exception:
                 log.exception("partition %d: reading the delivery log failed; retrying", self.index)
 
-    def _catch_up(self, skip: set[bytes] | None = None) -> None:
+    def _catch_up(self, skip: set[tuple[bytes, str]] | None = None) -> None:
         # One handle for the life of the partition: read_since refreshes it
         # incrementally (~1 ms when nothing changed); reopening would replay
         # the whole log on every poll.
@@ -232,31 +346,59 @@ class Partition:
             if self._delivery_table is None:
                 return  # the pipeline has not created it yet
         latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=[
-            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time"])
+            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
+            "put_time", "compression", "apps"])
         if rows.num_rows:
-            rows = rows.sort_by([("seq", "ascending")])
-            by_queue: dict[tuple[str, str], list[StoredMessage]] = {}
-            columns = {name: rows[name].to_pylist() for name in (
-                "domain", "queue", "guid", "seq", "payload", "properties", "property_types")}
-            producer = rows["producer_time"].cast(pa.int64()).to_pylist()
-            for i in range(rows.num_rows):
-                guid = columns["guid"][i]
-                if skip and guid in skip:
-                    continue
-                by_queue.setdefault((columns["domain"][i], columns["queue"][i]), []).append(StoredMessage(
-                    guid=guid, seq=columns["seq"][i], payload=columns["payload"][i],
-                    properties=maps_to_wire(columns["properties"][i], columns["property_types"][i]),
-                    put_time_us=producer[i] or 0))
-            pushes: list = []
-            with self.lock:
-                for (domain, queue), messages in by_queue.items():
-                    state = self.queues.get((domain, queue))
-                    if state is None:
-                        domain_config = self.config.domains.get(domain)
-                        if domain_config is None:
-                            log.error("delivery row for unknown domain %r: kept in storage only", domain)
-                            continue
-                        state = self.queue_state(QueueUri(domain, queue), domain_config)
-                    pushes.extend(state.dispatcher.add_messages(messages))
-            self.on_pushes(pushes)
+            self._route_delivered(rows.sort_by([("seq", "ascending")]), skip)
         self._delivery_version = latest
+
+    def _route_delivered(self, rows: pa.Table, skip: set[tuple[bytes, str]] | None) -> None:
+        """Hand new delivery rows to each target app's dispatcher, in seq order."""
+        columns = {name: rows[name].to_pylist() for name in (
+            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "compression", "apps")}
+        producer = rows["producer_time"].cast(pa.int64()).to_pylist()
+        put_time = rows["put_time"].cast(pa.int64()).to_pylist()
+        by_target: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        with self.lock:
+            for i in range(rows.num_rows):
+                domain, queue = columns["domain"][i], columns["queue"][i]
+                state = self.queues.get((domain, queue))
+                if state is None:
+                    domain_config = self.config.domains.get(domain)
+                    if domain_config is None:
+                        log.error("delivery row for unknown domain %r: kept in storage only", domain)
+                        continue
+                    state = self.queue_state(QueueUri(domain, queue), domain_config)
+                guid = columns["guid"][i]
+                apps = columns["apps"][i]
+                apps = list(state.domain.apps) if apps is None else apps  # rows from before fanout existed
+                remaining = [a for a in apps if not skip or (guid, a) not in skip]
+                payload = columns["payload"][i]
+                if state.quota is not None:
+                    state.quota.delivered(queue, guid, len(payload), set(remaining))
+                if not remaining:
+                    continue
+                ttl_ms = state.domain.message_ttl_ms
+                base = StoredMessage(
+                    guid=guid, seq=columns["seq"][i], payload=payload,
+                    properties=maps_to_wire(columns["properties"][i], columns["property_types"][i]),
+                    put_time_us=producer[i] or 0, expires_us=put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
+                    compression=COMPRESSION_CODES.get(columns["compression"][i], 0))
+                for n, app in enumerate(remaining):
+                    by_target.setdefault((state, app), []).append(base if n == 0 else base.for_app())
+        for (state, app), messages in by_target.items():
+            self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))
+
+
+def _expire(dispatcher: QueueDispatcher) -> list:
+    dispatcher.expire()
+    return []
+
+
+def _max_stat(table: DeltaTable, column: str) -> int:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    name = f"max.{column}"
+    if actions.num_rows == 0 or name not in actions.column_names:
+        return -1
+    value = pc.max(actions[name]).as_py()
+    return -1 if value is None else int(value)

@@ -27,9 +27,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
 
 def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None,
-          ready_file: str | None = None, stop_event: threading.Event | None = None) -> None:
+          ready_file: str | None = None, stop_event: threading.Event | None = None,
+          cluster_file: str | None = None) -> None:
     node_conf = config.node(node_name)
-    node = Node(config, node_name)
+    node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     node.start()
     log.info("node %s: data in %s", node_name, config.data_dir)
     try:

@@ -21,6 +21,12 @@ class ResultCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIMIT_MESSAGES: _ClassVar[ResultCode]
     LIMIT_BYTES: _ClassVar[ResultCode]
     STORAGE_FAILURE: _ClassVar[ResultCode]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_ZLIB: _ClassVar[Compression]
+    COMPRESSION_ZSTD: _ClassVar[Compression]
 SUCCESS: ResultCode
 UNKNOWN: ResultCode
 TIMEOUT: ResultCode
@@ -33,6 +39,9 @@ NOT_READY: ResultCode
 LIMIT_MESSAGES: ResultCode
 LIMIT_BYTES: ResultCode
 STORAGE_FAILURE: ResultCode
+COMPRESSION_NONE: Compression
+COMPRESSION_ZLIB: Compression
+COMPRESSION_ZSTD: Compression
 
 class Status(_message.Message):
     __slots__ = ("code", "message")
@@ -43,14 +52,16 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[_Union[ResultCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class QueueOptions(_message.Message):
-    __slots__ = ("max_unconfirmed_messages", "max_unconfirmed_bytes", "consumer_priority")
+    __slots__ = ("max_unconfirmed_messages", "max_unconfirmed_bytes", "consumer_priority", "subscriptions")
     MAX_UNCONFIRMED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_UNCONFIRMED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     max_unconfirmed_messages: int
     max_unconfirmed_bytes: int
     consumer_priority: int
-    def __init__(self, max_unconfirmed_messages: _Optional[int] = ..., max_unconfirmed_bytes: _Optional[int] = ..., consumer_priority: _Optional[int] = ...) -> None: ...
+    subscriptions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_unconfirmed_messages: _Optional[int] = ..., max_unconfirmed_bytes: _Optional[int] = ..., consumer_priority: _Optional[int] = ..., subscriptions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenQueue(_message.Message):
     __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options")
@@ -135,18 +146,20 @@ class Property(_message.Message):
     def __init__(self, name: _Optional[str] = ..., bool_value: _Optional[bool] = ..., int32_value: _Optional[int] = ..., int64_value: _Optional[int] = ..., string_value: _Optional[str] = ..., binary_value: _Optional[bytes] = ...) -> None: ...
 
 class PutMessage(_message.Message):
-    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us")
+    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us", "compression")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GUID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
     PUT_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     guid: bytes
     payload: bytes
     properties: _containers.RepeatedCompositeFieldContainer[Property]
     put_time_us: int
-    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ...) -> None: ...
+    compression: Compression
+    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
 
 class PutBatch(_message.Message):
     __slots__ = ("messages",)
@@ -173,7 +186,7 @@ class AckBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[AckMessage, _Mapping]]] = ...) -> None: ...
 
 class PushMessage(_message.Message):
-    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us", "delivery_count", "sequence")
+    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us", "delivery_count", "sequence", "compression")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GUID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +194,7 @@ class PushMessage(_message.Message):
     PUT_TIME_US_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     guid: bytes
     payload: bytes
@@ -188,7 +202,8 @@ class PushMessage(_message.Message):
     put_time_us: int
     delivery_count: int
     sequence: int
-    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ..., delivery_count: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+    compression: Compression
+    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ..., delivery_count: _Optional[int] = ..., sequence: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
 
 class PushBatch(_message.Message):
     __slots__ = ("messages",)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from storage.tables import TABLE_PROPERTIES
@@ -17,11 +17,23 @@ from storage.tables import TABLE_PROPERTIES
 
 def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> DeltaTable:
     try:
-        return DeltaTable(path, storage_options=storage_options)
+        table = DeltaTable(path, storage_options=storage_options)
     except TableNotFoundError:
         # mode="ignore": if a concurrent creator won, keep its table.
         return DeltaTable.create(path, schema, mode="ignore", configuration=TABLE_PROPERTIES,
                                  storage_options=storage_options)
+    add_missing_columns(table, schema)
+    return table
+
+
+def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> None:
+    """Schema evolution for a table made by an older Taproot: add the columns
+    this version writes (nullable, appended at the end; old rows read null)."""
+    existing = set(table.schema().to_arrow().names)
+    missing = [f for f in schema if f.name not in existing]
+    if missing:
+        fields = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in missing])).fields
+        table.alter.add_columns(fields)
 
 
 def try_open(path: str, storage_options: dict[str, str] | None = None) -> DeltaTable | None:

@@ -5,6 +5,7 @@ Layout under the cluster's data directory (a local path or an object-store URI):
     <data>/partition-NNN/puts       raw PUT log       writer: primary (delta-rs)
     <data>/partition-NNN/delivery   delivery log      writer: pipeline (Spark)
     <data>/partition-NNN/confirms   confirm log       writer: primary (delta-rs)
+    <data>/partition-NNN/dead_letters  dead letters   writer: primary (delta-rs)
     <data>/_checkpoints/...         Spark checkpoints (dedup state lives here)
 
 One writer engine per table (see shared design): Spark's and delta-rs's commit
@@ -37,13 +38,39 @@ PUTS_SCHEMA = pa.schema([
     pa.field("producer_time", TIMESTAMP),                  # producer's clock when posted
     pa.field("put_time", TIMESTAMP, nullable=False),       # primary's clock at commit
     pa.field("epoch", pa.int64(), nullable=False),         # primary lease epoch that wrote it
+    pa.field("compression", pa.string()),                  # null, "zlib" or "zstd" (done by the SDK)
 ])
 
 # Columns the pipeline adds; the rest are copied from the PUT log.
 DELIVERY_SCHEMA = pa.schema(list(PUTS_SCHEMA) + [
     pa.field("delivered_time", TIMESTAMP, nullable=False),  # when the pipeline appended it
     pa.field("batch_id", pa.int64(), nullable=False),       # pipeline micro-batch id
+    # The apps the message goes to: every fanout app whose subscription matches
+    # ([""] in a priority domain). An app left out auto-confirmed the message.
+    # One row per message whatever the number of apps: the payload is stored once.
+    pa.field("apps", pa.list_(pa.string())),
 ])
+
+# Messages taken out of delivery: poison pills (`max_delivery_attempts`) and
+# messages whose TTL passed before they were pushed.
+DEAD_LETTERS_SCHEMA = pa.schema([
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("queue", pa.string(), nullable=False),
+    pa.field("app_id", pa.string(), nullable=False),
+    pa.field("guid", pa.binary(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("payload", pa.binary(), nullable=False),
+    pa.field("properties", PROPERTY_MAP),
+    pa.field("property_types", PROPERTY_MAP),
+    pa.field("compression", pa.string()),
+    pa.field("put_time", TIMESTAMP, nullable=False),
+    pa.field("delivery_count", pa.int64(), nullable=False),  # pushes before it was removed
+    pa.field("reason", pa.string(), nullable=False),         # max_delivery_attempts | ttl_expired
+    pa.field("detail", pa.string()),
+    pa.field("dead_time", TIMESTAMP, nullable=False),
+])
+DEAD_REASON_ATTEMPTS = "max_delivery_attempts"
+DEAD_REASON_TTL = "ttl_expired"
 
 CONFIRMS_SCHEMA = pa.schema([
     pa.field("domain", pa.string(), nullable=False),
@@ -66,6 +93,8 @@ def spark_ddl(schema: pa.Schema) -> str:
     def sql_type(t: pa.DataType) -> str:
         if pa.types.is_map(t):
             return f"MAP<{sql_type(t.key_type)}, {sql_type(t.item_type)}>"
+        if pa.types.is_list(t):
+            return f"ARRAY<{sql_type(t.value_type)}>"
         return {pa.string(): "STRING", pa.binary(): "BINARY", pa.int64(): "BIGINT",
                 TIMESTAMP: "TIMESTAMP"}[t]
     return ", ".join(f"`{f.name}` {sql_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in schema)
@@ -102,6 +131,10 @@ class PartitionPaths:
     @property
     def confirms(self) -> str:
         return join(self.root, "confirms")
+
+    @property
+    def dead_letters(self) -> str:
+        return join(self.root, "dead_letters")
 
     @property
     def dedup_checkpoint(self) -> str:

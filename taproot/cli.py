@@ -40,7 +40,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from primary.server import serve
     config = _config(args)
-    serve(config, args.name or config.nodes[0].name, port=args.port, ready_file=args.ready_file)
+    serve(config, args.name or config.nodes[0].name, port=args.port, ready_file=args.ready_file,
+          cluster_file=args.config)
     return 0
 
 
@@ -58,7 +59,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from pipelines.runner import run
-    return run(_config(args), node_address=args.node_address, ready_file=args.ready_file)
+    return run(_config(args), node_address=args.node_address, ready_file=args.ready_file,
+               cluster_file=args.config)
 
 
 def _parse_properties(items: list[str]) -> dict:

@@ -28,12 +28,15 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import grpc
 
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
+from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.stream import CLOSE as _CLOSE
 from protocol.stream import GRPC_OPTIONS, drain
 from taproot import errors
 from taproot.batching import BatchPolicy, Batcher
 from taproot.clock import MonotonicClock, wall_time_us
+from taproot.compression import NAMES as COMPRESSION_NAMES
+from taproot.compression import compress, decompress
 from taproot.guid import GuidGenerator
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ class Message:
     delivery_count: int
     sequence: int
     put_time_us: int
+    compression: str | None = None    # how the payload travelled; `payload` is always decompressed
     _queue: "Queue | None" = field(default=None, repr=False, compare=False)
 
     @property
@@ -63,6 +67,19 @@ class Message:
     def confirm(self) -> None:
         assert self._queue is not None, "message not attached to a queue"
         self._queue.confirm(self)
+
+
+def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
+    """Check subscription expressions here, so a typo fails at the call."""
+    if subscription is None or subscription == "":
+        return []
+    items = [subscription] if isinstance(subscription, str) else list(subscription)
+    for text in items:
+        try:
+            compile_expression(text)
+        except ExpressionError as exc:
+            raise errors.InvalidArgumentError(ResultCode.INVALID_ARGUMENT, f"subscription {text!r}: {exc}") from None
+    return items
 
 
 class PutFuture(Future):
@@ -91,6 +108,7 @@ class Queue:
         self.read = read
         self.write = write
         self.max_payload_bytes = 0
+        self.options = pb.QueueOptions()  # the consumer options in force (read queues)
         self._on_message = on_message
         self._inbox: "_queue.SimpleQueue[object]" = _queue.SimpleQueue()
         self._closed = False
@@ -103,22 +121,28 @@ class Queue:
 
     # -- producing ----------------------------------------------------------
     def post(self, payload: bytes, properties: Mapping[str, PropertyValue] | None = None,
-             on_ack: Callable[[PutFuture], None] | None = None) -> PutFuture:
-        """Send one PUT; the returned future resolves when its ACK arrives."""
+             on_ack: Callable[[PutFuture], None] | None = None, *,
+             compression: str | None = None) -> PutFuture:
+        """Send one PUT; the returned future resolves when its ACK arrives.
+
+        `compression` ("zlib" or "zstd") is a hint: payloads under 1 KiB, and
+        payloads it would not shrink, go as they are. The domain's payload
+        limit applies to the bytes sent."""
         if not self.write:
             raise errors.PostError(f"{self.uri} is not open for writing")
         if self._closed:
             raise errors.PostError(f"{self.uri} is closed")
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise errors.PostError(f"payload must be bytes, got {type(payload).__name__}")
-        if self.max_payload_bytes and len(payload) > self.max_payload_bytes:
-            raise errors.PostError(f"payload of {len(payload)} bytes exceeds the domain's "
-                                   f"max_payload_bytes {self.max_payload_bytes}")
         try:
+            wire_payload, codec = compress(bytes(payload), compression)
             wire_properties = to_wire(properties)
         except ValueError as exc:
             raise errors.PostError(str(exc)) from exc
-        return self._session._post(self, bytes(payload), wire_properties, on_ack)
+        if self.max_payload_bytes and len(wire_payload) > self.max_payload_bytes:
+            raise errors.PostError(f"payload of {len(wire_payload)} bytes exceeds the domain's "
+                                   f"max_payload_bytes {self.max_payload_bytes}")
+        return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
 
     def flush(self) -> None:
         """Send any batched PUTs and CONFIRMs now instead of after the linger time."""
@@ -152,10 +176,23 @@ class Queue:
 
     def configure(self, *, max_unconfirmed_messages: int | None = None,
                   max_unconfirmed_bytes: int | None = None, consumer_priority: int | None = None,
-                  timeout_s: float | None = None) -> None:
-        options = self._session._options(max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority)
+                  subscription: str | Sequence[str] | None = None, timeout_s: float | None = None) -> None:
+        """Change consumer options at runtime; an option left as None keeps its
+        current value. `subscription=[]` (or "") removes the subscription."""
+        options = pb.QueueOptions()
+        options.CopyFrom(self.options)
+        if max_unconfirmed_messages is not None:
+            options.max_unconfirmed_messages = max_unconfirmed_messages
+        if max_unconfirmed_bytes is not None:
+            options.max_unconfirmed_bytes = max_unconfirmed_bytes
+        if consumer_priority is not None:
+            options.consumer_priority = consumer_priority
+        if subscription is not None:
+            del options.subscriptions[:]
+            options.subscriptions.extend(_subscriptions(subscription))
         self._session._request(pb.Frame(configure_queue=pb.ConfigureQueue(
             queue_id=self.queue_id, options=options)), "configure_queue", timeout_s)
+        self.options = options
 
     def close(self, timeout_s: float | None = None) -> None:
         if self._closed:
@@ -263,8 +300,15 @@ class Session:
 
     def open_queue(self, uri: str, *, read: bool = False, write: bool = False,
                    max_unconfirmed_messages: int | None = None, max_unconfirmed_bytes: int | None = None,
-                   consumer_priority: int | None = None, on_message: Callable[[Message], None] | None = None,
+                   consumer_priority: int | None = None, subscription: str | Sequence[str] | None = None,
+                   on_message: Callable[[Message], None] | None = None,
                    timeout_s: float | None = None) -> Queue:
+        """Open a queue. Consumers (`read=True`) may set flow control (defaults
+        1000 messages / 32 MiB; 0/0 pauses), a priority (only the highest-
+        priority consumers receive), and a subscription: a filter expression
+        over message properties, or a list of them (OR), such as
+        "region = 'EU' && amount > 100". Messages it does not match stay for
+        other consumers. Fanout consumers open `taproot://domain/queue?id=<app>`."""
         parsed = parse_queue_uri(uri)
         if isinstance(parsed, str):
             raise errors.InvalidArgumentError(ResultCode.INVALID_ARGUMENT, parsed)
@@ -274,9 +318,13 @@ class Session:
         q = Queue(self, queue_id, str(parsed), read, write, on_message)
         self._queues[queue_id] = q
         open_queue = pb.OpenQueue(queue_id=queue_id, uri=uri, read=read, write=write)
-        if read and any(v is not None for v in (max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority)):
-            open_queue.options.CopyFrom(self._options(max_unconfirmed_messages, max_unconfirmed_bytes,
-                                                      consumer_priority))
+        if read:
+            options = self._options(max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority)
+            options.subscriptions.extend(_subscriptions(subscription))
+            q.options = options
+            if any(v is not None for v in (max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority,
+                                           subscription)):
+                open_queue.options.CopyFrom(options)
         try:
             response = self._request(pb.Frame(open_queue=open_queue), "open_queue", timeout_s)
         except BaseException:
@@ -319,13 +367,13 @@ class Session:
             raise errors.request_error(response.status.code, response.status.message)
         return response
 
-    def _post(self, q: Queue, payload: bytes, properties: list, on_ack) -> PutFuture:
+    def _post(self, q: Queue, payload: bytes, properties: list, on_ack, compression: int = 0) -> PutFuture:
         guid = self._guids.next()
         future = PutFuture(guid)
         if on_ack is not None:
             future.add_done_callback(on_ack)
         message = pb.PutMessage(queue_id=q.queue_id, guid=guid, payload=payload, properties=properties,
-                                put_time_us=wall_time_us())
+                                put_time_us=wall_time_us(), compression=compression)  # type: ignore[arg-type]
         with self._lock:
             while len(self._pending) >= self.max_pending_puts and self._lost is None and not self._stopping:
                 self._lock.wait(0.1)  # bounded buffer: block the producer, never drop
@@ -415,8 +463,15 @@ class Session:
                 q = self._queues.get(m.queue_id)
                 if q is None:
                     continue  # queue closed meanwhile: the broker redelivers elsewhere
-                q._deliver(Message(m.guid, m.payload, from_wire(m.properties), q.uri, m.delivery_count,
-                                   m.sequence, m.put_time_us, q))
+                payload = m.payload
+                if m.compression:
+                    try:
+                        payload = decompress(m.payload, m.compression)
+                    except ValueError as exc:
+                        # Delivered as received, so the application can see and dead-letter it.
+                        log.error("%s: message %s: %s", q.uri, m.guid.hex(), exc)
+                q._deliver(Message(m.guid, payload, from_wire(m.properties), q.uri, m.delivery_count,
+                                   m.sequence, m.put_time_us, COMPRESSION_NAMES.get(m.compression), q))
         elif kind in ("open_queue_response", "configure_queue_response", "close_queue_response",
                       "stop_response"):
             body = getattr(frame, kind)
