@@ -216,7 +216,10 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
     raw = dict(raw)
     app_ids = raw.pop("app_ids", [])
     subscriptions = raw.pop("subscriptions", {})
-    domain = _build(DomainConfig, raw, "", name=name) if raw else DomainConfig(name=name)
+    try:
+        domain = _build(DomainConfig, raw, "", name=name) if raw else DomainConfig(name=name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if domain.mode not in QUEUE_MODES:
         raise ConfigError(f"{where}: mode: must be one of {', '.join(QUEUE_MODES)}, got {domain.mode!r}")
     if not isinstance(app_ids, list) or not all(isinstance(a, str) for a in app_ids):

@@ -155,9 +155,14 @@ class QueueDispatcher:
         if consumer is None:
             return []
         self._rr.remove(key)
-        # Back to the front, oldest first, so redelivery keeps PUT order.
+        # Back to the front, oldest first, so redelivery keeps PUT order. A
+        # message out of delivery attempts is dropped now, not when a consumer
+        # next has room: the dead-letter table shows it at once.
         for message in reversed(consumer.unconfirmed.values()):
-            self._pending.appendleft(message)
+            if self.max_delivery_attempts and message.delivery_count >= self.max_delivery_attempts:
+                self._drop(message, REASON_ATTEMPTS, f"pushed {message.delivery_count} times, never confirmed")
+            else:
+                self._pending.appendleft(message)
         return self._dispatch()
 
     def confirm(self, key: ConsumerKey, guid: bytes) -> tuple[StoredMessage | None, list[Push]]:

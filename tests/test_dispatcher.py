@@ -73,3 +73,84 @@ def test_duplicate_guid_is_not_queued_twice_and_unknown_confirm_is_ignored():
     d.add_consumer("a", ConsumerOptions())
     assert d.confirm("a", b"\xff" * 16) == (None, [])
     assert d.confirm("nobody", b"\x00" * 16) == (None, [])
+
+
+# -- subscriptions, TTL, poison pills, broadcast --------------------------------
+from protocol.expression import compile_expression  # noqa: E402
+from protocol.properties import to_wire  # noqa: E402
+
+
+def tagged(n, region_of, start=0):
+    return [StoredMessage(guid=bytes([i]) * 16, seq=i, payload=b"x", properties=to_wire({"region": region_of(i)}),
+                          put_time_us=0) for i in range(start, start + n)]
+
+
+def test_unmatched_messages_wait_for_a_matching_consumer_and_later_ones_pass_them():
+    d = QueueDispatcher()
+    d.add_consumer("eu", ConsumerOptions(subscriptions=(compile_expression("region = 'EU'"),)))
+    pushes = d.add_messages(tagged(6, lambda i: "EU" if i % 2 else "US"))
+    assert [(k, m.seq) for k, m in pushes] == [("eu", 1), ("eu", 3), ("eu", 5)]
+    assert d.pending_count == 3
+    pushes = d.add_consumer("any", ConsumerOptions())
+    assert [(k, m.seq) for k, m in pushes] == [("any", 0), ("any", 2), ("any", 4)]
+
+
+def test_subscriptions_pick_the_highest_priority_among_matching_consumers_only():
+    d = QueueDispatcher()
+    d.add_consumer("us-hi", ConsumerOptions(priority=5, subscriptions=(compile_expression("region = 'US'"),)))
+    d.add_consumer("all-lo", ConsumerOptions(priority=1))
+    pushes = d.add_messages(tagged(4, lambda i: "US" if i < 2 else "EU"))
+    assert [(k, m.seq) for k, m in pushes] == [("us-hi", 0), ("us-hi", 1), ("all-lo", 2), ("all-lo", 3)]
+
+
+def test_no_spillover_when_the_matching_top_consumer_is_full():
+    d = QueueDispatcher()
+    d.add_consumer("hi", ConsumerOptions(max_unconfirmed_messages=1, priority=2,
+                                         subscriptions=(compile_expression("region = 'EU'"),)))
+    d.add_consumer("lo", ConsumerOptions(priority=1))
+    pushes = d.add_messages(tagged(3, lambda i: "EU"))
+    assert [(k, m.seq) for k, m in pushes] == [("hi", 0)]
+    assert d.pending_count == 2
+
+
+def test_message_out_of_attempts_is_dropped_when_its_consumer_goes():
+    d = QueueDispatcher(max_delivery_attempts=2)
+    for attempt in (1, 2):
+        d.add_consumer(attempt, ConsumerOptions())
+        pushes = d.add_messages(msgs(1)) if attempt == 1 else []
+        assert d.unconfirmed_count == 1
+        more = d.remove_consumer(attempt)
+        assert more == []
+        if attempt == 1:
+            assert d.take_dropped() == [] and d.pending_count == 1
+            assert pushes[0][1].delivery_count == 1
+    (message, reason, _), = d.take_dropped()
+    assert (message.seq, message.delivery_count, reason) == (0, 2, "max_delivery_attempts")
+    assert d.pending_count == 0
+    assert d.add_consumer(3, ConsumerOptions()) == []
+
+
+def test_expired_messages_are_dropped_not_pushed():
+    now = [1_000]
+    d = QueueDispatcher(clock=lambda: now[0])
+    batch = msgs(3)
+    batch[0].expires_us, batch[1].expires_us = 1_500, 5_000
+    d.add_messages(batch)
+    now[0] = 2_000
+    d.expire()
+    assert [(m.seq, r) for m, r, _ in d.take_dropped()] == [(0, "ttl_expired")]
+    now[0] = 6_000
+    pushes = d.add_consumer("a", ConsumerOptions())
+    assert [m.seq for _, m in pushes] == [2]
+    assert [(m.seq, r) for m, r, _ in d.take_dropped()] == [(1, "ttl_expired")]
+
+
+def test_broadcast_reaches_every_top_priority_matching_consumer_and_keeps_nothing():
+    d = QueueDispatcher()
+    d.add_consumer("a", ConsumerOptions(priority=1))
+    d.add_consumer("b", ConsumerOptions(priority=1))
+    d.add_consumer("low", ConsumerOptions(priority=0))
+    d.add_consumer("paused", ConsumerOptions(0, 0, priority=1))
+    message = msgs(1)[0]
+    assert sorted(k for k, _ in d.broadcast(message)) == ["a", "b"]
+    assert d.pending_count == 0 and d.unconfirmed_count == 0

@@ -1,0 +1,101 @@
+"""Domain configuration (validation, fanout apps, subscriptions) and quotas."""
+
+from __future__ import annotations
+
+import pytest
+
+import conf
+from conf import ConfigError, DomainConfig, parse_domain
+from primary.quota import DomainQuota
+from protocol import ResultCode
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"mode": "topic"}, "mode"),
+    ({"mode": "fanout"}, "app_ids"),                                   # fanout needs apps
+    ({"mode": "priority", "app_ids": ["a"]}, "app_ids"),               # only fanout has apps
+    ({"mode": "fanout", "app_ids": ["a", "a"]}, "app_ids: duplicate"),
+    ({"mode": "fanout", "app_ids": ["bad app"]}, "app_ids"),
+    ({"mode": "fanout", "app_ids": ["a"], "subscriptions": {"b": "x = 1"}}, "subscriptions.'b'"),
+    ({"mode": "fanout", "app_ids": ["a"], "subscriptions": {"a": "x = "}}, "subscriptions.'a'"),
+    ({"subscriptions": {"": "region = 'EU' &&"}}, "subscriptions.''"),
+    ({"mode": "broadcast", "message_ttl_ms": 10}, "message_ttl_ms"),
+    ({"mode": "broadcast", "subscriptions": {"": "a = 1"}}, "subscriptions"),
+    ({"queue_max_messages": -1}, "queue_max_messages"),
+    ({"watermark_percent": 0}, "watermark_percent"),
+    ({"max_delivery_attempts": "5"}, "max_delivery_attempts: expected int"),
+    ({"max_consumer": 1}, "max_consumer: unknown field"),
+])
+def test_domain_errors_name_the_field(raw, field):
+    with pytest.raises(ConfigError) as info:
+        parse_domain("d", raw)
+    assert "domains/d.toml" in str(info.value) and field in str(info.value), str(info.value)
+
+
+def test_fanout_domain_with_subscriptions():
+    d = parse_domain("f", {"mode": "fanout", "app_ids": ["billing", "eu"],
+                           "subscriptions": {"eu": "region = 'EU'"}, "max_delivery_attempts": 5})
+    assert d.apps == ("billing", "eu") and d.subscriptions == {"eu": "region = 'EU'"}
+    assert parse_domain("p", {}).apps == ("",)
+
+
+def test_corrupt_domain_file_names_the_file(tmp_path):
+    (tmp_path / "domains").mkdir()
+    (tmp_path / "cluster.toml").write_text("")
+    (tmp_path / "domains" / "x.toml").write_text("mode = \n")
+    with pytest.raises(ConfigError, match="x.toml: not valid TOML"):
+        conf.load(tmp_path / "cluster.toml")
+
+
+def quota(**limits) -> DomainQuota:
+    now = [0.0]
+    q = DomainQuota(DomainConfig("d", dedup_history_window_ms=10_000, **limits), clock=lambda: now[0])
+    q.now = now  # type: ignore[attr-defined]
+    return q
+
+
+def test_queue_message_limit_refuses_then_accepts_after_confirms():
+    q = quota(queue_max_messages=2)
+    assert q.admit("a", b"1", 10) is None and q.admit("a", b"2", 10) is None
+    code, text = q.admit("a", b"3", 10)
+    assert code == ResultCode.LIMIT_MESSAGES and "queue_max_messages" in text
+    assert q.admit("b", b"4", 10) is None            # another queue has its own limit
+    q.delivered("a", b"1", 10, {""})
+    q.app_done(b"1", "")
+    assert q.usage("a") == (1, 10)
+    assert q.admit("a", b"3", 10) is None
+
+
+def test_domain_byte_limit_and_fanout_done_only_when_every_app_confirmed():
+    q = quota(domain_max_bytes=100)
+    assert q.admit("a", b"1", 60) is None
+    code, _ = q.admit("b", b"2", 50)
+    assert code == ResultCode.LIMIT_BYTES
+    q.delivered("a", b"1", 60, {"x", "y"})
+    q.app_done(b"1", "x")
+    assert q.usage() == (1, 60)
+    q.app_done(b"1", "y")
+    assert q.usage() == (0, 0)
+
+
+def test_retransmissions_count_once_even_after_the_original_finished():
+    q = quota(queue_max_messages=5)
+    q.admit("a", b"1", 1)
+    q.admit("a", b"1", 1)
+    assert q.usage("a") == (1, 1)
+    q.delivered("a", b"1", 1, set())                 # auto-confirmed by every app
+    assert q.usage("a") == (0, 0)
+    q.admit("a", b"1", 1)                            # within the history window: the pipeline drops it
+    assert q.usage("a") == (0, 0)
+    q.now[0] = 11.0                                  # type: ignore[attr-defined]
+    q.admit("a", b"9", 1)
+    q.delivered("a", b"9", 1, set())                 # prunes the old entry
+    q.admit("a", b"1", 1)
+    assert q.usage("a") == (1, 1)
+
+
+def test_failed_commit_gives_the_room_back():
+    q = quota(queue_max_messages=1)
+    q.admit("a", b"1", 1)
+    q.unadmit(b"1")
+    assert q.admit("a", b"2", 1) is None
