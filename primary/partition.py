@@ -41,7 +41,7 @@ COMPRESSION_NAMES: dict[int, str] = {pb.COMPRESSION_ZLIB: "zlib", pb.COMPRESSION
 COMPRESSION_CODES: dict[str | None, int] = {name: code for code, name in COMPRESSION_NAMES.items()}
 
 
-@dataclass
+@dataclass(eq=False)  # identity: used as a dict key
 class QueueState:
     """One queue on its primary: a dispatcher per app ("" outside fanout), the
     open handle counts for max_consumers / max_producers, and the domain's quota."""
