@@ -69,7 +69,10 @@ def _parse_properties(items: list[str]) -> dict:
         name, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--property {item!r}: expected name=value")
-        out[name] = int(value) if value.lstrip("-").isdigit() else value
+        if value in ("true", "false"):
+            out[name] = value == "true"
+        else:
+            out[name] = int(value) if value.lstrip("-").isdigit() else value
     return out
 
 
@@ -82,7 +85,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             futures = []
             for i in range(args.count):
                 body = payload if payload is not None else f"message {i}".encode()
-                futures.append(queue.post(body, properties=properties))
+                futures.append(queue.post(body, properties=properties, compression=args.compression))
             queue.flush()
             failed = 0
             for future in futures:
@@ -102,10 +105,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     received = 0
     try:
-        with Session(args.hosts) as session, session.open_queue(args.uri, read=True) as queue:
+        with Session(args.hosts) as session, session.open_queue(
+                args.uri, read=True, subscription=args.subscription, consumer_priority=args.priority,
+                max_unconfirmed_messages=args.max_unconfirmed) as queue:
             for message in queue.messages(timeout_s=args.timeout):
                 text = message.payload[:80].decode(errors="replace")
                 flag = f" redelivered({message.delivery_count})" if message.redelivered else ""
+                flag += f" {message.compression}" if message.compression else ""
                 print(f"{message.guid.hex().upper()} seq={message.sequence}{flag} {dict(message.properties)} {text}")
                 queue.confirm(message)
                 received += 1
@@ -115,6 +121,26 @@ def cmd_consume(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"received and confirmed {received}")
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate cluster.toml and every domain file; print what they define."""
+    config = conf.load(args.config)
+    print(f"cluster {config.name!r}: {config.partitions} partition(s), data in {config.data_dir}")
+    for node in config.nodes:
+        print(f"  node  {node.name} {node.address}")
+    for proxy in config.proxies:
+        print(f"  proxy {proxy.name} {proxy.address} -> {proxy.upstream or config.nodes[0].name}")
+    for name, d in sorted(config.domains.items()):
+        extras = [f"apps {', '.join(d.app_ids)}"] if d.app_ids else []
+        extras += [f"subscription {app or '(default)'}: {expr}" for app, expr in d.subscriptions.items()]
+        for key in ("queue_max_messages", "queue_max_bytes", "domain_max_messages", "domain_max_bytes",
+                    "max_consumers", "max_producers", "message_ttl_ms", "max_delivery_attempts"):
+            if getattr(d, key):
+                extras.append(f"{key} {getattr(d, key)}")
+        print(f"  domain {name} ({d.mode})" + "".join(f"\n    {e}" for e in extras))
+    print("configuration OK")
     return 0
 
 
@@ -161,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uri", default="taproot://demo/orders")
     p.add_argument("-n", "--count", type=int, default=1)
     p.add_argument("-m", "--message", help="payload text (default 'message <i>')")
-    p.add_argument("-p", "--property", action="append", help="name=value (repeatable)")
+    p.add_argument("-p", "--property", action="append",
+                   help="name=value (repeatable); integers and true/false are typed")
+    p.add_argument("--compression", choices=["zlib", "zstd"], help="compress payloads of 1 KiB or more")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print and confirm messages")
@@ -169,7 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uri", default="taproot://demo/orders")
     p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (0: no limit)")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
+    p.add_argument("--subscription", action="append",
+                   help="filter expression, e.g. \"region = 'EU'\" (repeatable: OR)")
+    p.add_argument("--priority", type=int, help="consumer priority (default 0)")
+    p.add_argument("--max-unconfirmed", type=int, help="max unconfirmed messages (default 1000)")
     p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("check-config", help="validate cluster.toml and the domain files")
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
+    p.set_defaults(func=cmd_check_config)
 
     p = sub.add_parser("bench", help="measure PUT->ACK, PUT->PUSH and msg/s")
     p.add_argument("--hosts", nargs="+", help="use a running cluster (default: start an embedded one)")

@@ -40,6 +40,36 @@ def run_demo_traffic(address: str, count: int) -> loadgen.ProduceResult:
     return produced
 
 
+FANOUT_URI = "taproot://events/orders"
+
+
+def run_fanout_demo(address: str) -> None:
+    """Fanout in the `events` domain: apps billing, audit and eu (eu subscribes
+    to region = 'EU'). Each app gets its messages and confirms on its own."""
+    from taproot import Session
+
+    _say(f"\n== fanout: 6 messages (3 EU, 3 US) to {FANOUT_URI}, apps billing, audit, eu (region = 'EU')")
+    with Session([address]) as session:
+        apps = {app: session.open_queue(f"{FANOUT_URI}?id={app}", read=True) for app in ("billing", "audit", "eu")}
+        with session.open_queue(FANOUT_URI, write=True) as producer:
+            for f in [producer.post(b"order %d" % i, properties={"region": "EU" if i % 2 else "US"})
+                      for i in range(6)]:
+                f.result(timeout=60)
+        for app, queue in apps.items():
+            want = 3 if app == "eu" else 6
+            got = []
+            deadline = time.monotonic() + 120
+            while len(got) < want and time.monotonic() < deadline:
+                message = queue.get(timeout_s=0.5)
+                if message is not None:
+                    got.append(message)
+            queue.confirm(got)
+            extra = list(queue.messages(timeout_s=0.5))
+            regions = ",".join(str(m.properties.get("region")) for m in got + extra)
+            _say(f"   ?id={app:<8} received {len(got) + len(extra)}: {regions}")
+            queue.close()
+
+
 def show_tables(data_dir: str) -> None:
     _say("\n== the queue as a Delta table, read by Spark")
     from pyspark.sql import functions as F
@@ -55,7 +85,7 @@ def show_tables(data_dir: str) -> None:
         (delivery.orderBy(F.col("seq").desc())
          .select(F.upper(F.hex("guid")).alias("guid"), "seq", "domain", "queue",
                  F.col("properties")["region"].alias("region"), F.length("payload").alias("bytes"),
-                 "put_time", "delivered_time")
+                 "apps", "put_time", "delivered_time")
          .show(5, truncate=False))
     finally:
         spark.stop()
@@ -83,6 +113,7 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
     try:
         if demo_messages > 0:
             run_demo_traffic(cluster.client_address, demo_messages)
+            run_fanout_demo(cluster.client_address)
             show_tables(cluster.data_dir)
         _say("\n== serving; from another terminal try:")
         _say(f"   .venv/bin/taproot produce --hosts {cluster.client_address} --uri {DEMO_URI} -n 5 -p region=US")

@@ -40,3 +40,23 @@ def test_compactor_bounds_file_count_and_keeps_every_row(tmp_path):
         actions = [json.loads(line) for line in (tmp_path / "puts" / "_delta_log" / f"{version:020d}.json").open()]
         files = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
         assert files and all(f["dataChange"] is False for f in files)
+
+
+def test_tables_from_an_older_release_gain_new_columns(tmp_path):
+    """The primary opens a PUT log written before `compression` existed: the
+    column is added (old rows read null) and new rows carry it."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from storage import deltars, tables
+
+    path = str(tmp_path / "puts")
+    old_schema = pa.schema([f for f in tables.PUTS_SCHEMA if f.name != "compression"])
+    DeltaTable.create(path, old_schema)
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    assert appender.table.schema().to_arrow().names == tables.PUTS_SCHEMA.names
+    now = 1_700_000_000_000_000
+    appender.append(pa.Table.from_pylist([dict(
+        domain="d", queue="q", guid=b"g" * 16, seq=0, payload=b"p", properties=[], property_types=[],
+        producer_time=now, put_time=now, epoch=1, compression="zstd")], schema=tables.PUTS_SCHEMA))
+    assert DeltaTable(path).to_pyarrow_table(columns=["compression"])["compression"].to_pylist() == ["zstd"]
