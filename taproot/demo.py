@@ -57,7 +57,7 @@ def run_fanout_demo(address: str) -> None:
                 f.result(timeout=60)
         for app, queue in apps.items():
             want = 3 if app == "eu" else 6
-            got = []
+            got: list = []
             deadline = time.monotonic() + 120
             while len(got) < want and time.monotonic() < deadline:
                 message = queue.get(timeout_s=0.5)
