@@ -73,12 +73,20 @@ def read_since(table: DeltaTable, after_version: int, columns: list[str] | None 
     latest = table.version()
     if latest <= after_version:
         return latest, pa.table({})
-    cdf_columns = None if columns is None else [*columns, "_change_type", "_commit_version"]
+    # A table written by an older release may lack a column: read what exists
+    # and return the rest as nulls (the writer adds them when it next starts).
+    present = set(table.schema().to_arrow().names)
+    missing = [] if columns is None else [c for c in columns if c not in present]
+    cdf_columns = None if columns is None else [*(c for c in columns if c in present),
+                                                "_change_type", "_commit_version"]
     reader = table.load_cdf(starting_version=after_version + 1, ending_version=latest, columns=cdf_columns)
     rows = _without_views(pa.RecordBatchReader.from_stream(reader).read_all())
     rows = rows.filter(pc.equal(rows["_change_type"], "insert"))
     keep = [c for c in rows.column_names if c not in ("_change_type", "_commit_timestamp")]
-    return latest, rows.select(keep)
+    rows = rows.select(keep)
+    for name in missing:
+        rows = rows.append_column(name, pa.nulls(rows.num_rows))
+    return latest, rows
 
 
 def _plain_type(t: pa.DataType) -> pa.DataType:
