@@ -187,10 +187,17 @@ class Node:
             return self._handles.get(link, {})
 
     def _on_open(self, link: Link, req: pb.OpenQueue) -> None:
-        def reply(code: ResultCode, message: str = "", max_payload: int = 0) -> None:
-            link.send(pb.Frame(open_queue_response=pb.OpenQueueResponse(
-                request_id=req.request_id, queue_id=req.queue_id, status=status(code, message),
-                max_payload_bytes=max_payload)))
+        def reply(code: ResultCode, message: str = "", max_payload: int = 0,
+                  effective: ConsumerOptions | None = None) -> None:
+            response = pb.OpenQueueResponse(request_id=req.request_id, queue_id=req.queue_id,
+                                            status=status(code, message), max_payload_bytes=max_payload)
+            if effective is not None:
+                response.options.CopyFrom(pb.QueueOptions(
+                    max_unconfirmed_messages=effective.max_unconfirmed_messages,
+                    max_unconfirmed_bytes=effective.max_unconfirmed_bytes,
+                    consumer_priority=effective.priority,
+                    subscriptions=[s.text for s in effective.subscriptions]))
+            link.send(pb.Frame(open_queue_response=response))
 
         uri = parse_queue_uri(req.uri)
         if isinstance(uri, str):
@@ -232,7 +239,7 @@ class Node:
             state.producers += req.write
         handle = OpenHandle(uri, req.read, req.write, state, partition)
         handles[req.queue_id] = handle
-        reply(ResultCode.SUCCESS, max_payload=domain.max_payload_bytes)
+        reply(ResultCode.SUCCESS, max_payload=domain.max_payload_bytes, effective=options if req.read else None)
         if req.read:
             partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
 

@@ -80,16 +80,18 @@ class OpenQueue(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
-    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes")
+    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     status: Status
     max_payload_bytes: int
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ...) -> None: ...
+    options: QueueOptions
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ...) -> None: ...
 
 class ConfigureQueue(_message.Message):
     __slots__ = ("request_id", "queue_id", "options")

@@ -331,6 +331,8 @@ class Session:
             self._queues.pop(queue_id, None)
             raise
         q.max_payload_bytes = response.max_payload_bytes
+        if read and response.HasField("options"):
+            q.options = response.options  # the domain's defaults filled in
         return q
 
     # -- internals ----------------------------------------------------------

@@ -103,6 +103,10 @@ def test_flow_control_caps_unconfirmed_and_zero_pauses(cluster):
         assert quiet(consumer, 2) == []
         consumer.configure(max_unconfirmed_messages=10, max_unconfirmed_bytes=1 << 20)
         assert [m.payload for m in collect(consumer, 3)] == [b"2", b"3", b"4"]
+        consumer.configure(consumer_priority=1)  # options not given keep their value
+        assert (consumer.options.max_unconfirmed_messages, consumer.options.consumer_priority) == (10, 1)
+        plain = session.open_queue(uri, read=True)  # the domain's defaults, reported by the broker
+        assert (plain.options.max_unconfirmed_messages, plain.options.max_unconfirmed_bytes) == (1000, 32 << 20)
 
 
 def test_consumer_subscription_leaves_unmatched_messages_for_other_consumers(cluster):
