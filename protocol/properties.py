@@ -15,6 +15,8 @@ from protocol import taproot_pb2 as pb
 PropertyValue = Union[bool, int, str, bytes]
 PROPERTIES_MAX = 255
 NAME_LENGTH_MAX = 4095
+VALUE_BYTES_MAX = 67_104_745            # BlazingMQ: bmqa_messageproperties.h
+AREA_BYTES_MAX = 64 * 1024 * 1024 - 8   # all names and values of one message
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -51,7 +53,31 @@ def to_wire(properties: Mapping[str, PropertyValue] | None) -> list[pb.Property]
             out.append(pb.Property(name=name, binary_value=bytes(value)))
         else:
             raise ValueError(f"property {name!r}: unsupported type {type(value).__name__}")
+    reason = check_sizes(out)
+    if reason:
+        raise ValueError(reason)
     return out
+
+
+def _value_size(prop: pb.Property) -> int:
+    kind = prop.WhichOneof("value")
+    if kind == "string_value":
+        return len(prop.string_value.encode())
+    if kind == "binary_value":
+        return len(prop.binary_value)
+    return 8
+
+
+def check_sizes(properties: list[pb.Property]) -> str | None:
+    area = 0
+    for prop in properties:
+        size = _value_size(prop)
+        if size > VALUE_BYTES_MAX:
+            return f"property {prop.name!r}: value of {size} bytes exceeds {VALUE_BYTES_MAX}"
+        area += len(prop.name) + size
+    if area > AREA_BYTES_MAX:
+        return f"properties take {area} bytes; at most {AREA_BYTES_MAX}"
+    return None
 
 
 def from_wire(properties: list[pb.Property]) -> dict[str, PropertyValue]:
@@ -76,7 +102,7 @@ def validate_wire(properties: list[pb.Property]) -> str | None:
         seen.add(prop.name)
         if prop.WhichOneof("value") is None:
             return f"property {prop.name!r} has no value"
-    return None
+    return check_sizes(properties)
 
 
 _TYPE_NAMES = {"bool_value": "bool", "int32_value": "int32", "int64_value": "int64",

@@ -99,6 +99,10 @@ def test_properties_round_trip_through_wire_and_table_maps():
     with pytest.raises(ValueError):
         to_wire({"x": 2**70})
     assert "given twice" in validate_wire([pb.Property(name="a", int32_value=1), pb.Property(name="a", int32_value=2)])
+    with pytest.raises(ValueError, match="at most 255"):
+        to_wire({f"p{i}": i for i in range(256)})
+    huge = [pb.Property(name="big", binary_value=b"x" * 67_104_746)]
+    assert "exceeds 67104745" in validate_wire(huge)
 
 
 def test_status_codes_map_to_the_most_specific_exception():
