@@ -208,16 +208,7 @@ class Partition:
             self.route(state, app, _expire)
 
     def _max_column(self, column: str) -> int:
-        """Max of an int64/timestamp column from file statistics (no data read)."""
-        actions = pa.table(self._puts.table.get_add_actions(flatten=True))
-        name = f"max.{column}"
-        if actions.num_rows == 0 or name not in actions.column_names:
-            return -1
-        values = actions[name]
-        if pa.types.is_timestamp(values.type):
-            values = values.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
-        value = pc.max(values).as_py()
-        return -1 if value is None else int(value)
+        return _max_stat(self._puts.table, column)
 
     def _recover(self) -> None:
         """Rebuild what is unconfirmed: every (delivery row, app) with no confirm
@@ -285,11 +276,7 @@ class Partition:
     def _commit_confirms(self, items: list[PendingConfirm]) -> None:
         now = datetime.now(timezone.utc)
         batch = pa.table({
-            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
-            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
-            "app_id": pa.array([i.app_id for i in items], pa.string()),
-            "guid": pa.array([i.message.guid for i in items], pa.binary()),
-            "seq": pa.array([i.message.seq for i in items], pa.int64()),
+            **_message_columns(items),
             "confirm_time": pa.array([now] * len(items), tables.TIMESTAMP),
         }, schema=tables.CONFIRMS_SCHEMA)
         try:
@@ -304,16 +291,13 @@ class Partition:
         now = datetime.now(timezone.utc)
         props = [(i.message.properties and wire_to_maps(i.message.properties)) or ([], []) for i in items]
         batch = pa.table({
-            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
-            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
-            "app_id": pa.array([i.app_id for i in items], pa.string()),
-            "guid": pa.array([i.message.guid for i in items], pa.binary()),
-            "seq": pa.array([i.message.seq for i in items], pa.int64()),
+            **_message_columns(items),
             "payload": pa.array([i.message.payload for i in items], pa.binary()),
             "properties": pa.array([p[0] for p in props], tables.PROPERTY_MAP),
             "property_types": pa.array([p[1] for p in props], tables.PROPERTY_MAP),
             "compression": pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in items], pa.string()),
-            "put_time": pa.array([i.message.put_time_us for i in items], pa.int64()).cast(tables.TIMESTAMP),
+            "producer_time": pa.array([i.message.put_time_us or None for i in items], pa.int64())
+            .cast(tables.TIMESTAMP),
             "delivery_count": pa.array([i.message.delivery_count for i in items], pa.int64()),
             "reason": pa.array([i.reason for i in items], pa.string()),
             "detail": pa.array([i.detail for i in items], pa.string()),
@@ -396,9 +380,24 @@ def _expire(dispatcher: QueueDispatcher) -> list:
 
 
 def _max_stat(table: DeltaTable, column: str) -> int:
+    """Max of an int64/timestamp column from file statistics (no data read); -1 when empty."""
     actions = pa.table(table.get_add_actions(flatten=True))
     name = f"max.{column}"
     if actions.num_rows == 0 or name not in actions.column_names:
         return -1
-    value = pc.max(actions[name]).as_py()
+    values = actions[name]
+    if pa.types.is_timestamp(values.type):
+        values = values.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    value = pc.max(values).as_py()
     return -1 if value is None else int(value)
+
+
+def _message_columns(items: list) -> dict[str, pa.Array]:
+    """The columns the confirm and dead-letter logs share: which message, for which app."""
+    return {
+        "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
+        "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
+        "app_id": pa.array([i.app_id for i in items], pa.string()),
+        "guid": pa.array([i.message.guid for i in items], pa.binary()),
+        "seq": pa.array([i.message.seq for i in items], pa.int64()),
+    }

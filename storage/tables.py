@@ -63,7 +63,7 @@ DEAD_LETTERS_SCHEMA = pa.schema([
     pa.field("properties", PROPERTY_MAP),
     pa.field("property_types", PROPERTY_MAP),
     pa.field("compression", pa.string()),
-    pa.field("put_time", TIMESTAMP, nullable=False),
+    pa.field("producer_time", TIMESTAMP),                    # as in the PUT log (join on guid for the rest)
     pa.field("delivery_count", pa.int64(), nullable=False),  # pushes before it was removed
     pa.field("reason", pa.string(), nullable=False),         # max_delivery_attempts | ttl_expired
     pa.field("detail", pa.string()),
