@@ -144,6 +144,36 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run one Spark SQL query with the Taproot views registered."""
+    from storage import spark as spark_factory
+    from storage.views import register_views
+
+    config = _config(args)
+    # PySpark logs every failed query's whole plan as one JSON line; the error below says it all.
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    spark = spark_factory.session("taproot-sql")
+    try:
+        register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
+        if args.query.strip().lower() in ("views", "show views"):
+            print("\n".join(f"{v}: {', '.join(spark.table(v).columns)}" for v in sorted(
+                t.name for t in spark.catalog.listTables() if t.name.startswith("taproot_")
+                and not t.name.startswith("taproot__"))))
+            return 0
+        result = spark.sql(args.query)
+        if args.json:
+            for row in result.limit(args.limit).toJSON().collect():
+                print(row)
+        else:
+            result.show(args.limit, truncate=args.truncate or False, vertical=args.vertical)
+        return 0
+    except Exception as exc:  # Spark's AnalysisException and parse errors: say what was wrong
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from taproot.demo import run_embedded
     return run_embedded(args.config, args.data_dir or "data", demo_messages=args.demo_messages)
@@ -202,6 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="consumer priority (default 0)")
     p.add_argument("--max-unconfirmed", type=int, help="max unconfirmed messages (default 1000)")
     p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("sql", help="query the queues as tables (Spark SQL, with the taproot_* views)")
+    p.add_argument("query", help="a Spark SQL query, e.g. \"SELECT * FROM taproot_backlog\"; 'views' lists them")
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
+    p.add_argument("--data-dir", help="data directory (default: the config's)")
+    p.add_argument("--limit", type=int, default=20, help="rows to show")
+    p.add_argument("--truncate", type=int, default=0, help="truncate cells to this many characters (0: never)")
+    p.add_argument("--vertical", action="store_true", help="one line per column")
+    p.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("check-config", help="validate cluster.toml and the domain files")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")

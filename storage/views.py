@@ -1,0 +1,142 @@
+"""Queues as tables: Spark SQL views over Taproot's Delta tables.
+
+    from storage.views import register_views
+    register_views(spark, "data")           # any SparkSession with Delta configured
+    spark.sql("SELECT * FROM taproot_backlog").show()
+
+Views (temporary, on the given session; each is a union over the partitions):
+
+- `taproot_puts`: the raw PUT logs, one row per accepted PUT (retransmissions
+  included). A row exists as soon as its ACK has been sent.
+- `taproot_messages`: one row per message (first PUT of each GUID), with
+  `guid_hex`, each message property as a column of its own (typed when every
+  message agrees on the type, else text), and `delivered_time` once the
+  pipeline has delivered it. Fresh at ACK time, like `taproot_puts`.
+- `taproot_delivery`, `taproot_confirms`, `taproot_dead_letters`: the tables.
+- `taproot_backlog`: per domain, queue and app: messages delivered, confirmed,
+  dead-lettered, and the backlog (delivered minus confirmed minus dead-lettered),
+  with the oldest waiting message's put time.
+- `taproot_latency`: per message and app: put, delivered and confirm times,
+  and the delivery and confirm latency in milliseconds.
+- `taproot_rates`: per domain, queue and minute: PUTs, deliveries and confirms.
+
+Tables that do not exist yet (no dead letters so far) read as empty.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from storage import tables
+
+VIEWS = ("taproot_puts", "taproot_messages", "taproot_delivery", "taproot_confirms", "taproot_dead_letters",
+         "taproot_backlog", "taproot_latency", "taproot_rates")
+
+_SQL_TYPES = {"int32": "BIGINT", "int64": "BIGINT", "bool": "BOOLEAN", "string": "STRING"}
+
+
+def partitions_of(data_dir: str) -> list[int]:
+    """The partitions present in a local data directory."""
+    found = sorted(int(os.path.basename(p).split("-")[1])
+                   for p in glob.glob(os.path.join(tables.absolute(data_dir), "partition-[0-9][0-9][0-9]")))
+    return found or [0]
+
+
+def _union(spark, paths: list[str], schema):
+    from pyspark.sql import DataFrame
+
+    frames: list[DataFrame] = []
+    for path in paths:
+        try:
+            frames.append(spark.read.format("delta").load(path))
+        except Exception as exc:  # not created yet
+            if "DELTA_MISSING_DELTA_TABLE" not in str(exc) and "is not a Delta table" not in str(exc) \
+                    and "PATH_NOT_FOUND" not in str(exc):
+                raise
+    if not frames:
+        return spark.createDataFrame([], tables.spark_ddl(schema).replace(" NOT NULL", ""))
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame, allowMissingColumns=True)
+    return out
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def register_views(spark, data_dir: str = "data", partitions: list[int] | None = None) -> list[str]:
+    """Register every Taproot view on `spark`; returns their names."""
+    parts = [tables.PartitionPaths(data_dir, i) for i in (partitions or partitions_of(data_dir))]
+    for name, attr, schema in (("taproot_puts", "puts", tables.PUTS_SCHEMA),
+                               ("taproot_delivery", "delivery", tables.DELIVERY_SCHEMA),
+                               ("taproot_confirms", "confirms", tables.CONFIRMS_SCHEMA),
+                               ("taproot_dead_letters", "dead_letters", tables.DEAD_LETTERS_SCHEMA)):
+        _union(spark, [getattr(p, attr) for p in parts], schema).createOrReplaceTempView(name)
+
+    # Properties as columns: one per property name; typed when all messages agree.
+    kinds = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM "
+                      "(SELECT property_types, explode(map_keys(properties)) AS k FROM taproot_puts) GROUP BY k"
+                      ).collect()
+    base = {f.name for f in tables.PUTS_SCHEMA} | {"guid_hex", "delivered_time", "apps"}
+    columns = []
+    for row in sorted(kinds, key=lambda r: r.k):
+        name = row.k if row.k not in base else f"property_{row.k}"
+        value = f"p.properties[{_string(row.k)}]"
+        types = set(row.types)
+        if len(types) == 1 and next(iter(types)) in _SQL_TYPES:
+            value = f"TRY_CAST({value} AS {_SQL_TYPES[next(iter(types))]})"
+        elif types == {"binary"}:
+            value = f"unbase64({value})"
+        columns.append(f"{value} AS {_quote(name)}")
+    extra = "".join(f", {c}" for c in columns)
+    spark.sql(f"""CREATE OR REPLACE TEMP VIEW taproot_messages AS
+        SELECT p.domain, p.queue, upper(hex(p.guid)) AS guid_hex, p.guid, p.seq, p.payload, p.compression,
+               p.properties, p.property_types, p.producer_time, p.put_time{extra},
+               d.delivered_time, d.apps
+        FROM (SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY guid ORDER BY seq) AS _n
+                             FROM taproot_puts) WHERE _n = 1) p
+        LEFT JOIN (SELECT guid, min(delivered_time) AS delivered_time, first(apps) AS apps
+                   FROM taproot_delivery GROUP BY guid) d ON p.guid = d.guid""")
+
+    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot__targets AS
+        SELECT domain, queue, guid, seq, put_time, delivered_time, explode(coalesce(apps, array(''))) AS app_id
+        FROM taproot_delivery""")
+    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_backlog AS
+        SELECT t.domain, t.queue, t.app_id,
+               count(*) AS delivered,
+               count(c.guid) AS confirmed,
+               count(CASE WHEN c.guid IS NULL AND x.guid IS NOT NULL THEN 1 END) AS dead_lettered,
+               count(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN 1 END) AS backlog,
+               min(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN t.put_time END) AS oldest_waiting_put_time
+        FROM taproot__targets t
+        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_confirms) c ON t.guid = c.guid AND t.app_id = c.app_id
+        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_dead_letters) x
+               ON t.guid = x.guid AND t.app_id = x.app_id
+        GROUP BY t.domain, t.queue, t.app_id""")
+    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_latency AS
+        SELECT t.domain, t.queue, t.app_id, t.guid, t.seq, t.put_time, t.delivered_time, c.confirm_time,
+               (unix_micros(t.delivered_time) - unix_micros(t.put_time)) / 1000.0 AS delivery_ms,
+               (unix_micros(c.confirm_time) - unix_micros(t.put_time)) / 1000.0 AS confirm_ms
+        FROM taproot__targets t
+        LEFT JOIN (SELECT guid, app_id, min(confirm_time) AS confirm_time FROM taproot_confirms
+                   GROUP BY guid, app_id) c ON t.guid = c.guid AND t.app_id = c.app_id""")
+    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_rates AS
+        SELECT coalesce(p.domain, d.domain, c.domain) AS domain, coalesce(p.queue, d.queue, c.queue) AS queue,
+               coalesce(p.minute, d.minute, c.minute) AS minute,
+               coalesce(p.n, 0) AS puts, coalesce(d.n, 0) AS delivered, coalesce(c.n, 0) AS confirms
+        FROM (SELECT domain, queue, date_trunc('MINUTE', put_time) AS minute, count(*) AS n
+              FROM taproot_puts GROUP BY ALL) p
+        FULL OUTER JOIN (SELECT domain, queue, date_trunc('MINUTE', delivered_time) AS minute, count(*) AS n
+                         FROM taproot_delivery GROUP BY ALL) d
+             ON p.domain = d.domain AND p.queue = d.queue AND p.minute = d.minute
+        FULL OUTER JOIN (SELECT domain, queue, date_trunc('MINUTE', confirm_time) AS minute, count(*) AS n
+                         FROM taproot_confirms GROUP BY ALL) c
+             ON coalesce(p.domain, d.domain) = c.domain AND coalesce(p.queue, d.queue) = c.queue
+            AND coalesce(p.minute, d.minute) = c.minute""")
+    return list(VIEWS)
