@@ -84,6 +84,16 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class MaintenanceConfig:
+    # How often the running pipeline removes finished history, compacts and
+    # vacuums (pipelines/maintenance.py); 0: only by hand (`taproot maintain`).
+    interval_s: int = 3600
+    # Vacuum keeps files younger than this: the furthest a reader (the dedup
+    # stream, a time-travel query) may lag behind.
+    vacuum_retention_hours: int = 24
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str = "local"
     data_dir: str = "data"            # local path or any URI delta-rs and Spark accept
@@ -92,6 +102,7 @@ class ClusterConfig:
     proxies: tuple[ProxyConfig, ...] = (ProxyConfig("proxy1"),)
     primary: PrimaryConfig = PrimaryConfig()
     pipeline: PipelineConfig = PipelineConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeConfig:
@@ -133,6 +144,9 @@ class DomainConfig:
     max_producers: int = 0                   # per queue
     message_ttl_ms: int = 0                  # not pushed after this long; 0: never expires
     max_delivery_attempts: int = 0           # then dead-lettered; 0: unlimited (BlazingMQ recommends 5)
+    # Finished messages (confirmed by every app, or dead-lettered) are removed
+    # from the tables once older than this and than the dedup window; 0: keep.
+    retention_ms: int = 7 * 24 * 3_600_000
 
     @property
     def apps(self) -> tuple[str, ...]:
@@ -171,6 +185,9 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_producers": (0, 1_000_000),
     "message_ttl_ms": (0, 365 * 24 * 3_600_000),
     "max_delivery_attempts": (0, 1_000_000),
+    "retention_ms": (0, 100 * 365 * 24 * 3_600_000),
+    "interval_s": (0, 30 * 24 * 3600),
+    "vacuum_retention_hours": (0, 100 * 365 * 24),
 }
 APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.~]{1,64}$")
 
@@ -254,7 +271,7 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
     if domain.mode == "broadcast":
         for key in ("queue_max_messages", "queue_max_bytes", "domain_max_messages", "domain_max_bytes",
                     "message_ttl_ms", "max_delivery_attempts"):
-            if getattr(domain, key):
+            if getattr(domain, key) and key in raw:
                 raise ConfigError(f"{where}: {key}: broadcast domains store nothing, so {key} does not apply")
     return dataclasses.replace(domain, app_ids=tuple(app_ids), subscriptions=dict(subscriptions))
 
@@ -277,12 +294,13 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     proxies_raw = raw.pop("proxies", None)
     primary_raw = raw.pop("primary", {})
     pipeline_raw = raw.pop("pipeline", {})
+    maintenance_raw = raw.pop("maintenance", {})
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance)")
     base = _build(ClusterConfig, cluster_raw, "cluster")
     top.update(dataclasses.asdict(base))
-    for key in ("nodes", "proxies", "primary", "pipeline", "domains"):
+    for key in ("nodes", "proxies", "primary", "pipeline", "maintenance", "domains"):
         top.pop(key)
     nodes = tuple(_build(NodeConfig, n, f"nodes[{i}]") for i, n in enumerate(nodes_raw or [{"name": "node1"}]))
     proxies = tuple(_build(ProxyConfig, p, f"proxies[{i}]") for i, p in enumerate(proxies_raw or []))
@@ -297,6 +315,7 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
         **top, nodes=nodes, proxies=proxies,
         primary=_build(PrimaryConfig, primary_raw, "primary"),
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
+        maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
         domains=dict(domains),
     )
 

@@ -88,8 +88,11 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
         if on_batch is not None:
             on_batch(paths.partition, batch_id)
 
+    # skipChangeCommits: retention removes finished history from the PUT log
+    # (pipelines/maintenance.py); those commits hold no new PUTs.
     puts = (spark.readStream.format("delta")
             .option("maxFilesPerTrigger", max_files_per_trigger)
+            .option("skipChangeCommits", "true")
             .load(paths.puts))
     writer = (dedup_puts(puts, history_window_ms).writeStream
              .queryName(f"taproot-dedup-{paths.partition:03d}")

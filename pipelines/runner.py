@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import tempfile
@@ -15,6 +16,7 @@ import pyarrow as pa
 import conf
 from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
+from pipelines.maintenance import maintain
 from protocol import pb, pb_grpc
 from protocol.stream import write_ready_file
 from storage import deltars, tables
@@ -94,6 +96,15 @@ def warm_up(spark, history_window_ms: int) -> float:
     return time.monotonic() - started
 
 
+def run_maintenance(spark, config: conf.ClusterConfig) -> None:
+    """Scheduled retention and maintenance; a failure is logged and retried next time
+    (a conflict with the primary's own compaction is the usual one)."""
+    try:
+        log.info("maintenance:\n%s", maintain(spark, config).summary())
+    except Exception:
+        log.exception("maintenance failed; next attempt in %d s", config.maintenance.interval_s)
+
+
 def log_progress(query, logged: dict[str, int]) -> None:
     """One log line per new micro-batch: its rows, its duration, and where the time went."""
     for progress in query.recentProgress:
@@ -136,11 +147,16 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     write_ready_file(ready_file, queries=[q.name for q in queries])
     failed = None
     logged: dict[str, int] = {}
+    interval_s = config.maintenance.interval_s
+    next_maintenance = time.monotonic() + interval_s
     while not stop.is_set() and failed is None:
         stop.wait(0.5)
         failed = next((q for q in queries if not q.isActive), None)
         for q in queries:
             log_progress(q, logged)
+        if interval_s and time.monotonic() >= next_maintenance:
+            run_maintenance(spark, dataclasses.replace(config, domains=domains()))
+            next_maintenance = time.monotonic() + interval_s
     for q in queries:
         if q.isActive:
             q.stop()

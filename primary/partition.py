@@ -329,9 +329,14 @@ class Partition:
             self._delivery_table = deltars.try_open(self.paths.delivery)
             if self._delivery_table is None:
                 return  # the pipeline has not created it yet
-        latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=[
-            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
-            "put_time", "compression", "apps"])
+        columns = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
+                   "put_time", "compression", "apps"]
+        if self._delivery_version < 0:
+            # First read (recovery): the current snapshot, not the change feed
+            # from version 0, whose files retention may have vacuumed.
+            latest, rows = deltars.read_snapshot(self._delivery_table, columns)
+        else:
+            latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=columns)
         if rows.num_rows:
             self._route_delivered(rows.sort_by([("seq", "ascending")]), skip)
         self._delivery_version = latest

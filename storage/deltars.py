@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from storage.tables import TABLE_PROPERTIES
 
@@ -43,6 +43,9 @@ def try_open(path: str, storage_options: dict[str, str] | None = None) -> DeltaT
         return None
 
 
+APPEND_ATTEMPTS = 5
+
+
 class Appender:
     """Blind appends to one table through a reused handle."""
 
@@ -52,13 +55,25 @@ class Appender:
         self.table = open_or_create(path, schema, storage_options)
 
     def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None) -> int:
-        """Commit `batch` as one Delta version and return that version."""
-        write_deltalake(
-            self.table, batch, mode="append", commit_properties=commit_properties,
-            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True,
-                                                                cleanup_expired_logs=False),
-        )
-        return self.table.version()
+        """Commit `batch` as one Delta version and return that version.
+
+        Another writer of the same engine (retention's delete, compaction) may
+        commit in between; delta-rs then reports a conflict for the append,
+        which nothing was read for. Nothing was written, so it is safe to
+        refresh and try again."""
+        for attempt in range(APPEND_ATTEMPTS):
+            try:
+                write_deltalake(
+                    self.table, batch, mode="append", commit_properties=commit_properties,
+                    post_commithook_properties=PostCommitHookProperties(create_checkpoint=True,
+                                                                        cleanup_expired_logs=False),
+                )
+                return self.table.version()
+            except CommitFailedError:
+                if attempt == APPEND_ATTEMPTS - 1:
+                    raise
+                self.table.update_incremental()
+        raise AssertionError("unreachable")
 
 
 def read_since(table: DeltaTable, after_version: int, columns: list[str] | None = None
@@ -87,6 +102,19 @@ def read_since(table: DeltaTable, after_version: int, columns: list[str] | None 
     for name in missing:
         rows = rows.append_column(name, pa.nulls(rows.num_rows))
     return latest, rows
+
+
+def read_snapshot(table: DeltaTable, columns: list[str]) -> tuple[int, pa.Table]:
+    """(version, every row of the latest version). Unlike replaying the change
+    feed from version 0, this needs only the files the snapshot references, so
+    it works after retention has vacuumed older ones."""
+    table.update_incremental()
+    present = set(table.schema().to_arrow().names)
+    rows = _without_views(table.to_pyarrow_table(columns=[c for c in columns if c in present]))
+    for name in columns:
+        if name not in present:
+            rows = rows.append_column(name, pa.nulls(rows.num_rows))
+    return table.version(), rows
 
 
 def _plain_type(t: pa.DataType) -> pa.DataType:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import glob
 import os
 
+import pyarrow as pa
+
 from storage import tables
 
 VIEWS = ("taproot_puts", "taproot_messages", "taproot_delivery", "taproot_confirms", "taproot_dead_letters",
@@ -43,23 +45,29 @@ def partitions_of(data_dir: str) -> list[int]:
     return found or [0]
 
 
-def _union(spark, paths: list[str], schema):
-    from pyspark.sql import DataFrame
+def _union_sql(spark, paths: list[str], schema) -> str:
+    """SQL reading the latest version of each table on every query (a view over
+    `delta.`path`` is not pinned to a snapshot). Columns an older table lacks
+    read as NULL; a table not created yet contributes no rows."""
+    from pyspark.sql.utils import AnalysisException
 
-    frames: list[DataFrame] = []
+    selects = []
     for path in paths:
         try:
-            frames.append(spark.read.format("delta").load(path))
-        except Exception as exc:  # not created yet
-            if "DELTA_MISSING_DELTA_TABLE" not in str(exc) and "is not a Delta table" not in str(exc) \
-                    and "PATH_NOT_FOUND" not in str(exc):
-                raise
-    if not frames:
-        return spark.createDataFrame([], tables.spark_ddl(schema).replace(" NOT NULL", ""))
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame, allowMissingColumns=True)
-    return out
+            present = set(spark.read.format("delta").load(path).columns)
+        except AnalysisException:
+            continue  # not created yet
+        cols = [_quote(f.name) if f.name in present else f"CAST(NULL AS {_sql_type(f)}) AS {_quote(f.name)}"
+                for f in schema]
+        selects.append(f"SELECT {', '.join(cols)} FROM delta.`{path}`")
+    if not selects:
+        nulls = ", ".join(f"CAST(NULL AS {_sql_type(f)}) AS {_quote(f.name)}" for f in schema)
+        return f"SELECT {nulls} WHERE FALSE"
+    return " UNION ALL ".join(selects)
+
+
+def _sql_type(f) -> str:
+    return tables.spark_ddl(pa.schema([f.with_nullable(True)])).split(" ", 1)[1]
 
 
 def _quote(name: str) -> str:
@@ -77,7 +85,7 @@ def register_views(spark, data_dir: str = "data", partitions: list[int] | None =
                                ("taproot_delivery", "delivery", tables.DELIVERY_SCHEMA),
                                ("taproot_confirms", "confirms", tables.CONFIRMS_SCHEMA),
                                ("taproot_dead_letters", "dead_letters", tables.DEAD_LETTERS_SCHEMA)):
-        _union(spark, [getattr(p, attr) for p in parts], schema).createOrReplaceTempView(name)
+        spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS {_union_sql(spark, [getattr(p, attr) for p in parts], schema)}")
 
     # Properties as columns: one per property name; typed when all messages agree.
     kinds = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM "

@@ -174,6 +174,22 @@ def cmd_sql(args: argparse.Namespace) -> int:
         spark.stop()
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    """Retention and maintenance by hand (the running pipeline also schedules it)."""
+    _logging(args.log_level)
+    from pipelines.maintenance import maintain
+    from storage import spark as spark_factory
+
+    config = _config(args)
+    spark = spark_factory.session("taproot-maintain")
+    try:
+        report = maintain(spark, config, vacuum_retention_hours=args.vacuum_retention_hours)
+    finally:
+        spark.stop()
+    print(report.summary())
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from taproot.demo import run_embedded
     return run_embedded(args.config, args.data_dir or "data", demo_messages=args.demo_messages)
@@ -242,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vertical", action="store_true", help="one line per column")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("maintain", help="remove finished history past retention, compact, vacuum")
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
+    p.add_argument("--data-dir", help="data directory (default: the config's)")
+    p.add_argument("--vacuum-retention-hours", type=int, help="override maintenance.vacuum_retention_hours")
+    p.add_argument("--log-level", default="WARNING")
+    p.set_defaults(func=cmd_maintain)
 
     p = sub.add_parser("check-config", help="validate cluster.toml and the domain files")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")

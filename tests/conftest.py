@@ -3,6 +3,7 @@ processes on loopback, real Delta), `spark` (a JVM). Unmarked tests default to u
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Callable
@@ -10,6 +11,8 @@ from typing import Callable
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# PySpark logs each failed query's whole plan as one JSON line; the exception says it all.
+logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 
 
 def pytest_collection_modifyitems(items):

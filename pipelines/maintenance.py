@@ -1,0 +1,164 @@
+"""Retention and table maintenance: remove finished history, compact, vacuum.
+
+For each partition, a message is removed from every table once it is
+**finished** and **old**:
+
+- finished: each app in its delivery row's `apps` confirmed it or had it
+  dead-lettered (a message no app's subscription matched, `apps = []`, is
+  finished at once);
+- old: its `put_time` is older than the domain's `retention_ms` and than its
+  dedup history window (`dedup_history_window_ms`), so the pipeline's GUID
+  history no longer needs it. A domain with `retention_ms = 0` keeps everything.
+
+The newest message of each partition is always kept: the primary resumes its
+sequence numbers from the PUT log's largest `seq`. A message that is
+unconfirmed, still in the dedup window, or not yet delivered is never touched.
+
+Order, so that a crash half-way loses nothing and redelivers nothing: the
+delivery log first (then the primary no longer sees the message on restart),
+then the PUT log, then the confirm log. Dead letters older than the retention
+are removed too.
+
+One writer engine per table (shared design): the delivery log is Spark's, so
+Spark deletes from it (MERGE), compacts (OPTIMIZE) and vacuums it; the PUT,
+confirm and dead-letter logs are delta-rs's, so delta-rs does the same for them.
+All of these commits are change-free for readers: the primary's change-feed
+tail sees no inserts from them, and the dedup stream skips them
+(`skipChangeCommits`). Vacuum keeps files younger than `vacuum_retention_hours`,
+which must exceed how far behind a reader (the dedup stream, a time-travel
+query) may be.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+
+import conf
+from storage import deltars, tables
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionReport:
+    partition: int
+    removed_messages: int = 0
+    removed_put_rows: int = 0
+    removed_confirm_rows: int = 0
+    removed_dead_letters: int = 0
+    vacuumed_files: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    partitions: list[PartitionReport] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = []
+        for p in self.partitions:
+            lines.append(f"partition {p.partition}: removed {p.removed_messages} finished messages "
+                         f"({p.removed_put_rows} PUT rows, {p.removed_confirm_rows} confirms), "
+                         f"{p.removed_dead_letters} dead letters; vacuumed {p.vacuumed_files} files "
+                         f"in {p.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def _cutoffs_sql(domains: dict[str, conf.DomainConfig], now: datetime) -> str | None:
+    """A SQL boolean over (domain, put_time): true for rows old enough to go."""
+    branches = []
+    for name, d in sorted(domains.items()):
+        if d.mode == "broadcast" or not d.retention_ms:
+            continue
+        keep_ms = max(d.retention_ms, d.dedup_history_window_ms)
+        cutoff = (now - timedelta(milliseconds=keep_ms)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        branches.append(f"(domain = '{name}' AND put_time < TIMESTAMP '{cutoff}+00:00')")
+    return " OR ".join(branches) if branches else None
+
+
+def removable_guids(spark, paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig],
+                    now: datetime):
+    """DataFrame(guid) of the partition's finished, old messages (the newest kept)."""
+    old = _cutoffs_sql(domains, now)
+    if old is None:
+        return None
+    delivery = spark.read.format("delta").load(paths.delivery)
+    targets = delivery.where(old).selectExpr("guid", "seq", "explode_outer(coalesce(apps, array(''))) AS app_id")
+    done = None
+    for path in (paths.confirms, paths.dead_letters):
+        if deltars.try_open(path) is not None:
+            part = spark.read.format("delta").load(path).select("guid", "app_id")
+            done = part if done is None else done.unionByName(part)
+    waiting = targets.where("app_id IS NOT NULL")
+    if done is not None:
+        waiting = waiting.join(done.distinct(), ["guid", "app_id"], "left_anti")
+    newest = delivery.selectExpr("max(seq) AS seq")
+    return (targets.select("guid", "seq").distinct()
+            .join(waiting.select("guid").distinct(), "guid", "left_anti")
+            .join(newest, "seq", "left_anti")
+            .select("guid"))
+
+
+def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig], *,
+                       now: datetime | None = None, vacuum_retention_hours: int = 24,
+                       target_file_bytes: int = 16 * 1024 * 1024) -> PartitionReport:
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    started = time.monotonic()
+    now = now or datetime.now(timezone.utc)
+    report = PartitionReport(paths.partition)
+    if deltars.try_open(paths.delivery) is None or deltars.try_open(paths.puts) is None:
+        return report
+    gone = removable_guids(spark, paths, domains, now)
+    guids: list[bytes] = [] if gone is None else [r.guid for r in gone.collect()]
+    report.removed_messages = len(guids)
+    if guids:
+        source = spark.createDataFrame([(g,) for g in guids], "guid binary")
+        # 1. Delivery log (Spark's): the primary stops seeing them on restart.
+        (SparkDeltaTable.forPath(spark, paths.delivery).alias("t")
+         .merge(source.alias("s"), "t.guid = s.guid").whenMatchedDelete().execute())
+        # 2. PUT log and 3. confirm log (delta-rs's).
+        arrow = pa.table({"guid": pa.array(guids, pa.binary())})
+        for path, attr in ((paths.puts, "removed_put_rows"), (paths.confirms, "removed_confirm_rows")):
+            table = deltars.try_open(path)
+            if table is not None:
+                metrics = (table.merge(arrow, "t.guid = s.guid", source_alias="s", target_alias="t")
+                           .when_matched_delete().execute())
+                setattr(report, attr, int(metrics.get("num_target_rows_deleted", 0)))
+    dead = deltars.try_open(paths.dead_letters)
+    if dead is not None:
+        for name, d in domains.items():
+            if d.retention_ms:
+                cutoff = (now - timedelta(milliseconds=d.retention_ms)).strftime("%Y-%m-%d %H:%M:%S.%f")
+                metrics = dead.delete(f"domain = '{name}' AND dead_time < '{cutoff}'")
+                report.removed_dead_letters += int(metrics.get("num_deleted_rows", 0))
+        dead.optimize.compact(target_size=target_file_bytes)
+    # Compaction: the delivery log by Spark; puts/confirms are compacted by the primary as it writes.
+    spark.sql(f"OPTIMIZE delta.`{paths.delivery}`")
+    # Vacuum: files no version younger than the retention needs.
+    retain = max(0, vacuum_retention_hours)
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", str(retain >= 168).lower())
+    vacuumed = spark.sql(f"VACUUM delta.`{paths.delivery}` RETAIN {retain} HOURS").count()
+    for path in (paths.puts, paths.confirms, paths.dead_letters):
+        table = deltars.try_open(path)
+        if table is not None:
+            vacuumed += len(table.vacuum(retention_hours=retain, dry_run=False, enforce_retention_duration=False))
+    report.vacuumed_files = vacuumed
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def maintain(spark, config: conf.ClusterConfig, *, now: datetime | None = None,
+             vacuum_retention_hours: int | None = None) -> Report:
+    report = Report()
+    hours = config.maintenance.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours
+    for index in range(config.partitions):
+        report.partitions.append(maintain_partition(
+            spark, tables.PartitionPaths(config.data_dir, index), dict(config.domains), now=now,
+            vacuum_retention_hours=hours, target_file_bytes=config.primary.compact_target_file_bytes))
+    return report

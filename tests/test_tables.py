@@ -1,0 +1,153 @@
+"""Queues as tables: plain readers, freshness, views, retention, replay.
+Real node, proxy and pipeline processes; real Delta tables."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import conf
+from storage import deltars
+from storage.spark import cache_dir
+from storage.tables import PartitionPaths
+from storage.views import register_views
+from taproot import Session
+from taproot.embedded import EmbeddedCluster
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    conf_dir = tmp_path_factory.mktemp("conf")
+    shutil.copytree(ROOT / "tests" / "tables_conf", conf_dir, dirs_exist_ok=True)
+    with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
+                         ephemeral_ports=True) as c:
+        c.config_path = conf_dir / "cluster.toml"
+        yield c
+
+
+def post(address, uri, payloads, properties=None) -> list[bytes]:
+    with Session([address]) as session, session.open_queue(uri, write=True) as queue:
+        futures = [queue.post(p, properties) for p in payloads]
+        return [f.result(timeout=60).guid for f in futures]
+
+
+def consume(address, uri, count, confirm=True, timeout_s=90):
+    with Session([address]) as session, session.open_queue(uri, read=True) as queue:
+        got = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < count and time.monotonic() < deadline:
+            message = queue.get(timeout_s=0.5)
+            if message is not None:
+                got.append(message)
+        if confirm:
+            queue.confirm(got)
+            queue.flush()
+        return got
+
+
+def guids_in(path: str) -> set[bytes]:
+    table = deltars.try_open(path)
+    return set() if table is None else set(table.to_pyarrow_table(columns=["guid"])["guid"].to_pylist())
+
+
+def test_message_is_visible_to_spark_sql_as_soon_as_its_ack_arrives(cluster, spark):
+    register_views(spark, cluster.data_dir, [0])
+    with Session([cluster.proxy_address]) as session, session.open_queue("taproot://keep/fresh", write=True) as q:
+        for i in range(3):
+            ack = q.post(b"fresh %d" % i, properties={"region": "EU", "n": i}).result(timeout=60)
+            # Views registered before the message existed: each query reads the latest version.
+            row = spark.sql(f"SELECT payload, properties['region'], CAST(properties['n'] AS INT) FROM taproot_messages "
+                            f"WHERE guid_hex = '{ack.guid.hex().upper()}'").collect()
+            assert [tuple(r) for r in row] == [(b"fresh %d" % i, "EU", i)]
+
+
+def test_every_table_opens_with_spark_delta_rs_and_duckdb_without_taproot_code(cluster, tmp_path):
+    guids = post(cluster.proxy_address, "taproot://keep/readers", [b"r%d" % i for i in range(5)], {"region": "EU"})
+    consume(cluster.proxy_address, "taproot://keep/readers", 5)
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: set(guids) <= guids_in(paths.confirms), 30, what="the confirms")
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "plain_readers.py"), cluster.data_dir,
+                             str(cache_dir() / "ivy" / "jars")], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["taproot_modules"] == []
+    expected = {t: len(deltars.try_open(getattr(paths, t)).to_pyarrow_table(columns=["guid"]))
+                for t in ("puts", "delivery", "confirms", "dead_letters")}
+    assert expected["puts"] >= 5 and expected["confirms"] >= 5
+    assert seen["deltars"] == seen["duckdb"] == seen["spark"] == expected
+    assert seen["duckdb_eu"] >= 5
+    assert seen["deltars_time_travel_v0"] == seen["spark_time_travel_v0"] == 0  # version 0: the empty table
+    assert seen["deltars_cdf_inserts"] == expected["puts"]      # the change feed of an append-only log
+    assert seen["spark_cdf_inserts"] == expected["confirms"]
+
+
+def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
+    uri = "taproot://keep/views"
+    post(cluster.proxy_address, uri, [b"v%d" % i for i in range(6)], {"region": "US"})
+    got = consume(cluster.proxy_address, uri, 4)  # 4 confirmed, 2 left: the session closes, they go back
+    assert len(got) >= 4
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: len(guids_in(paths.confirms) & {m.guid for m in got}) == len(got), 30, what="confirms")
+    register_views(spark, cluster.data_dir, [0])
+    backlog = spark.sql("SELECT delivered, confirmed, backlog FROM taproot_backlog "
+                        "WHERE domain = 'keep' AND queue = 'views'").collect()
+    assert [tuple(r) for r in backlog] == [(6, len(got), 6 - len(got))]
+    latency = spark.sql("SELECT count(*), count(confirm_ms), min(delivery_ms) > 0 FROM taproot_latency "
+                        "WHERE queue = 'views'").first()
+    assert tuple(latency) == (6, len(got), True)
+    rates = spark.sql("SELECT sum(puts), sum(delivered), sum(confirms) FROM taproot_rates WHERE queue = 'views'").first()
+    assert tuple(rates) == (6, 6, len(got))
+    assert spark.sql("SELECT count(*) FROM taproot_dead_letters").first()[0] == 0
+
+
+def test_retention_removes_finished_old_messages_only_and_nothing_comes_back(cluster, spark):
+    from pipelines.maintenance import maintain
+
+    finished = post(cluster.proxy_address, "taproot://hist/jobs", [b"done%d" % i for i in range(5)])
+    assert len(consume(cluster.proxy_address, "taproot://hist/jobs", 5)) == 5
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: set(finished) <= guids_in(paths.confirms), 30, what="the confirms")
+    pending = post(cluster.proxy_address, "taproot://hist/jobs", [b"wait0", b"wait1"])
+    kept = post(cluster.proxy_address, "taproot://keep/forever", [b"k0"])  # newest row of the partition
+    wait_until(lambda: set(pending + kept) <= guids_in(paths.delivery), 60, what="delivery of the rest")
+    time.sleep(1.5)  # older than the domain's retention (1 s) and dedup window (1 s)
+
+    config = conf.load(cluster.config_path, data_dir=cluster.data_dir)
+    report = maintain(spark, config)
+    assert report.partitions[0].removed_messages == 5, report.summary()
+    for table in (paths.delivery, paths.puts, paths.confirms):
+        assert not set(finished) & guids_in(table), table
+    assert set(pending) <= guids_in(paths.delivery) and set(pending) <= guids_in(paths.puts)
+    assert set(kept) <= guids_in(paths.delivery)
+    assert report.partitions[0].vacuumed_files > 0
+
+    # Nothing removed comes back: not to a consumer now, not after a primary restart.
+    again = consume(cluster.proxy_address, "taproot://hist/jobs", 3, timeout_s=10)
+    assert sorted(m.payload for m in again) == [b"wait0", b"wait1"]
+    cluster.restart_node()
+    wait_until(lambda: _opens(cluster.proxy_address), 60, what="the proxy to reconnect")
+    assert consume(cluster.proxy_address, "taproot://hist/jobs", 1, timeout_s=10) == []
+    # The pipeline carries on past the deletes in its source (skipChangeCommits).
+    later = post(cluster.proxy_address, "taproot://hist/jobs", [b"after"])
+    assert [m.guid for m in consume(cluster.proxy_address, "taproot://hist/jobs", 1)] == later
+
+
+def _opens(address: str) -> bool:
+    from taproot import TaprootError
+    try:
+        with Session([address], connect_timeout_s=2) as s, s.open_queue("taproot://keep/ping", write=True,
+                                                                          timeout_s=5):
+            return True
+    except TaprootError:
+        return False
