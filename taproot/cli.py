@@ -190,6 +190,30 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Post a queue's history into a queue through the normal PUT path (Spark selects it)."""
+    from pipelines.replay import ReplayError, print_progress, replay
+    from storage import spark as spark_factory
+
+    config = _config(args)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    spark = spark_factory.session("taproot-replay")
+    try:
+        result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
+                        since=args.since, until=args.until, version=args.version, where=args.where,
+                        rate=args.rate, original_rate=args.original_rate, progress=print_progress)
+    except ReplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bad --where, a version that does not exist: Spark says which
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print(result.summary())
+    return 1 if result.failed else 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from taproot.demo import run_embedded
     return run_embedded(args.config, args.data_dir or "data", demo_messages=args.demo_messages)
@@ -258,6 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vertical", action="store_true", help="one line per column")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("replay", help="post a queue's history (selected by Spark) into a queue")
+    p.add_argument("--from", dest="source", required=True, help="source queue URI")
+    p.add_argument("--to", dest="target", required=True, help="target queue URI")
+    p.add_argument("--since", help="PUT time lower bound (inclusive), e.g. 2026-11-21T10:00:00")
+    p.add_argument("--until", help="PUT time upper bound (exclusive)")
+    p.add_argument("--version", type=int, help="the delivery log as of this table version (time travel)")
+    p.add_argument("--where", help="Spark SQL predicate, e.g. \"properties['region'] = 'EU'\"")
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument("--rate", type=float, default=0.0, help="msg/s (default 0: as fast as ACKs allow)")
+    pace.add_argument("--original-rate", action="store_true", help="keep the original spacing of the PUTs")
+    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
+    p.add_argument("--data-dir", help="data directory (default: the config's)")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("maintain", help="remove finished history past retention, compact, vacuum")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
