@@ -144,15 +144,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spark(app_name: str):
+    """A local Spark session for a one-shot command."""
+    from storage import spark as spark_factory
+
+    # PySpark logs every failed query's whole plan as one JSON line; callers print the error.
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    return spark_factory.session(app_name)
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run one Spark SQL query with the Taproot views registered."""
-    from storage import spark as spark_factory
     from storage.views import register_views
 
     config = _config(args)
-    # PySpark logs every failed query's whole plan as one JSON line; the error below says it all.
-    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    spark = spark_factory.session("taproot-sql")
+    spark = _spark("taproot-sql")
     try:
         register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
         if args.query.strip().lower() in ("views", "show views"):
@@ -178,10 +184,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     """Retention and maintenance by hand (the running pipeline also schedules it)."""
     _logging(args.log_level)
     from pipelines.maintenance import maintain
-    from storage import spark as spark_factory
 
     config = _config(args)
-    spark = spark_factory.session("taproot-maintain")
+    spark = _spark("taproot-maintain")
     try:
         report = maintain(spark, config, vacuum_retention_hours=args.vacuum_retention_hours)
     finally:
@@ -193,11 +198,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Post a queue's history into a queue through the normal PUT path (Spark selects it)."""
     from pipelines.replay import ReplayError, print_progress, replay
-    from storage import spark as spark_factory
 
     config = _config(args)
-    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    spark = spark_factory.session("taproot-replay")
+    spark = _spark("taproot-replay")
     try:
         result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
                         since=args.since, until=args.until, version=args.version, where=args.where,

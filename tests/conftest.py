@@ -3,9 +3,12 @@ processes on loopback, real Delta), `spark` (a JVM). Unmarked tests default to u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -38,3 +41,18 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+
+
+@contextlib.contextmanager
+def cluster_from(conf_name: str, tmp_path_factory):
+    """An embedded cluster (node, proxy, pipeline processes) on a copy of
+    tests/<conf_name>, so a test may edit its domain files. `cluster.config_path`
+    is the copied cluster.toml."""
+    from taproot.embedded import EmbeddedCluster
+
+    conf_dir = tmp_path_factory.mktemp("conf")
+    shutil.copytree(Path(__file__).resolve().parent / conf_name, conf_dir, dirs_exist_ok=True)
+    with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
+                         ephemeral_ports=True) as cluster:
+        cluster.config_path = conf_dir / "cluster.toml"  # type: ignore[attr-defined]
+        yield cluster

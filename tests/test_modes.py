@@ -5,7 +5,6 @@ Domains: tests/modes_conf/domains (copied, so the reload test can edit them)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +17,7 @@ import pytest
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, Session, TaprootError
-from taproot.embedded import EmbeddedCluster
-from tests.conftest import wait_until
+from tests.conftest import cluster_from, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,11 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    conf_dir = tmp_path_factory.mktemp("conf")
-    shutil.copytree(ROOT / "tests" / "modes_conf", conf_dir, dirs_exist_ok=True)
-    with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
-                         ephemeral_ports=True) as c:
-        c.conf_dir = conf_dir
+    with cluster_from("modes_conf", tmp_path_factory) as c:
         yield c
 
 
@@ -273,7 +267,7 @@ def test_typed_properties_round_trip(cluster):
 
 # -- configuration ----------------------------------------------------------------------
 def test_domains_reload_without_restart_and_a_bad_file_is_rejected_naming_the_field(cluster):
-    domains = cluster.conf_dir / "domains"
+    domains = cluster.config_path.parent / "domains"
     (domains / "late.toml").write_text('mode = "priority"\nqueue_max_messages = 1\n')
 
     def served():

@@ -4,7 +4,6 @@ Real node, proxy and pipeline processes; real Delta tables."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -18,8 +17,7 @@ from storage.spark import cache_dir
 from storage.tables import PartitionPaths
 from storage.views import register_views
 from taproot import Session
-from taproot.embedded import EmbeddedCluster
-from tests.conftest import wait_until
+from tests.conftest import cluster_from, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,11 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    conf_dir = tmp_path_factory.mktemp("conf")
-    shutil.copytree(ROOT / "tests" / "tables_conf", conf_dir, dirs_exist_ok=True)
-    with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
-                         ephemeral_ports=True) as c:
-        c.config_path = conf_dir / "cluster.toml"
+    with cluster_from("tables_conf", tmp_path_factory) as c:
         yield c
 
 
