@@ -43,6 +43,14 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
 
 
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """One embedded cluster for every integration module (starting one costs
+    about 50 s on 2 cores). Each test uses queues of its own."""
+    with cluster_from("cluster_conf", tmp_path_factory) as c:
+        yield c
+
+
 @contextlib.contextmanager
 def cluster_from(conf_name: str, tmp_path_factory):
     """An embedded cluster (node, proxy, pipeline processes) on a copy of

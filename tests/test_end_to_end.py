@@ -12,18 +12,11 @@ from pyspark.sql import functions as F
 from protocol import ResultCode, pb
 from storage.tables import PartitionPaths
 from taproot import loadgen
-from taproot.embedded import EmbeddedCluster
 from tests.conftest import wait_until
 from tests.rawclient import RawSession
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MESSAGES = 10_000
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmbeddedCluster(data_dir=str(tmp_path_factory.mktemp("data")), ephemeral_ports=True) as c:
-        yield c
 
 
 def delivery(spark, cluster):

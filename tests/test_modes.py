@@ -1,6 +1,7 @@
 """Queue modes and consumer semantics, one scenario per rule, against real
 processes: node, proxy and the Spark pipeline, real Delta tables.
-Domains: tests/modes_conf/domains (copied, so the reload test can edit them)."""
+The cluster (tests/cluster_conf, copied so the reload test can edit its domains)
+is shared by every integration module: see conftest.py."""
 
 from __future__ import annotations
 
@@ -16,16 +17,10 @@ import pytest
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, Session, TaprootError
-from tests.conftest import cluster_from, wait_until
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with cluster_from("modes_conf", tmp_path_factory) as c:
-        yield c
 
 
 def post(address: str, uri: str, payloads, properties=None, **kw) -> list:
