@@ -15,12 +15,14 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 import conf
 from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
-from primary.partition import Partition, PendingConfirm, PendingPut, QueueState, send_acks
+from primary.partition import Partition, PendingColumns, PendingConfirm, PendingPut, QueueState, send_acks
 from primary.quota import DomainQuota
-from protocol import ResultCode, parse_queue_uri, pb, status, wire
+from protocol import ResultCode, columns, parse_queue_uri, pb, status, wire
 from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import validate_wire
 from protocol.stream import Link
@@ -172,6 +174,7 @@ class Node:
             "configure_queue": self._on_configure,
             "close_queue": self._on_close,
             "put": self._on_put,
+            "put_columns": self._on_put_columns,
             "confirm": self._on_confirm,
             "stop_request": self._on_stop,
             "heartbeat": self._on_heartbeat,
@@ -316,6 +319,47 @@ class Node:
                     message="primary's pending PUT buffer is full")) for i in items)
         if nacks:
             send_acks(nacks)
+
+    def _on_put_columns(self, link: Link, req: pb.PutColumns) -> None:
+        """A columnar batch of PUTs to one queue: checked as a whole (the same
+        rules as single PUTs, vectorised), committed as a whole, ACKed as a whole."""
+        table = columns.decode(req.arrow_ipc)
+        if isinstance(table, str):
+            link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))
+            return
+        guids = columns.guids_of(table)
+
+        def nack(code: ResultCode, text: str) -> None:
+            link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids, code=wire(code),
+                                                         message=text)))
+
+        handle = self._handles_of(link).get(req.queue_id)
+        if handle is None:
+            return nack(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open")
+        if not handle.write:
+            return nack(ResultCode.REFUSED, "queue is not open for writing")
+        if handle.broadcast:
+            return nack(ResultCode.NOT_SUPPORTED, "columnar PUTs are for stored queues, not broadcast")
+        reason = columns.check(table, handle.state.domain.max_payload_bytes)
+        if reason:
+            return nack(ResultCode.INVALID_ARGUMENT, reason)
+        quota = handle.state.quota
+        if quota is not None:
+            admitted: list[bytes] = []
+            for guid, size in zip(table["guid"].to_pylist(), pc.binary_length(table["payload"]).to_pylist()):
+                refused = quota.admit(handle.state.uri.queue, guid, size)
+                if refused is not None:
+                    for g in admitted:
+                        quota.unadmit(g)
+                    return nack(*refused)
+                admitted.append(guid)
+        nbytes = pc.sum(pc.binary_length(table["payload"])).as_py()
+        item = PendingColumns(link, req.queue_id, handle.state, table, guids)
+        if not handle.partition.put_committer.submit([item], nbytes):
+            if quota is not None:
+                for g in table["guid"].to_pylist():
+                    quota.unadmit(g)
+            nack(ResultCode.LIMIT_MESSAGES, "primary's pending PUT buffer is full")
 
     def _broadcast(self, handle: OpenHandle, message: pb.PutMessage) -> None:
         """Broadcast mode: no storage, no pipeline. The consumers attached right

@@ -74,6 +74,16 @@ class PendingPut:
 
 
 @dataclass
+class PendingColumns:
+    """A checked columnar batch of PUTs to one queue (`PutColumns`)."""
+    link: "Link"
+    queue_id: int
+    queue: QueueState
+    table: pa.Table
+    guids: bytes
+
+
+@dataclass
 class PendingConfirm:
     queue: QueueState
     app_id: str
@@ -135,7 +145,7 @@ class Partition:
         policy = GroupPolicy(config.primary.group_commit_max_messages,
                              config.primary.group_commit_max_bytes,
                              config.primary.group_commit_linger_ms)
-        self.put_committer: GroupCommitter[PendingPut] = GroupCommitter(
+        self.put_committer: GroupCommitter[PendingPut | PendingColumns] = GroupCommitter(
             f"puts-{index}", self._commit_puts, policy, config.primary.pending_puts_max)
         self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
             f"confirms-{index}", self._commit_confirms, policy, 10_000_000)
@@ -236,26 +246,28 @@ class Partition:
                 quota.admit(queue, guid, len(payload))
 
     # -- PUT path -----------------------------------------------------------
-    def _commit_puts(self, items: list[PendingPut]) -> None:
+    def _commit_puts(self, items: list) -> None:
+        """One Delta commit for every PUT of the group (single PUTs and columnar
+        batches alike), then the ACKs."""
         build_started = time.perf_counter()
         now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
-        count = len(items)
-        first_seq = self._next_seq
-        self._next_seq += count
-        props = [wire_to_maps(i.message.properties) for i in items]
-        batch = pa.table({
-            "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
-            "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),
-            "guid": pa.array([i.message.guid for i in items], pa.binary()),
-            "seq": pa.array(range(first_seq, first_seq + count), pa.int64()),
-            "payload": pa.array([i.message.payload for i in items], pa.binary()),
-            "properties": pa.array([p[0] for p in props], tables.PROPERTY_MAP),
-            "property_types": pa.array([p[1] for p in props], tables.PROPERTY_MAP),
-            "producer_time": pa.array([i.message.put_time_us or None for i in items], tables.TIMESTAMP),
-            "put_time": pa.array([now_us] * count, tables.TIMESTAMP),
-            "epoch": pa.array([self.epoch] * count, pa.int64()),
-            "compression": pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in items], pa.string()),
-        }, schema=tables.PUTS_SCHEMA)
+        singles = [i for i in items if isinstance(i, PendingPut)]
+        bulks = [i for i in items if isinstance(i, PendingColumns)]
+        parts = []
+        if singles:
+            props = [wire_to_maps(i.message.properties) for i in singles]
+            parts.append(self._rows(
+                [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
+                pa.array([i.message.payload for i in singles], pa.binary()),
+                pa.array([p[0] for p in props], tables.PROPERTY_MAP), pa.array([p[1] for p in props], tables.PROPERTY_MAP),
+                pa.array([i.message.put_time_us or None for i in singles], pa.int64()),
+                pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
+        for bulk in bulks:
+            t = bulk.table
+            parts.append(self._rows([bulk.queue] * t.num_rows, t["guid"], t["payload"], t["properties"],
+                                    t["property_types"], pa.nulls(t.num_rows, pa.int64()), t["compression"], now_us))
+        batch = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        count = batch.num_rows
         code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
         try:
@@ -264,14 +276,41 @@ class Partition:
         except Exception as exc:
             log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
-            for i in items:
+            for i in singles:
                 if i.queue.quota is not None:
                     i.queue.quota.unadmit(i.message.guid)
+            for b in bulks:
+                if b.queue.quota is not None:
+                    for guid in b.table["guid"].to_pylist():
+                        b.queue.quota.unadmit(guid)
         send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
-                                          message=text)) for i in items])
+                                          message=text)) for i in singles])
+        for b in bulks:
+            b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
+                                                           message=text)))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
+
+    def _rows(self, queues: list[QueueState], guid, payload, properties, property_types, producer_us,
+              compression, now_us: int) -> pa.Table:
+        """PUT-log rows, numbered from the partition's next sequence number."""
+        count = len(queues)
+        first_seq = self._next_seq
+        self._next_seq += count
+        return pa.table({
+            "domain": pa.array([q.uri.domain for q in queues], pa.string()),
+            "queue": pa.array([q.uri.queue for q in queues], pa.string()),
+            "guid": guid,
+            "seq": pa.array(range(first_seq, first_seq + count), pa.int64()),
+            "payload": payload,
+            "properties": properties,
+            "property_types": property_types,
+            "producer_time": producer_us.cast(tables.TIMESTAMP),
+            "put_time": pa.array([now_us] * count, pa.int64()).cast(tables.TIMESTAMP),
+            "epoch": pa.array([self.epoch] * count, pa.int64()),
+            "compression": compression,
+        }, schema=tables.PUTS_SCHEMA)
 
     def _commit_confirms(self, items: list[PendingConfirm]) -> None:
         now = datetime.now(timezone.utc)

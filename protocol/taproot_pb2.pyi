@@ -169,6 +169,26 @@ class PutBatch(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[PutMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[PutMessage, _Mapping]]] = ...) -> None: ...
 
+class PutColumns(_message.Message):
+    __slots__ = ("queue_id", "arrow_ipc")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    arrow_ipc: bytes
+    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+
+class AckColumns(_message.Message):
+    __slots__ = ("queue_id", "guids", "code", "message")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GUIDS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    guids: bytes
+    code: ResultCode
+    message: str
+    def __init__(self, queue_id: _Optional[int] = ..., guids: _Optional[bytes] = ..., code: _Optional[_Union[ResultCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
 class AckMessage(_message.Message):
     __slots__ = ("queue_id", "guid", "code", "message")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -256,7 +276,7 @@ class FrameError(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error")
+    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns")
     OPEN_QUEUE_FIELD_NUMBER: _ClassVar[int]
     OPEN_QUEUE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CONFIGURE_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +291,8 @@ class Frame(_message.Message):
     STOP_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PUT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ACK_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     open_queue: OpenQueue
     open_queue_response: OpenQueueResponse
     configure_queue: ConfigureQueue
@@ -285,7 +307,9 @@ class Frame(_message.Message):
     stop_response: StopResponse
     heartbeat: Heartbeat
     error: FrameError
-    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ...) -> None: ...
+    put_columns: PutColumns
+    ack_columns: AckColumns
+    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ...) -> None: ...
 
 class DeliveryNotice(_message.Message):
     __slots__ = ("partition", "delivery_version")

@@ -46,11 +46,12 @@ class Relay:
         self._routes: dict[int, _Route] = {}               # up qid -> route
         self._requests: dict[int, _Request] = {}           # up request id -> request
         self._unacked: dict[tuple[int, bytes], None] = {}  # (up qid, guid) of PUTs sent up
+        self._unacked_columns: dict[tuple[int, bytes], None] = {}  # (up qid, the frame's GUIDs)
         self.connected = True
 
     @property
     def unacked_count(self) -> int:
-        return len(self._unacked)
+        return len(self._unacked) + sum(len(g) // 16 for _, g in self._unacked_columns)
 
     # -- downstream -> upstream ---------------------------------------------
     def from_downstream(self, link: Hashable, frame: pb.Frame) -> Out:
@@ -59,6 +60,8 @@ class Relay:
             return self._put(link, frame.put)
         if kind == "confirm":
             return self._confirm(link, frame.confirm)
+        if kind == "put_columns":
+            return self._put_columns(link, frame.put_columns)
         if kind == "open_queue":
             return self._open(link, frame.open_queue)
         if kind in ("configure_queue", "close_queue"):
@@ -127,6 +130,21 @@ class Relay:
             out.append((link, pb.Frame(ack=pb.AckBatch(messages=nacks))))
         return out
 
+    def _put_columns(self, link: Hashable, req: pb.PutColumns) -> Out:
+        from protocol import columns  # pyarrow only when columnar PUTs are used
+        table = columns.decode(req.arrow_ipc)
+        if isinstance(table, str):  # no GUID is known: a frame error is all that can be said
+            return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))]
+        guids = columns.guids_of(table)
+        up_qid = self._up.get((link, req.queue_id))
+        if up_qid is None or not self.connected:
+            code, text = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
+                          else (ResultCode.NOT_CONNECTED, "proxy has no upstream"))
+            return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids, code=wire(code),
+                                                              message=text)))]
+        self._unacked_columns[(up_qid, guids)] = None
+        return [(UPSTREAM, pb.Frame(put_columns=pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)))]
+
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
         messages = []
         for message in batch.messages:
@@ -167,6 +185,14 @@ class Relay:
             return self._route_batch(frame.ack.messages, "ack", pb.AckBatch, track_acks=True)
         if kind == "push":
             return self._route_batch(frame.push.messages, "push", pb.PushBatch)
+        if kind == "ack_columns":
+            ack = frame.ack_columns
+            self._unacked_columns.pop((ack.queue_id, ack.guids), None)
+            route = self._routes.get(ack.queue_id)
+            if route is None:
+                return []
+            ack.queue_id = route.queue_id
+            return [(route.link, pb.Frame(ack_columns=ack))]
         if kind in ("open_queue_response", "configure_queue_response", "close_queue_response"):
             return self._response(kind, getattr(frame, kind))
         if kind == "error":
@@ -219,8 +245,15 @@ class Relay:
             if route is not None:
                 by_link.setdefault(route.link, []).append(pb.AckMessage(
                     queue_id=route.queue_id, guid=guid, code=wire(ResultCode.UNKNOWN), message=reason))
+        out: Out = [(link, pb.Frame(ack=pb.AckBatch(messages=acks))) for link, acks in by_link.items()]
+        for up_qid, guids in self._unacked_columns:
+            route = self._routes.get(up_qid)
+            if route is not None:
+                out.append((route.link, pb.Frame(ack_columns=pb.AckColumns(
+                    queue_id=route.queue_id, guids=guids, code=wire(ResultCode.UNKNOWN), message=reason))))
+        self._unacked_columns.clear()
         self._unacked.clear()
         self._up.clear()
         self._routes.clear()
         self._requests.clear()
-        return [(link, pb.Frame(ack=pb.AckBatch(messages=acks))) for link, acks in by_link.items()]
+        return out

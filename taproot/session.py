@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -38,6 +38,9 @@ from taproot.clock import MonotonicClock, wall_time_us
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import compress, decompress
 from taproot.guid import GuidGenerator
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,42 @@ class Queue:
                                    f"max_payload_bytes {self.max_payload_bytes}")
         return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
 
+    def post_columns(self, table: "pa.Table", compression: str | None = None) -> Future:
+        """Post many messages in one columnar frame (bulk producers, replay).
+
+        `table` has a `payload` (binary) column and optionally `properties` and
+        `property_types` (map<string,string>, the tables' form) and
+        `compression` (the codec a payload is already compressed with). Each
+        message gets a new GUID. The broker checks the frame as a whole; the
+        future resolves to the list of GUIDs once every message is durable, or
+        raises `AckError` with the code that refused them all."""
+        import pyarrow as pa
+
+        from protocol import columns
+
+        if not self.write:
+            raise errors.PostError(f"{self.uri} is not open for writing")
+        if self._closed:
+            raise errors.PostError(f"{self.uri} is closed")
+        n = table.num_rows
+        if n == 0:
+            raise errors.PostError("no rows to post")
+        guids = [self._session._guids.next() for _ in range(n)]
+        empty = pa.array([[]] * n, columns.PROPERTY_MAP)
+        full = pa.table({
+            "guid": pa.array(guids, pa.binary()),
+            "payload": table["payload"],
+            "properties": table["properties"] if "properties" in table.column_names else empty,
+            "property_types": table["property_types"] if "property_types" in table.column_names else empty,
+            "compression": (table["compression"] if "compression" in table.column_names
+                            else pa.nulls(n, pa.string())),
+        })
+        try:
+            data = columns.encode(full)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise errors.PostError(f"columns do not fit the PutColumns schema: {exc}") from exc
+        return self._session._post_columns(self, b"".join(guids), data)
+
     def flush(self) -> None:
         """Send any batched PUTs and CONFIRMs now instead of after the linger time."""
         self._session._flush()
@@ -237,6 +276,7 @@ class Session:
         self._puts = Batcher(self.batch_policy)
         self._confirms: list[pb.ConfirmMessage] = []
         self._pending: dict[bytes, _PendingPut] = {}
+        self._pending_columns: dict[bytes, Future] = {}  # the frame's GUIDs -> future
         self._requests: dict[int, Future] = {}
         self._queues: dict[int, Queue] = {}
         self._queue_ids = itertools.count(1)
@@ -283,7 +323,7 @@ class Session:
         self._flush()
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._pending and self._lost is None and time.monotonic() < deadline:
+            while (self._pending or self._pending_columns) and self._lost is None and time.monotonic() < deadline:
                 self._lock.wait(0.05)
         for q in list(self._queues.values()):
             try:
@@ -388,6 +428,15 @@ class Session:
                 self._lock.notify_all()  # wake the flusher for the linger deadline
         return future
 
+    def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._check_live()
+            self._pending_columns[guids] = future
+            self._send_puts_locked()  # keep PUT order: batched single PUTs go first
+        self._out.put(pb.Frame(put_columns=pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data)))
+        return future
+
     def _confirm(self, q: Queue, guids: list[bytes]) -> None:
         self._check_live()
         with self._lock:
@@ -446,10 +495,13 @@ class Session:
     def _fail_all(self, reason: str, code: ResultCode) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
+            columns, self._pending_columns = self._pending_columns, {}
             requests, self._requests = self._requests, {}
             self._lock.notify_all()
         for guid, put in pending.items():
             put.future.set_exception(errors.AckError(code, reason, guid))
+        for guids, future in columns.items():
+            future.set_exception(errors.AckError(code, reason, guids[:16]))
         for future in requests.values():
             if not future.done():
                 future.set_exception(errors.ConnectionError(reason))
@@ -460,6 +512,17 @@ class Session:
         kind = frame.WhichOneof("body")
         if kind == "ack":
             self._on_acks(frame.ack.messages)
+        elif kind == "ack_columns":
+            ack = frame.ack_columns
+            with self._lock:
+                future = self._pending_columns.pop(ack.guids, None)
+                self._lock.notify_all()
+            if future is not None:
+                if ack.code == ResultCode.SUCCESS:
+                    future.set_result([ack.guids[i:i + 16] for i in range(0, len(ack.guids), 16)])
+                else:
+                    code = ResultCode(ack.code) if ack.code in ResultCode._value2member_map_ else ResultCode.UNKNOWN
+                    future.set_exception(errors.AckError(code, ack.message, ack.guids[:16]))
         elif kind == "push":
             for m in frame.push.messages:
                 q = self._queues.get(m.queue_id)

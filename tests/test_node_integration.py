@@ -99,3 +99,20 @@ def test_retransmitted_put_is_acked_twice(cluster):
     raw.close()
     table = deltars.try_open(PartitionPaths(cluster.data_dir, 0).puts).to_pyarrow_table(columns=["guid"])
     assert pc.sum(pc.equal(table["guid"], guid)).as_py() == 2  # both in the raw log; the pipeline dedups
+
+
+@pytest.mark.parametrize("via", ["proxy", "node"])
+def test_columnar_puts_are_acked_as_a_whole_after_they_are_in_delta(cluster, via):
+    import pyarrow as pa
+
+    address = cluster.proxy_address if via == "proxy" else cluster.node_address
+    with Session([address]) as session, session.open_queue(URI, write=True) as queue:
+        good = pa.table({"payload": pa.array([b"c%d" % i for i in range(1000)], pa.binary())})
+        guids = queue.post_columns(good).result(timeout=30)
+        assert len(guids) == 1000 and len(set(guids)) == 1000
+        assert set(guids) <= committed_guids(cluster)
+        bad = pa.table({"payload": pa.array([b"ok", b"x" * (4 * 1024 * 1024 + 1)], pa.binary())})
+        with pytest.raises(AckError) as info:
+            queue.post_columns(bad).result(timeout=30)
+        assert info.value.code == ResultCode.INVALID_ARGUMENT and "max_payload_bytes" in info.value.message
+        assert info.value.guid not in committed_guids(cluster)  # refused as a whole

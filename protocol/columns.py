@@ -1,0 +1,99 @@
+"""Columnar PUTs (`PutColumns`): many messages to one queue as one Arrow batch.
+
+The SDK encodes, the broker decodes and checks every message with the same
+rules as a single PUT (GUID length, payload size, property names, types and
+values, compression), vectorised with pyarrow compute, so the per-message
+Python cost leaves the hot path. A frame is accepted or refused as a whole.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
+
+PROPERTY_MAP = pa.map_(pa.string(), pa.string())
+SCHEMA = pa.schema([
+    pa.field("guid", pa.binary()),
+    pa.field("payload", pa.binary()),
+    pa.field("properties", PROPERTY_MAP),
+    pa.field("property_types", PROPERTY_MAP),
+    pa.field("compression", pa.string()),
+])
+TYPES = ("bool", "int32", "int64", "string", "binary")
+COMPRESSIONS = ("zlib", "zstd")
+
+
+def encode(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(table.select(SCHEMA.names).cast(SCHEMA))
+    return sink.getvalue().to_pybytes()
+
+
+def guids_of(table: pa.Table) -> bytes:
+    return b"".join(table["guid"].to_pylist())
+
+
+def decode(data: bytes) -> pa.Table | str:
+    """The batch, or why it cannot be read (then no GUID is known)."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        return f"arrow_ipc is not an Arrow IPC stream: {exc}"
+    missing = [n for n in SCHEMA.names if n not in table.column_names]
+    if missing:
+        return f"arrow_ipc lacks column(s) {', '.join(missing)}"
+    try:
+        return table.select(SCHEMA.names).cast(SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        return f"arrow_ipc columns have the wrong types: {exc}"
+
+
+def check(table: pa.Table, max_payload_bytes: int) -> str | None:
+    """Why the batch is refused, or None. Mirrors validate_wire for one PUT."""
+    if table.num_rows == 0:
+        return "empty batch"
+    guid_len = pc.binary_length(table["guid"])
+    if pc.any(pc.or_kleene(pc.is_null(guid_len), pc.not_equal(guid_len, 16))).as_py():
+        return "every GUID must be 16 bytes"
+    if pc.any(pc.is_null(table["payload"])).as_py():
+        return "a payload is null"
+    if pc.max(pc.binary_length(table["payload"])).as_py() > max_payload_bytes:
+        return f"a payload exceeds the domain's max_payload_bytes {max_payload_bytes}"
+    compression = table["compression"].drop_null()
+    if len(compression) and not pc.all(pc.is_in(compression, pa.array(COMPRESSIONS))).as_py():
+        return f"compression must be null, {' or '.join(COMPRESSIONS)}"
+    props, types = table["properties"].combine_chunks(), table["property_types"].combine_chunks()
+    names = pa.ListArray.from_arrays(props.offsets, props.keys)  # a null map reads as no properties
+    if (pc.max(pc.list_value_length(names)).as_py() or 0) > PROPERTIES_MAX:
+        return f"more than {PROPERTIES_MAX} properties"
+    if not (props.offsets.equals(types.offsets) and props.keys.equals(types.keys)):
+        return "properties and property_types must name the same properties in the same order"
+    keys, values, kinds = props.keys, props.items, types.items
+    if len(keys) == 0:
+        return None
+    if (pc.max(pc.utf8_length(keys)).as_py() > NAME_LENGTH_MAX
+            or pc.any(pc.invert(pc.match_substring_regex(keys, "^[A-Za-z0-9]"))).as_py()):
+        return f"property names must be 1..{NAME_LENGTH_MAX} characters starting with a letter or digit"
+    owner = pc.cast(pc.list_parent_indices(names), pa.string())
+    if pc.count_distinct(pc.binary_join_element_wise(owner, keys, "\x00")).as_py() != len(keys):
+        return "a property is given twice in one message"
+    if pc.any(pc.is_null(values)).as_py() or not pc.all(pc.is_in(kinds, pa.array(TYPES))).as_py():
+        return f"every property needs a value and a type among {', '.join(TYPES)}"
+    for kind, pattern in (("int32", r"^-?[0-9]{1,10}$"), ("int64", r"^-?[0-9]{1,19}$"),
+                          ("bool", r"^(true|false)$"), ("binary", r"^[A-Za-z0-9+/]*={0,2}$")):
+        chosen = pc.filter(values, pc.equal(kinds, kind))
+        if len(chosen) and not pc.all(pc.match_substring_regex(chosen, pattern)).as_py():
+            return f"invalid {kind} property value"
+        if kind in ("int32", "int64") and len(chosen):
+            lo, hi = (-(2**31), 2**31 - 1) if kind == "int32" else (-(2**63), 2**63 - 1)
+            try:
+                numbers = pc.cast(chosen, pa.decimal128(20, 0))
+            except pa.ArrowInvalid:
+                return f"invalid {kind} property value"
+            low, high = pc.min(numbers).as_py(), pc.max(numbers).as_py()
+            if low < lo or high > hi:
+                return f"{kind} property value out of range"
+    return None

@@ -1,0 +1,68 @@
+"""Columnar PUTs: the broker's vectorised checks and the relay's forwarding."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from protocol import ResultCode, columns, pb
+from protocol.properties import to_wire, wire_to_maps
+from replicas.relay import UPSTREAM, Relay
+
+
+def batch(n=5, **override) -> pa.Table:
+    rows = []
+    for i in range(n):
+        values, types = wire_to_maps(to_wire({"region": "EU", "n": i, "big": 2**40, "f": True, "raw": b"\x00"}))
+        rows.append(dict(guid=bytes([i]) * 16, payload=b"x", properties=values, property_types=types,
+                         compression=None))
+    for key, value in override.items():
+        rows[2][key] = value
+    return pa.Table.from_pylist(rows, schema=columns.SCHEMA)
+
+
+def test_a_valid_batch_round_trips_and_passes():
+    table = columns.decode(columns.encode(batch()))
+    assert isinstance(table, pa.Table) and columns.check(table, 100) is None
+    assert columns.guids_of(table) == b"".join(bytes([i]) * 16 for i in range(5))
+
+
+@pytest.mark.parametrize("override, reason", [
+    (dict(guid=b"short"), "16 bytes"),
+    (dict(payload=b"y" * 101), "max_payload_bytes"),
+    (dict(compression="lz4"), "compression"),
+    (dict(properties=[("_x", "1")], property_types=[("_x", "string")]), "starting with a letter"),
+    (dict(properties=[("a", "1"), ("a", "2")], property_types=[("a", "int32"), ("a", "int32")]), "twice"),
+    (dict(properties=[("a", "x")], property_types=[("a", "int32")]), "invalid int32"),
+    (dict(properties=[("a", "3000000000")], property_types=[("a", "int32")]), "out of range"),
+    (dict(properties=[("a", "yes")], property_types=[("a", "bool")]), "invalid bool"),
+    (dict(properties=[("a", "1")], property_types=[("a", "float")]), "a type among"),
+    (dict(properties=[("a", "1")], property_types=[("b", "int32")]), "same properties"),
+])
+def test_one_bad_message_refuses_the_batch_with_the_reason(override, reason):
+    assert reason in (columns.check(batch(**override), 100) or "")
+
+
+def test_undecodable_frames_say_why():
+    assert "not an Arrow IPC stream" in columns.decode(b"garbage")
+    assert "lacks column" in columns.decode(columns.encode(batch()).replace(b"payload", b"paylaod"))
+
+
+def test_relay_forwards_columns_up_and_routes_their_ack_back_or_answers_unknown():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", pb.Frame(open_queue=pb.OpenQueue(
+        request_id=1, queue_id=3, uri="taproot://d/q", write=True)))
+    qid = up.open_queue.queue_id
+    data = columns.encode(batch())
+    guids = columns.guids_of(batch())
+    (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
+    assert dest == UPSTREAM and frame.put_columns.queue_id == qid and relay.unacked_count == 5
+    (dest, frame), = relay.from_upstream(pb.Frame(ack_columns=pb.AckColumns(queue_id=qid, guids=guids)))
+    assert dest == "A" and frame.ack_columns.queue_id == 3 and relay.unacked_count == 0
+
+    relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
+    (dest, frame), = relay.upstream_lost("gone")
+    assert (dest, frame.ack_columns.guids, frame.ack_columns.code) == ("A", guids, ResultCode.UNKNOWN)
+    (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
+    # Routes are gone with the upstream: every GUID still gets an answer, never silence.
+    assert (frame.ack_columns.code, frame.ack_columns.guids) == (ResultCode.INVALID_ARGUMENT, guids)
