@@ -64,3 +64,17 @@ def cluster_from(conf_name: str, tmp_path_factory):
                          ephemeral_ports=True) as cluster:
         cluster.config_path = conf_dir / "cluster.toml"  # type: ignore[attr-defined]
         yield cluster
+
+
+def collect(queue, count: int, timeout_s: float = 60, confirm: bool = True) -> list:
+    """Up to `count` messages pushed to `queue` within `timeout_s`, each
+    confirmed as it arrives unless `confirm` is False."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        message = queue.get(timeout_s=0.5)
+        if message is not None:
+            got.append(message)
+            if confirm:
+                queue.confirm(message)
+    return got

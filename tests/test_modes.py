@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, Session, TaprootError
-from tests.conftest import wait_until
+from tests.conftest import collect, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,18 +29,6 @@ def post(address: str, uri: str, payloads, properties=None, **kw) -> list:
         for f in futures:
             f.exception(timeout=60)
         return futures
-
-
-def collect(queue, count: int, timeout_s: float = 60, confirm: bool = True) -> list:
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count and time.monotonic() < deadline:
-        message = queue.get(timeout_s=0.5)
-        if message is not None:
-            got.append(message)
-            if confirm:
-                queue.confirm(message)
-    return got
 
 
 def quiet(queue, seconds: float = 3.0) -> list:

@@ -17,7 +17,7 @@ from storage.spark import cache_dir
 from storage.tables import PartitionPaths
 from storage.views import register_views
 from taproot import Session
-from tests.conftest import wait_until
+from tests.conftest import collect, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,12 +31,7 @@ def post(address, uri, payloads, properties=None) -> list[bytes]:
 
 def consume(address, uri, count, confirm=True, timeout_s=90):
     with Session([address]) as session, session.open_queue(uri, read=True) as queue:
-        got = []
-        deadline = time.monotonic() + timeout_s
-        while len(got) < count and time.monotonic() < deadline:
-            message = queue.get(timeout_s=0.5)
-            if message is not None:
-                got.append(message)
+        got = collect(queue, count, timeout_s, confirm=False)
         if confirm:
             queue.confirm(got)
             queue.flush()
