@@ -23,13 +23,10 @@ from typing import Callable, Mapping
 
 import conf
 from conf import DomainConfig
-from protocol.expression import compile_expression
+from protocol.expression import compile_expression, sql_string
 
 log = logging.getLogger(__name__)
 
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def domain_apps_sql(domain: DomainConfig) -> str:
@@ -38,10 +35,10 @@ def domain_apps_sql(domain: DomainConfig) -> str:
     for app in domain.apps:
         text = domain.subscriptions.get(app)
         if text is None:
-            items.append(_sql_string(app))
+            items.append(sql_string(app))
         else:
             condition = compile_expression(text).to_spark_sql()
-            items.append(f"IF(coalesce({condition}, FALSE), {_sql_string(app)}, NULL)")
+            items.append(f"IF(coalesce({condition}, FALSE), {sql_string(app)}, NULL)")
     return f"array_compact(array({', '.join(items)}))" if any(
         a in domain.subscriptions for a in domain.apps) else f"array({', '.join(items)})"
 
@@ -50,7 +47,7 @@ def target_apps_sql(domains: Mapping[str, DomainConfig]) -> str:
     """One CASE over the row's domain. A domain the pipeline does not know
     (configured after it started, or removed) keeps the priority default [""]:
     the primary, which reloads too, decides what to do with it."""
-    branches = [f"WHEN {_sql_string(name)} THEN {domain_apps_sql(d)}"
+    branches = [f"WHEN {sql_string(name)} THEN {domain_apps_sql(d)}"
                 for name, d in sorted(domains.items()) if d.mode != "broadcast"]
     if not branches:
         return "array('')"

@@ -31,6 +31,7 @@ from typing import Callable
 import pyarrow as pa
 
 from protocol import ResultCode, parse_queue_uri
+from protocol.expression import sql_string
 from protocol.properties import maps_to_wire
 from storage import tables
 from taproot import Session, TaprootError
@@ -81,15 +82,12 @@ def select_history(spark, data_dir: str, partitions: int, source: str, *, since:
     df = reader.load(path).where((F.col("domain") == uri.domain) & (F.col("queue") == uri.queue))
     for bound, op in ((since, ">="), (until, "<")):
         if bound:
-            df = df.where(f"put_time {op} to_timestamp({_sql_string(bound)})")
+            df = df.where(f"put_time {op} to_timestamp({sql_string(bound)})")
     if where:
         df = df.where(where)
     return df.select("seq", "payload", "properties", "property_types", "compression", "put_time")
 
 
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class _Pacer:
@@ -133,7 +131,6 @@ def replay(spark, data_dir: str, partitions: int, hosts: list[str], source: str,
         if result.selected == 0:
             return result
         pacer = _Pacer(rate, original_rate)
-        codes = {name: code for name, code in ALGORITHMS.items()}
         with Session(hosts) as session, session.open_queue(target, write=True) as queue:
             futures: list[tuple[Future, int]] = []
             last_report = 0.0
@@ -151,7 +148,7 @@ def replay(spark, data_dir: str, partitions: int, hosts: list[str], source: str,
                     if n + 1 < len(starts):
                         ahead.append(fetcher.submit(fetch, starts[n + 1]))
                     if rate or original_rate:
-                        futures.extend((f, 1) for f in _post_slice(queue, chunk, pacer, codes))
+                        futures.extend((f, 1) for f in _post_slice(queue, chunk, pacer, ALGORITHMS))
                     else:  # full speed: columnar frames, checked and committed as a whole
                         for start in range(0, chunk.num_rows, bulk_rows):
                             part = chunk.slice(start, bulk_rows)

@@ -23,6 +23,7 @@ from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
 from primary.partition import Partition, PendingColumns, PendingConfirm, PendingPut, QueueState, send_acks
 from primary.quota import DomainQuota
 from protocol import ResultCode, columns, parse_queue_uri, pb, status, wire
+from protocol.codes import COMPRESSION_NAMES
 from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import validate_wire
 from protocol.stream import Link
@@ -31,7 +32,7 @@ from protocol.uri import QueueUri
 log = logging.getLogger(__name__)
 GUID_LENGTH = 16
 DOMAIN_POLL_S = 1.0
-COMPRESSIONS = (pb.COMPRESSION_NONE, pb.COMPRESSION_ZLIB, pb.COMPRESSION_ZSTD)
+COMPRESSIONS = (pb.COMPRESSION_NONE, *COMPRESSION_NAMES)
 
 
 @dataclass

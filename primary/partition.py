@@ -27,6 +27,7 @@ from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.maintenance import Compactor
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
+from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
 from protocol.properties import maps_to_wire, wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUSH_FRAME_MESSAGES_MAX = 1000
-COMPRESSION_NAMES: dict[int, str] = {pb.COMPRESSION_ZLIB: "zlib", pb.COMPRESSION_ZSTD: "zstd"}
-COMPRESSION_CODES: dict[str | None, int] = {name: code for code, name in COMPRESSION_NAMES.items()}
 
 
 @dataclass(eq=False)  # identity: used as a dict key
@@ -411,7 +410,7 @@ class Partition:
                     guid=guid, seq=columns["seq"][i], payload=payload,
                     properties=maps_to_wire(columns["properties"][i], columns["property_types"][i]),
                     put_time_us=producer[i] or 0, expires_us=put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
-                    compression=COMPRESSION_CODES.get(columns["compression"][i], 0))
+                    compression=COMPRESSION_CODES.get(columns["compression"][i] or "", 0))
                 for n, app in enumerate(remaining):
                     by_target.setdefault((state, app), []).append(base if n == 0 else base.for_app())
         for (state, app), messages in by_target.items():

@@ -48,3 +48,9 @@ def wire(code: ResultCode | int) -> "pb.ResultCode":
 
 def status(code: ResultCode | int, message: str = "") -> pb.Status:
     return pb.Status(code=wire(code), message=message)
+
+
+# Payload compression: the wire code of each algorithm and its name in the
+# tables' `compression` column (null there means none).
+COMPRESSION_CODES: dict[str, int] = {"zlib": pb.COMPRESSION_ZLIB, "zstd": pb.COMPRESSION_ZSTD}
+COMPRESSION_NAMES: dict[int, str] = {code: name for name, code in COMPRESSION_CODES.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from protocol.codes import COMPRESSION_CODES
 from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
 
 PROPERTY_MAP = pa.map_(pa.string(), pa.string())
@@ -22,7 +23,7 @@ SCHEMA = pa.schema([
     pa.field("compression", pa.string()),
 ])
 TYPES = ("bool", "int32", "int64", "string", "binary")
-COMPRESSIONS = ("zlib", "zstd")
+COMPRESSIONS = tuple(COMPRESSION_CODES)
 
 
 def encode(table: pa.Table) -> bytes:

@@ -350,7 +350,8 @@ def _eval(node: Node, props: Mapping[str, object], types: Mapping[str, str]) -> 
     return _int(quotient) if op == "/" else a - b * quotient
 
 
-def _sql_string(value: str) -> str:
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal for `value` (backslashes and quotes escaped)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -362,9 +363,9 @@ def _sql(node: Node, types: Mapping[str, str], props: str, ptypes: str) -> str:
             return "TRUE" if value else "FALSE"
         if isinstance(value, int):
             return f"CAST({value} AS BIGINT)" if value >= 0 else f"CAST('{value}' AS BIGINT)"
-        return _sql_string(value)
+        return sql_string(value)
     if kind == "prop":
-        name = _sql_string(node[1])
+        name = sql_string(node[1])
         type_ = types[node[1]]
         if type_ == INT:
             return (f"(CASE WHEN {ptypes}[{name}] IN ('int32', 'int64') "
@@ -373,7 +374,7 @@ def _sql(node: Node, types: Mapping[str, str], props: str, ptypes: str) -> str:
             return f"(CASE WHEN {ptypes}[{name}] = 'bool' THEN {props}[{name}] = 'true' END)"
         return f"(CASE WHEN {ptypes}[{name}] = 'string' THEN {props}[{name}] END)"
     if kind == "exists":
-        return f"coalesce(map_contains_key({props}, {_sql_string(node[1])}), FALSE)"
+        return f"coalesce(map_contains_key({props}, {sql_string(node[1])}), FALSE)"
     if kind == "not":
         return f"(NOT {_sql(node[1], types, props, ptypes)})"
     if kind == "neg":

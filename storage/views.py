@@ -30,6 +30,7 @@ import os
 
 import pyarrow as pa
 
+from protocol.expression import sql_string
 from storage import tables
 
 VIEWS = ("taproot_puts", "taproot_messages", "taproot_delivery", "taproot_confirms", "taproot_dead_letters",
@@ -74,9 +75,6 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
 
 def register_views(spark, data_dir: str = "data", partitions: list[int] | None = None) -> list[str]:
     """Register every Taproot view on `spark`; returns their names."""
@@ -95,7 +93,7 @@ def register_views(spark, data_dir: str = "data", partitions: list[int] | None =
     columns = []
     for row in sorted(kinds, key=lambda r: r.k):
         name = row.k if row.k not in base else f"property_{row.k}"
-        value = f"p.properties[{_string(row.k)}]"
+        value = f"p.properties[{sql_string(row.k)}]"
         types = set(row.types)
         if len(types) == 1 and next(iter(types)) in _SQL_TYPES:
             value = f"TRY_CAST({value} AS {_SQL_TYPES[next(iter(types))]})"

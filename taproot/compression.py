@@ -15,10 +15,11 @@ import zlib
 import zstandard
 
 from protocol import pb
+from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
 
 MIN_BYTES = 1024
-ALGORITHMS: dict[str, int] = {"zlib": pb.COMPRESSION_ZLIB, "zstd": pb.COMPRESSION_ZSTD}
-NAMES: dict[int, str] = {code: name for name, code in ALGORITHMS.items()}
+ALGORITHMS = COMPRESSION_CODES
+NAMES = COMPRESSION_NAMES
 _zstd_c = zstandard.ZstdCompressor(level=3)
 _zstd_d = zstandard.ZstdDecompressor()
 
