@@ -26,24 +26,41 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, Sequence
 
 from protocol.expression import Expression
-from protocol.properties import from_wire
+from protocol.properties import from_wire, maps_to_wire
 
 ConsumerKey = Hashable
 REASON_ATTEMPTS = "max_delivery_attempts"
 REASON_TTL = "ttl_expired"
 
 
-@dataclass
 class StoredMessage:
-    guid: bytes
-    seq: int
-    payload: bytes
-    properties: list  # list[pb.Property]; opaque here
-    put_time_us: int
-    delivery_count: int = 0
-    expires_us: int = 0          # primary clock; 0: never expires
-    compression: int = 0
-    _props: dict | None = field(default=None, repr=False)
+    """A message held for delivery to one app. Slotted, and its wire
+    properties are built only when first needed (push or subscription
+    matching): the primary may hold millions of these, and most are routed
+    long before anything reads their properties."""
+
+    __slots__ = ("guid", "seq", "payload", "_wire", "_maps", "put_time_us", "delivery_count", "expires_us",
+                 "compression", "_props")
+
+    def __init__(self, guid: bytes, seq: int, payload: bytes, properties: list | None = None,
+                 put_time_us: int = 0, delivery_count: int = 0, expires_us: int = 0, compression: int = 0,
+                 *, maps: tuple | None = None, _props: dict | None = None):
+        self.guid, self.seq, self.payload = guid, seq, payload
+        self._wire = properties   # list[pb.Property]; opaque here
+        self._maps = maps         # or the tables' (values, types) pair lists, turned into _wire on demand
+        self.put_time_us, self.delivery_count = put_time_us, delivery_count
+        self.expires_us = expires_us   # primary clock; 0: never expires
+        self.compression = compression
+        self._props = _props
+
+    def __repr__(self) -> str:
+        return f"StoredMessage(guid={self.guid.hex()}, seq={self.seq}, delivery_count={self.delivery_count})"
+
+    @property
+    def properties(self) -> list:
+        if self._wire is None:
+            self._wire = maps_to_wire(*self._maps) if self._maps else []
+        return self._wire
 
     @property
     def size(self) -> int:
@@ -57,8 +74,9 @@ class StoredMessage:
 
     def for_app(self) -> "StoredMessage":
         """A copy with its own delivery state, sharing payload and properties."""
-        return StoredMessage(self.guid, self.seq, self.payload, self.properties, self.put_time_us,
-                             self.delivery_count, self.expires_us, self.compression, self._props)
+        return StoredMessage(self.guid, self.seq, self.payload, self._wire, self.put_time_us,
+                             self.delivery_count, self.expires_us, self.compression, maps=self._maps,
+                             _props=self._props)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from primary.maintenance import Compactor
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.properties import maps_to_wire, wire_to_maps
+from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
 from taproot.clock import wall_time_us
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUSH_FRAME_MESSAGES_MAX = 1000
+ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
 
 
 @dataclass(eq=False)  # identity: used as a dict key
@@ -380,38 +381,48 @@ class Partition:
         self._delivery_version = latest
 
     def _route_delivered(self, rows: pa.Table, skip: set[tuple[bytes, str]] | None) -> None:
-        """Hand new delivery rows to each target app's dispatcher, in seq order."""
-        columns = {name: rows[name].to_pylist() for name in (
-            "domain", "queue", "guid", "seq", "payload", "properties", "property_types", "compression", "apps")}
+        """Hand new delivery rows to each target app's dispatcher, in seq order,
+        a chunk at a time so a large batch does not hold the lock for long."""
+        for start in range(0, rows.num_rows, ROUTE_CHUNK_ROWS):
+            self._route_chunk(rows.slice(start, ROUTE_CHUNK_ROWS), skip)
+
+    def _route_chunk(self, rows: pa.Table, skip: set[tuple[bytes, str]] | None) -> None:
+        domains, queues, guids, seqs, payloads, values, types, compressions, apps_of = (
+            rows[name].to_pylist() for name in ("domain", "queue", "guid", "seq", "payload", "properties",
+                                                "property_types", "compression", "apps"))
         producer = rows["producer_time"].cast(pa.int64()).to_pylist()
         put_time = rows["put_time"].cast(pa.int64()).to_pylist()
         by_target: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        key = state = None
         with self.lock:
             for i in range(rows.num_rows):
-                domain, queue = columns["domain"][i], columns["queue"][i]
-                state = self.queues.get((domain, queue))
-                if state is None:
-                    domain_config = self.config.domains.get(domain)
-                    if domain_config is None:
-                        log.error("delivery row for unknown domain %r: kept in storage only", domain)
-                        continue
-                    state = self.queue_state(QueueUri(domain, queue), domain_config)
-                guid = columns["guid"][i]
-                apps = columns["apps"][i]
-                apps = list(state.domain.apps) if apps is None else apps  # rows from before fanout existed
-                remaining = [a for a in apps if not skip or (guid, a) not in skip]
-                payload = columns["payload"][i]
+                if (domains[i], queues[i]) != key:
+                    key = (domains[i], queues[i])
+                    state = self.queues.get(key)
+                    if state is None:
+                        domain_config = self.config.domains.get(key[0])
+                        if domain_config is None:
+                            log.error("delivery row for unknown domain %r: kept in storage only", key[0])
+                            key = None
+                            continue
+                        state = self.queue_state(QueueUri(*key), domain_config)
+                assert state is not None
+                guid, apps = guids[i], apps_of[i]
+                if apps is None:
+                    apps = list(state.domain.apps)  # rows from before fanout existed
+                if skip:
+                    apps = [a for a in apps if (guid, a) not in skip]
+                payload = payloads[i]
                 if state.quota is not None:
-                    state.quota.delivered(queue, guid, len(payload), set(remaining))
-                if not remaining:
+                    state.quota.delivered(key[1], guid, len(payload), set(apps))
+                if not apps:
                     continue
                 ttl_ms = state.domain.message_ttl_ms
-                base = StoredMessage(
-                    guid=guid, seq=columns["seq"][i], payload=payload,
-                    properties=maps_to_wire(columns["properties"][i], columns["property_types"][i]),
-                    put_time_us=producer[i] or 0, expires_us=put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
-                    compression=COMPRESSION_CODES.get(columns["compression"][i] or "", 0))
-                for n, app in enumerate(remaining):
+                base = StoredMessage(guid, seqs[i], payload, None, producer[i] or 0,
+                                     expires_us=put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
+                                     compression=COMPRESSION_CODES.get(compressions[i] or "", 0),
+                                     maps=(values[i], types[i]) if values[i] else None)
+                for n, app in enumerate(apps):
                     by_target.setdefault((state, app), []).append(base if n == 0 else base.for_app())
         for (state, app), messages in by_target.items():
             self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))

@@ -321,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
     p.add_argument("--config", help="cluster.toml for the embedded cluster (default: the shipped one)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--replay", type=int, default=0, metavar="N",
+                   help="instead: fill a queue with N messages of --size, then time `taproot replay` of it")
     p.set_defaults(func=cmd_bench)
     return parser
 

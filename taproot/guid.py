@@ -32,6 +32,23 @@ class GuidGenerator:
             self._last = now if now > self._last else self._last + 1
             return _PACK.pack(self._last & 0xFFFF_FFFF_FFFF_FFFF, self._node_id)
 
+    def next_many(self, n: int) -> bytes:
+        """`n` GUIDs, concatenated (16 * n bytes): the same sequence `n` calls
+        of `next()` would give, made in one step (bulk posting)."""
+        import numpy as np
+
+        if n <= 0:
+            return b""
+        with self._lock:
+            now = self._clock_ns()
+            first = now if now > self._last else self._last + 1
+            self._last = first + n - 1
+        stamps = (np.arange(n, dtype=np.uint64) + np.uint64(first & 0xFFFF_FFFF_FFFF_FFFF)).astype(">u8")
+        out = np.empty((n, GUID_LENGTH), np.uint8)
+        out[:, :8] = stamps.view(np.uint8).reshape(n, 8)
+        out[:, 8:] = np.frombuffer(self._node_id, np.uint8)
+        return out.tobytes()
+
 
 def guid_hex(guid: bytes) -> str:
     return guid.hex().upper()

@@ -37,7 +37,7 @@ from taproot.batching import BatchPolicy, Batcher
 from taproot.clock import MonotonicClock, wall_time_us
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import compress, decompress
-from taproot.guid import GuidGenerator
+from taproot.guid import GUID_LENGTH, GuidGenerator
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -167,10 +167,10 @@ class Queue:
         n = table.num_rows
         if n == 0:
             raise errors.PostError("no rows to post")
-        guids = [self._session._guids.next() for _ in range(n)]
+        guids = self._session._guids.next_many(n)
         empty = pa.array([[]] * n, columns.PROPERTY_MAP)
         full = pa.table({
-            "guid": pa.array(guids, pa.binary()),
+            "guid": columns.fixed_width_binary(guids, GUID_LENGTH),
             "payload": table["payload"],
             "properties": table["properties"] if "properties" in table.column_names else empty,
             "property_types": table["property_types"] if "property_types" in table.column_names else empty,
@@ -181,7 +181,7 @@ class Queue:
             data = columns.encode(full)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise errors.PostError(f"columns do not fit the PutColumns schema: {exc}") from exc
-        return self._session._post_columns(self, b"".join(guids), data)
+        return self._session._post_columns(self, guids, data)
 
     def flush(self) -> None:
         """Send any batched PUTs and CONFIRMs now instead of after the linger time."""
@@ -514,15 +514,16 @@ class Session:
             self._on_acks(frame.ack.messages)
         elif kind == "ack_columns":
             ack = frame.ack_columns
+            guids = ack.guids  # one copy: each access of a protobuf bytes field copies it
             with self._lock:
-                future = self._pending_columns.pop(ack.guids, None)
+                future = self._pending_columns.pop(guids, None)
                 self._lock.notify_all()
             if future is not None:
                 if ack.code == ResultCode.SUCCESS:
-                    future.set_result([ack.guids[i:i + 16] for i in range(0, len(ack.guids), 16)])
+                    future.set_result([guids[i:i + 16] for i in range(0, len(guids), 16)])
                 else:
                     code = ResultCode(ack.code) if ack.code in ResultCode._value2member_map_ else ResultCode.UNKNOWN
-                    future.set_exception(errors.AckError(code, ack.message, ack.guids[:16]))
+                    future.set_exception(errors.AckError(code, ack.message, guids[:16]))
         elif kind == "push":
             for m in frame.push.messages:
                 q = self._queues.get(m.queue_id)

@@ -36,6 +36,17 @@ def test_guids_are_16_bytes_unique_and_increasing_even_when_the_clock_stalls():
     assert not set(guids) & {other.next() for _ in range(1000)}
 
 
+def test_next_many_continues_the_same_sequence_as_next():
+    clock = iter([1000, 1000, 999])
+    gen = GuidGenerator(clock_ns=lambda: next(clock), node_id=b"\x07" * 8)
+    one = gen.next()
+    many = gen.next_many(3)
+    after = gen.next()
+    batch = [many[i:i + GUID_LENGTH] for i in range(0, len(many), GUID_LENGTH)]
+    assert [one] + batch + [after] == [(1000 + i).to_bytes(8, "big") + b"\x07" * 8 for i in range(5)]
+    assert gen.next_many(0) == b""
+
+
 def test_group_policy():
     policy = GroupPolicy(max_items=10, max_bytes=1000, linger_ms=2)
     assert not policy.should_commit(0, 0, 100)

@@ -160,3 +160,29 @@ def test_replay_posts_selected_history_through_the_put_path_with_new_guids(clust
     assert [m.payload for m in got] == [b"a0", b"a1", b"a2", b"a3"] * 2  # PUT order, each replay in turn
     assert not {m.guid for m in got} & set(first)          # new GUIDs
     assert all(m.properties == {"region": "EU"} for m in got)
+
+
+def test_full_speed_replay_keeps_put_order_across_staged_files_and_cleans_up(cluster, spark):
+    import pyarrow as pa
+
+    from pipelines.replay import replay
+
+    source, target = "taproot://keep/bulk", "taproot://keep/bulk-replayed"
+    payloads = [b"m%05d" % i for i in range(3000)]
+    with Session([cluster.proxy_address]) as session, session.open_queue(source, write=True) as queue:
+        futures = [queue.post_columns(pa.table({"payload": pa.array(payloads[i:i + 1000], pa.binary())}))
+                   for i in range(0, len(payloads), 1000)]
+        posted = {g for f in futures for g in f.result(timeout=60)}
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: posted <= guids_in(paths.delivery), 90, what="the bulk messages delivered")
+
+    # Tiny staged files and frames: many files and many frames, all in PUT order.
+    result = replay(spark, cluster.data_dir, 1, [cluster.proxy_address], source, target,
+                    bulk_rows=250, stage_file_bytes=4000)
+    assert (result.selected, result.posted, result.acked, result.failed) == (3000, 3000, 3000, {})
+    assert result.select_seconds > 0 and result.rate > 0
+    assert not list((Path(cluster.data_dir) / "_replay").glob("*"))  # staging removed
+    with Session([cluster.proxy_address]) as session, session.open_queue(target, read=True) as queue:
+        got = collect(queue, 3000, 90)  # confirming as they come: more than one consumer window
+    assert [m.payload for m in got] == payloads
+    assert not {m.guid for m in got} & posted
