@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 JARS_STAMP := .cache/ivy/.delta-jars
 
-.PHONY: run test test-fast typecheck setup bench proto clean
+.PHONY: run test test-fast typecheck setup bench bench-compare proto clean
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -35,8 +35,16 @@ typecheck: $(STAMP)
 	$(BIN)/python -m pip install --quiet mypy
 	$(BIN)/python -m mypy taproot primary proxies replicas pipelines storage conf protocol
 
+# BlazingMQ's scenarios against an embedded cluster; plots and JSON in bench-out/.
 bench: setup
-	$(BIN)/taproot bench
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/taproot bench --scenario all --out bench-out
+
+# The same scenarios on Taproot, RabbitMQ (quorum queues) and NATS (JetStream),
+# each installed from Debian's packages if missing and started on loopback.
+bench-compare: setup
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/taproot bench --scenario all --compare --out bench-out
 
 proto: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'grpcio-tools>=1.85.1'

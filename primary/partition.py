@@ -400,12 +400,12 @@ class Partition:
                     key = (domains[i], queues[i])
                     state = self.queues.get(key)
                     if state is None:
-                        domain_config = self.config.domains.get(key[0])
+                        domain_config = self.config.domains.get(domains[i])
                         if domain_config is None:
-                            log.error("delivery row for unknown domain %r: kept in storage only", key[0])
+                            log.error("delivery row for unknown domain %r: kept in storage only", domains[i])
                             key = None
                             continue
-                        state = self.queue_state(QueueUri(*key), domain_config)
+                        state = self.queue_state(QueueUri(domains[i], queues[i]), domain_config)
                 assert state is not None
                 guid, apps = guids[i], apps_of[i]
                 if apps is None:
@@ -414,7 +414,7 @@ class Partition:
                     apps = [a for a in apps if (guid, a) not in skip]
                 payload = payloads[i]
                 if state.quota is not None:
-                    state.quota.delivered(key[1], guid, len(payload), set(apps))
+                    state.quota.delivered(queues[i], guid, len(payload), set(apps))
                 if not apps:
                     continue
                 ttl_ms = state.domain.message_ttl_ms

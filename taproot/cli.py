@@ -312,17 +312,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.set_defaults(func=cmd_check_config)
 
-    p = sub.add_parser("bench", help="measure PUT->ACK, PUT->PUSH and msg/s")
-    p.add_argument("--hosts", nargs="+", help="use a running cluster (default: start an embedded one)")
-    p.add_argument("--uri", default="taproot://bench/q1")
-    p.add_argument("--size", type=int, default=1024, help="payload bytes")
-    p.add_argument("--rate", type=float, default=10_000, help="msg/s for the latency run (0: max)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    p = sub.add_parser("bench", help="load tool: msg/s and PUT->ACK / PUT->PUSH latency, optionally vs peers",
+                       description="Producers and consumers as separate processes; BlazingMQ's scenarios; "
+                                   "RabbitMQ and NATS side by side with --compare.")
+    p.add_argument("--scenario", nargs="+", metavar="NAME",
+                   help="all, or: priority-1q priority-10q priority-100q fanout-5c fanout-30c broadcast-1c "
+                        "broadcast-5c (default: priority-1q)")
+    p.add_argument("--mode", choices=["priority", "fanout", "broadcast"], help="a custom scenario instead")
+    p.add_argument("--queues", type=int, help="custom scenario: queues")
+    p.add_argument("--producers", type=int, help="custom scenario: producers per queue")
+    p.add_argument("--consumers", type=int, help="custom scenario: consumers per queue (fanout: apps)")
+    p.add_argument("--size", type=int, help="payload bytes (default 1024)")
+    p.add_argument("--batch", type=int, help="messages a producer batches per send (default 1000)")
+    p.add_argument("--rate", type=float, help="msg/s over all producers (default 0: max)")
+    p.add_argument("--duration", type=float, help="seconds of producing (default 10)")
+    p.add_argument("--workers", type=int, default=2, help="processes per role (clients are spread over them)")
+    p.add_argument("--drain-idle", type=float, help="consumers stop after this long without a message once "
+                                                     "the producers are done (default 60 s Taproot, 10 s peers)")
+    p.add_argument("--system", choices=["taproot", "rabbitmq", "nats"], help="only this system")
+    p.add_argument("--compare", action="store_true",
+                   help="also RabbitMQ quorum queues and NATS JetStream (installed from Debian and started on "
+                        "loopback if needed) and print Taproot/peer ratios")
+    p.add_argument("--hosts", nargs="+", help="a running Taproot cluster (default: start an embedded one)")
     p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
-    p.add_argument("--config", help="cluster.toml for the embedded cluster (default: the shipped one)")
+    p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
+    p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--replay", type=int, default=0, metavar="N",
-                   help="instead: fill a queue with N messages of --size, then time `taproot replay` of it")
+                   help="instead: fill a queue with N messages of --size (default 32), then time replay of it")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -1,0 +1,173 @@
+"""`taproot bench`: a load tool in the manner of BlazingMQ's `bmqtool` auto mode.
+
+    taproot bench                                   # priority 1Q/1P/1C, 1 KiB, max rate, 10 s
+    taproot bench --scenario all --out bench-out    # BlazingMQ's published scenarios
+    taproot bench --mode fanout --consumers 5 --rate 10000 --duration 20
+    taproot bench --scenario all --compare          # also RabbitMQ and NATS, same scenarios
+    taproot bench --replay 1000000 --size 32        # replay throughput
+
+Producers and consumers run as separate processes against an embedded cluster
+(temp dir, ephemeral ports, the domains the scenarios need) or a running one
+(`--hosts`). Results: a summary per scenario on stdout, JSON (`--json`, and
+`results.json` in `--out`), and one PNG per run in `--out` (throughput and
+latency over time).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from taproot.bench.report import fmt_ms, plot
+from taproot.bench.scenarios import SCENARIOS, Scenario
+
+
+def scenarios_from(args) -> list[Scenario]:
+    names = args.scenario or []
+    if "all" in names:
+        names = list(SCENARIOS)
+    overrides = {k: v for k, v in (("size", args.size), ("rate", args.rate), ("duration_s", args.duration),
+                                   ("batch", args.batch)) if v is not None}
+    custom = {k: v for k, v in (("mode", args.mode), ("queues", args.queues), ("producers", args.producers),
+                                ("consumers", args.consumers)) if v is not None}
+    if custom and names:
+        raise ValueError("give --scenario or --mode/--queues/--producers/--consumers, not both")
+    if custom or not names:
+        return [Scenario("custom" if custom else "priority-1q", **custom, **overrides)]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {unknown[0]!r}; known: all, {', '.join(SCENARIOS)}")
+    return [SCENARIOS[n].with_(**overrides) for n in names]
+
+
+def write_bench_config(directory: Path, scenarios: list[Scenario]) -> Path:
+    """The shipped cluster.toml plus the domains the scenarios need."""
+    import conf
+    from taproot.bench.taproot_driver import domain_file, domain_name
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cluster_file = directory / "cluster.toml"
+    shutil.copy(conf.DEFAULT_CLUSTER_FILE, cluster_file)
+    domains = directory / "domains"
+    domains.mkdir(exist_ok=True)
+    for scenario in scenarios:
+        (domains / f"{domain_name(scenario)}.toml").write_text(domain_file(scenario))
+    return cluster_file
+
+
+def print_result(r: dict) -> None:
+    failed = sum(r["failed"].values())
+    print(f"{r['system']:>8} {r['label']}: produce {r['produce_msg_s']:,.0f} msg/s, consume "
+          f"{r['consume_msg_s']:,.0f} msg/s; acked {r['acked']:,} of {r['posted']:,} (failed {failed:,}), "
+          f"received {r['received']:,} of {r['expected_received']:,}")
+    print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
+    print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
+
+
+def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None) -> list[dict]:
+    from taproot.bench.runner import run
+
+    results = []
+    for scenario in scenarios:
+        print(f"{system}: {scenario.label}, {scenario.size} B, "
+              f"{'max rate' if not scenario.rate else f'{scenario.rate:,.0f} msg/s'}, {scenario.duration_s:g} s",
+              flush=True)
+        result = run(system, address, scenario, workers=args.workers,
+                     drain_idle_s=args.drain_idle if args.drain_idle is not None else
+                     (60.0 if system == "taproot" else 10.0))
+        print_result(result)
+        if out_dir is not None:
+            png = out_dir / f"{system}-{scenario.name}.png"
+            plot(result, str(png), f"{system}: {scenario.label}, {scenario.size} B")
+            result["plot"] = str(png)
+        results.append(result)
+    return results
+
+
+def main(args) -> int:
+    if args.replay:
+        return _replay_main(args)
+    try:
+        scenarios = scenarios_from(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"machine": {"cpus": mp.cpu_count(), "python": platform.python_version(),
+                                "platform": platform.platform()}, "runs": []}
+    systems = ["taproot"] + (["rabbitmq", "nats"] if args.compare else [])
+    if args.system:
+        systems = [args.system]
+    for system in systems:
+        if system == "taproot":
+            report["runs"] += _run_taproot(scenarios, args, out_dir)
+        else:
+            from taproot.bench import peers
+            with peers.server(system) as address:
+                report["runs"] += run_system(system, address, scenarios, args, out_dir)
+    if len(systems) > 1:
+        from taproot.bench.compare import table
+        print(table(report["runs"]))
+    for target in filter(None, [args.json, out_dir and str(out_dir / "results.json")]):
+        with open(target, "w") as fh:
+            json.dump(report, fh, indent=1)
+    failed = sum(sum(r["failed"].values()) for r in report["runs"])
+    return 1 if failed else 0
+
+
+def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[dict]:
+    if args.hosts:
+        return run_system("taproot", args.hosts[0], scenarios, args, out_dir)
+    from taproot.embedded import EmbeddedCluster
+
+    work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
+    config = write_bench_config(work / "conf", scenarios)
+    data_dir = args.data_dir or str(work / "data")
+    print(f"starting an embedded cluster in {data_dir} ...", flush=True)
+    with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
+        _warm_up(cluster.client_address, scenarios, args)
+        return run_system("taproot", cluster.client_address, scenarios, args, out_dir)
+
+
+def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
+    """A few seconds of traffic per mode first: Spark's first micro-batches
+    compile and load classes, which no steady state pays."""
+    from taproot.bench.runner import run
+
+    for mode in dict.fromkeys(s.mode for s in scenarios):
+        print(f"warm-up ({mode}) ...", flush=True)
+        warm = Scenario(f"warmup-{mode}", mode, consumers=1, rate=2000, duration_s=3)
+        run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False)
+
+
+def _replay_main(args) -> int:
+    import conf
+    from taproot.bench.replay import replay_scenario
+
+    size = args.size or 32
+    if args.hosts:
+        if not args.data_dir:
+            print("error: --replay with --hosts needs the cluster's --data-dir", file=sys.stderr)
+            return 2
+        config = conf.load(args.config, data_dir=args.data_dir)
+        result = replay_scenario(args.hosts[0], os.path.abspath(config.data_dir), config.partitions,
+                                 "taproot://bench/history", args.replay, size)
+    else:
+        from taproot.embedded import EmbeddedCluster
+        data_dir = args.data_dir or tempfile.mkdtemp(prefix="taproot-bench-")
+        print(f"starting an embedded cluster in {data_dir} ...", flush=True)
+        with EmbeddedCluster(args.config, data_dir, ephemeral_ports=True) as cluster:
+            result = replay_scenario(cluster.client_address, cluster.data_dir, cluster.config.partitions,
+                                     "taproot://bench/history", args.replay, size)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0

@@ -1,0 +1,111 @@
+"""Benchmark results: sustained rates, latency percentiles, time series, plots."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99, 100)
+
+
+@dataclass
+class Samples:
+    """Event times (epoch seconds) and latencies (ms), as compact arrays so
+    worker processes can ship millions of them."""
+    times: array = field(default_factory=lambda: array("d"))
+    latency_ms: array = field(default_factory=lambda: array("d"))
+
+    def add(self, at_s: float, latency_ms: float) -> None:
+        self.times.append(at_s)
+        self.latency_ms.append(latency_ms)
+
+    def extend(self, other: "Samples") -> None:
+        self.times.extend(other.times)
+        self.latency_ms.extend(other.latency_ms)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def percentiles(latency_ms) -> dict[str, float | None]:
+    if len(latency_ms) == 0:
+        return {("max" if q == 100 else f"p{q}"): None for q in PERCENTILES}
+    values = np.asarray(latency_ms)
+    return {("max" if q == 100 else f"p{q}"): float(np.percentile(values, q)) for q in PERCENTILES}
+
+
+def sustained_rate(times) -> float:
+    """Events per second between the first and the last event."""
+    if len(times) < 2:
+        return 0.0
+    span = max(times) - min(times)
+    return len(times) / span if span > 0 else 0.0
+
+
+def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict[str, list]:
+    """Per-bucket count (as msg/s) and latency p50/p99, from `start_s`."""
+    if not len(samples):
+        return {"t": [], "rate": [], "p50": [], "p99": []}
+    times = np.asarray(samples.times) - start_s
+    latency = np.asarray(samples.latency_ms)
+    buckets = np.floor(times / bucket_s).astype(np.int64)
+    out: dict[str, list] = {"t": [], "rate": [], "p50": [], "p99": []}
+    for b in range(int(buckets.min()), int(buckets.max()) + 1):
+        mask = buckets == b
+        n = int(mask.sum())
+        out["t"].append(b * bucket_s)
+        out["rate"].append(n / bucket_s)
+        out["p50"].append(float(np.percentile(latency[mask], 50)) if n else math.nan)
+        out["p99"].append(float(np.percentile(latency[mask], 99)) if n else math.nan)
+    return out
+
+
+def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int], start_s: float) -> dict:
+    return {
+        "posted": posted,
+        "acked": len(acks),
+        "failed": failed,
+        "received": len(pushes),
+        "produce_msg_s": sustained_rate(acks.times),
+        "consume_msg_s": sustained_rate(pushes.times),
+        "ack_ms": percentiles(acks.latency_ms),
+        "push_ms": percentiles(pushes.latency_ms),
+        "series": {"ack": time_series(acks, start_s), "push": time_series(pushes, start_s)},
+    }
+
+
+def fmt_ms(values: dict) -> str:
+    if values.get("p50") is None:
+        return "n/a"
+    return " ".join(f"{k}={v:,.1f}" for k, v in values.items()) + " ms"
+
+
+def plot(result: dict, path: str, title: str) -> None:
+    """Throughput and latency over time, one PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ack, push = result["series"]["ack"], result["series"]["push"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    top.plot(ack["t"], ack["rate"], marker=".", label="produce (ACKed msg/s)")
+    top.plot(push["t"], push["rate"], marker=".", label="consume (pushed msg/s)")
+    top.set_ylabel("msg/s")
+    top.legend(loc="upper right")
+    top.grid(alpha=0.3)
+    for series, name in ((ack, "PUT->ACK"), (push, "PUT->PUSH")):
+        if series["t"]:
+            bottom.plot(series["t"], series["p50"], marker=".", label=f"{name} p50")
+            bottom.plot(series["t"], series["p99"], marker=".", linestyle="--", label=f"{name} p99")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("latency, ms (log)")
+    bottom.set_xlabel("seconds since the first PUT")
+    bottom.legend(loc="upper right")
+    bottom.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

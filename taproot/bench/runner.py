@@ -1,0 +1,195 @@
+"""Run a scenario: producers and consumers in separate worker processes.
+
+Each producer and each consumer is its own client connection; they are spread
+over at most `workers` processes per role (spawned, not forked: gRPC and
+delta-rs do not survive fork). Every payload carries its send time in its
+first 8 bytes (nanoseconds, one machine, one clock), so PUT->PUSH is measured
+the same way for every system. PUT->ACK is the time from the post call to its
+acknowledgement, in the producer.
+
+Consumers attach first (broadcast only reaches consumers that are there).
+Producers post for `duration_s`, then wait for their ACKs. Consumers stop once
+they have what was ACKed for their queue, or after `drain_idle_s` without a
+message once the producers are done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+from taproot.bench.report import Samples, summarize
+from taproot.bench.scenarios import Scenario
+
+STAMP = struct.Struct(">Q")
+SYSTEMS = {"taproot": "taproot.bench.taproot_driver", "rabbitmq": "taproot.bench.rabbitmq_driver",
+           "nats": "taproot.bench.nats_driver"}
+
+
+def payload_factory(size: int):
+    filler = b"\x5a" * max(0, size - STAMP.size)
+
+    def make() -> bytes:
+        return STAMP.pack(time.time_ns()) + filler
+    return make
+
+
+def push_latency_ms(payload: bytes, now_ns: int) -> float:
+    return (now_ns - STAMP.unpack_from(payload)[0]) / 1e6
+
+
+@dataclass
+class Shared:
+    """What the main process and the workers share."""
+    ready: "mp.sharedctypes.Synchronized"        # consumers attached
+    start_at: "mp.sharedctypes.Synchronized"     # epoch s producers start; 0 until set
+    producers_done: "mp.synchronize.Event"
+    expected: "mp.sharedctypes.SynchronizedArray"  # per queue: ACKed messages (set when producers are done)
+    progress: "mp.sharedctypes.SynchronizedArray"  # [acked, received, failed]
+    received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
+    drain_idle_s: float
+
+    def consumer_done(self, queue: int, own: int, copies: int, idle_s: float) -> bool:
+        """Whether a consumer can stop: the producers are done and it has what
+        was ACKed (each copy in fanout/broadcast; its queue's share in
+        priority), or nothing came for `drain_idle_s`."""
+        if not self.producers_done.is_set():
+            return False
+        have = own if copies > 1 else self.received[queue]
+        return have >= self.expected[queue] or idle_s >= self.drain_idle_s
+
+    def add_progress(self, acked: int = 0, received: int = 0, failed: int = 0) -> None:
+        with self.progress.get_lock():
+            self.progress[0] += acked
+            self.progress[1] += received
+            self.progress[2] += failed
+
+
+def merge_producers(outs: list[tuple[int, dict]]) -> dict:
+    total, posted = Samples(), 0
+    failed: dict[str, int] = {}
+    per_queue: dict[int, int] = {}
+    for queue, out in outs:
+        total.extend(out["acks"])
+        posted += out["posted"]
+        per_queue[queue] = per_queue.get(queue, 0) + len(out["acks"])
+        for code, n in out["failed"].items():
+            failed[code] = failed.get(code, 0) + n
+    return {"acks": total, "posted": posted, "failed": failed, "acked_per_queue": per_queue}
+
+
+def merge_consumers(pushes: list[Samples]) -> dict:
+    total = Samples()
+    for p in pushes:
+        total.extend(p)
+    return {"pushes": total}
+
+
+def _worker(system: str, role: str, address: str, scenario: Scenario, clients: list[tuple[int, int]],
+            shared: Shared, results: "mp.Queue") -> None:
+    try:
+        driver = importlib.import_module(SYSTEMS[system])
+        if role == "producer":
+            out = driver.run_producers(address, scenario, clients, shared)
+        else:
+            out = driver.run_consumers(address, scenario, clients, shared)
+        results.put((role, out))
+    except BaseException as exc:  # reported by the main process, which then fails the run
+        import traceback
+        results.put((role, RuntimeError(f"{system} {role}: {exc}\n{traceback.format_exc()}")))
+
+
+def _spread(items: list, parts: int) -> list[list]:
+    parts = max(1, min(parts, len(items)))
+    return [items[i::parts] for i in range(parts)]
+
+
+def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
+        progress: bool = True) -> dict:
+    driver = importlib.import_module(SYSTEMS[system])
+    driver.prepare(address, scenario)
+    ctx = mp.get_context("spawn")
+    shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", scenario.queues),
+                    ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s)
+    results = ctx.Queue()
+    consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
+    producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
+    procs = [ctx.Process(target=_worker, args=(system, "consumer", address, scenario, group, shared, results),
+                         daemon=True) for group in _spread(consumers, workers)]
+    procs += [ctx.Process(target=_worker, args=(system, "producer", address, scenario, group, shared, results),
+                          daemon=True) for group in _spread(producers, workers)]
+    for p in procs:
+        p.start()
+    n_consumer_procs = len(_spread(consumers, workers))
+    try:
+        deadline = time.monotonic() + 120
+        while shared.ready.value < len(consumers):
+            _check_alive(procs, results)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
+            time.sleep(0.05)
+        start = time.time() + 1.0  # producers connect meanwhile
+        shared.start_at.value = start
+        acks, pushes, posted = Samples(), Samples(), 0
+        failed: dict[str, int] = {}
+        producer_results = consumer_results = 0
+        last_print = 0.0
+        per_queue = [0] * scenario.queues
+        while producer_results + consumer_results < len(procs):
+            if progress and time.monotonic() - last_print >= 1.0:
+                _print_progress(scenario, start, shared)
+                last_print = time.monotonic()
+            try:
+                role, out = results.get(timeout=0.2)
+            except Exception:
+                _check_alive(procs, results)
+                continue
+            if isinstance(out, BaseException):
+                raise out
+            if role == "producer":
+                producer_results += 1
+                acks.extend(out["acks"])
+                posted += out["posted"]
+                for code, n in out["failed"].items():
+                    failed[code] = failed.get(code, 0) + n
+                for q, n in out["acked_per_queue"].items():
+                    per_queue[q] += n
+                if producer_results == len(procs) - n_consumer_procs:
+                    for q, n in enumerate(per_queue):
+                        shared.expected[q] = n
+                    shared.producers_done.set()
+            else:
+                consumer_results += 1
+                pushes.extend(out["pushes"])
+        if progress:
+            _print_progress(scenario, start, shared)
+            sys.stderr.write("\n")
+    finally:
+        shared.producers_done.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    result = summarize(acks, pushes, posted, failed, start)
+    result["expected_received"] = sum(per_queue) * scenario.copies
+    result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
+                  rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch)
+    return result
+
+
+def _check_alive(procs, results) -> None:
+    for p in procs:
+        if p.exitcode not in (None, 0):
+            raise RuntimeError(f"a benchmark worker exited with code {p.exitcode}")
+
+
+def _print_progress(scenario: Scenario, start: float, shared: Shared) -> None:
+    acked, received, failed = shared.progress[:]
+    elapsed = max(0.0, time.time() - start)
+    sys.stderr.write(f"\r  {scenario.label}: {elapsed:5.1f} s  acked {acked:,}  failed {failed:,}  "
+                     f"received {received:,}   ")
+    sys.stderr.flush()
