@@ -144,7 +144,8 @@ def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
 
     for mode in dict.fromkeys(s.mode for s in scenarios):
         print(f"warm-up ({mode}) ...", flush=True)
-        warm = Scenario(f"warmup-{mode}", mode, consumers=1, rate=2000, duration_s=3)
+        first = next(s for s in scenarios if s.mode == mode)  # its domain exists in the bench config
+        warm = first.with_(name=f"warmup-{mode}", queues=1, rate=2000, duration_s=3)
         run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False)
 
 

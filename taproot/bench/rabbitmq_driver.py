@@ -88,92 +88,93 @@ def _in_threads(clients, target) -> list:
     return outs
 
 
+class _Producer:
+    """One producer: publishes on its I/O loop, up to `batch` unconfirmed."""
+
+    def __init__(self, address: str, scenario: Scenario, shared: Shared, q: int, rate_each: float):
+        self.scenario, self.shared, self.rate_each = scenario, shared, rate_each
+        self.exchange, queues = _names(scenario, q)
+        self.routing_key = queues[0] if scenario.mode == "priority" else ""
+        self.make = payload_factory(scenario.size)
+        self.props = pika.BasicProperties(delivery_mode=1 if scenario.mode == "broadcast" else 2)
+        self.acks = Samples()
+        self.failed: dict[str, int] = {}
+        self.inflight: collections.deque[tuple[int, int]] = collections.deque()  # (delivery tag, sent ns)
+        self.tag = self.posted = 0
+        self.stop_at = self.began = 0.0
+        self.unreported = [0, 0]  # acked, failed
+        self.reported_at = 0.0
+        self.channel = None
+        self.connection = _connect(address, self._on_channel)
+
+    def _on_channel(self, channel) -> None:
+        self.channel = channel
+        channel.confirm_delivery(self._on_confirm)
+        threading.Thread(target=self._wait_start, daemon=True).start()
+
+    def _wait_start(self) -> None:
+        while self.shared.start_at.value == 0:
+            time.sleep(0.01)
+        start = self.shared.start_at.value
+        time.sleep(max(0.0, start - time.time()))
+        self.stop_at, self.began = start + self.scenario.duration_s, time.perf_counter()
+        self.connection.ioloop.add_callback_threadsafe(self._pump)
+
+    def _settle(self, tag: int, multiple: bool, ok: bool) -> None:
+        now_ns, now_s = time.perf_counter_ns(), time.time()
+        done = []
+        if multiple:
+            while self.inflight and self.inflight[0][0] <= tag:
+                done.append(self.inflight.popleft())
+        else:
+            for i, item in enumerate(self.inflight):
+                if item[0] == tag:
+                    done.append(item)
+                    del self.inflight[i]
+                    break
+        for _, sent_ns in done:
+            if ok:
+                self.acks.add(now_s, (now_ns - sent_ns) / 1e6)
+                self.unreported[0] += 1
+            else:
+                self.failed["NACK"] = self.failed.get("NACK", 0) + 1
+                self.unreported[1] += 1
+
+    def _on_confirm(self, frame) -> None:
+        method = frame.method
+        self._settle(method.delivery_tag, method.multiple, isinstance(method, pika.spec.Basic.Ack))
+        self._pump()
+
+    def _pump(self) -> None:
+        if time.monotonic() - self.reported_at > 0.25:
+            self.shared.add_progress(acked=self.unreported[0], failed=self.unreported[1])
+            self.unreported = [0, 0]
+            self.reported_at = time.monotonic()
+        assert self.channel is not None
+        while len(self.inflight) < self.scenario.batch and time.time() < self.stop_at:
+            if self.rate_each:
+                delay = self.began + self.posted / self.rate_each - time.perf_counter()
+                if delay > 0:
+                    self.connection.ioloop.call_later(delay, self._pump)
+                    return
+            self.tag += 1
+            self.inflight.append((self.tag, time.perf_counter_ns()))
+            self.channel.basic_publish(self.exchange, self.routing_key, self.make(), self.props)
+            self.posted += 1
+        if time.time() >= self.stop_at and not self.inflight:
+            self.connection.close()  # every publish confirmed: the I/O loop ends
+
+
 def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
     rate_each = scenario.rate / (scenario.queues * scenario.producers) if scenario.rate else 0.0
-    mode = 1 if scenario.mode == "broadcast" else 2  # transient / persistent
 
     def producer(q: int, _n: int) -> tuple[int, dict]:
-        exchange, queues = _names(scenario, q)
-        routing_key = queues[0] if scenario.mode == "priority" else ""
-        make = payload_factory(scenario.size)
-        props = pika.BasicProperties(delivery_mode=mode)
-        acks = Samples()
-        failed: dict[str, int] = {}
-        inflight: collections.deque = collections.deque()  # (delivery tag, sent ns)
-        state = {"tag": 0, "posted": 0, "stop": 0.0, "began": 0.0, "pending": [0, 0], "report": 0.0}
-
-        def settle(tag: int, multiple: bool, ok: bool) -> None:
-            now_ns, now_s = time.perf_counter_ns(), time.time()
-            while inflight and (inflight[0][0] <= tag if multiple else inflight[0][0] == tag):
-                _, sent_ns = inflight.popleft()
-                if ok:
-                    acks.add(now_s, (now_ns - sent_ns) / 1e6)
-                    state["pending"][0] += 1
-                else:
-                    failed["NACK"] = failed.get("NACK", 0) + 1
-                    state["pending"][1] += 1
-            if not multiple and inflight and inflight[0][0] < tag:  # out-of-order single ack: find it
-                for i, (t, sent_ns) in enumerate(inflight):
-                    if t == tag:
-                        del inflight[i]
-                        if ok:
-                            acks.add(now_s, (now_ns - sent_ns) / 1e6)
-                            state["pending"][0] += 1
-                        break
-
-        def on_confirm(frame) -> None:
-            method = frame.method
-            settle(method.delivery_tag, method.multiple, isinstance(method, pika.spec.Basic.Ack))
-            pump()
-
-        def pump() -> None:
-            now = time.time()
-            if time.monotonic() - state["report"] > 0.25:
-                shared.add_progress(acked=state["pending"][0], failed=state["pending"][1])
-                state["pending"] = [0, 0]
-                state["report"] = time.monotonic()
-            if now >= state["stop"]:
-                if not inflight:
-                    connection.close()
-                return
-            while len(inflight) < scenario.batch and time.time() < state["stop"]:
-                if rate_each:
-                    due = state["began"] + state["posted"] / rate_each
-                    delay = due - time.perf_counter()
-                    if delay > 0:
-                        connection.ioloop.call_later(delay, pump)
-                        return
-                state["tag"] += 1
-                inflight.append((state["tag"], time.perf_counter_ns()))
-                channel.basic_publish(exchange, routing_key, make(), props)
-                state["posted"] += 1
-            if time.time() >= state["stop"] and not inflight:
-                connection.close()
-            elif time.time() >= state["stop"]:
-                connection.ioloop.call_later(0.05, pump)
-
-        def on_channel(ch) -> None:
-            nonlocal channel
-            channel = ch
-            ch.confirm_delivery(on_confirm)
-            threading.Thread(target=wait_start, daemon=True).start()
-
-        def wait_start() -> None:
-            while shared.start_at.value == 0:
-                time.sleep(0.01)
-            start = shared.start_at.value
-            time.sleep(max(0.0, start - time.time()))
-            state["stop"] = start + scenario.duration_s
-            state["began"] = time.perf_counter()
-            connection.ioloop.add_callback_threadsafe(pump)
-
-        channel = None
-        connection = _connect(address, on_channel)
-        connection.ioloop.start()
-        shared.add_progress(acked=state["pending"][0], failed=state["pending"][1])
-        for _ in inflight:
-            failed["NO_CONFIRM"] = failed.get("NO_CONFIRM", 0) + 1
-        return q, {"acks": acks, "posted": state["posted"], "failed": failed}
+        run = _Producer(address, scenario, shared, q, rate_each)
+        run.connection.ioloop.start()
+        shared.add_progress(acked=run.unreported[0], failed=run.unreported[1])
+        for _ in run.inflight:
+            run.failed["NO_CONFIRM"] = run.failed.get("NO_CONFIRM", 0) + 1
+        return q, {"acks": run.acks, "posted": run.posted, "failed": run.failed}
 
     return merge_producers(_in_threads(clients, producer))
 
@@ -182,13 +183,13 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
     def consumer(q: int, n: int) -> Samples:
         exchange, queues = _names(scenario, q)
         pushes = Samples()
-        state = {"last": time.monotonic(), "unreported": 0, "report": time.monotonic()}
+        state = {"last": time.monotonic(), "unreported": 0.0, "report": time.monotonic()}
 
         def report() -> None:
             if state["unreported"]:
-                shared.add_progress(received=state["unreported"])
+                shared.add_progress(received=int(state["unreported"]))
                 with shared.received.get_lock():
-                    shared.received[q] += state["unreported"]
+                    shared.received[q] += int(state["unreported"])
                 state["unreported"] = 0
             state["report"] = time.monotonic()
 

@@ -129,6 +129,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         deadline = time.monotonic() + 120
         while shared.ready.value < len(consumers):
             _check_alive(procs, results)
+            _raise_reported(results)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
             time.sleep(0.05)
@@ -179,6 +180,17 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch)
     return result
+
+
+def _raise_reported(results) -> None:
+    """A worker that failed before the run started (a refused open, say)."""
+    try:
+        role, out = results.get_nowait()
+    except Exception:
+        return
+    if isinstance(out, BaseException):
+        raise out
+    results.put((role, out))  # not expected before the start; keep it for the main loop
 
 
 def _check_alive(procs, results) -> None:

@@ -30,7 +30,7 @@ def domain_file(scenario: Scenario) -> str:
 
 
 def uri(scenario: Scenario, queue: int, consumer: int | None = None) -> str:
-    base = f"taproot://{domain_name(scenario)}/q{queue}"
+    base = f"taproot://{domain_name(scenario)}/{scenario.name}-q{queue}"
     return f"{base}?id=app{consumer}" if consumer is not None and scenario.mode == "fanout" else base
 
 
