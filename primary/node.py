@@ -277,6 +277,7 @@ class Node:
         handles = self._handles_of(link)
         nacks: list[tuple[Link, pb.AckMessage]] = []
         accepted: dict[Partition, tuple[list[PendingPut], int]] = {}
+        broadcasts: dict[int, tuple[OpenHandle, list[StoredMessage]]] = {}
         for message in batch.messages:
             handle = handles.get(message.queue_id)
             reason: tuple[ResultCode, str] | None = None
@@ -296,7 +297,9 @@ class Node:
                 if prop_reason:
                     reason = (ResultCode.INVALID_ARGUMENT, prop_reason)
                 elif handle.broadcast:
-                    self._broadcast(handle, message)
+                    broadcasts.setdefault(message.queue_id, (handle, []))[1].append(StoredMessage(
+                        guid=message.guid, seq=0, payload=message.payload, properties=list(message.properties),
+                        put_time_us=message.put_time_us, delivery_count=1, compression=message.compression))
                     nacks.append((link, pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
                                                       code=wire(ResultCode.SUCCESS))))
                     continue
@@ -318,6 +321,8 @@ class Node:
                 nacks.extend((i.link, pb.AckMessage(
                     queue_id=i.queue_id, guid=i.message.guid, code=wire(ResultCode.LIMIT_MESSAGES),
                     message="primary's pending PUT buffer is full")) for i in items)
+        for handle, messages in broadcasts.values():
+            self._broadcast(handle, messages)  # handed to the consumers before the ACKs go
         if nacks:
             send_acks(nacks)
 
@@ -362,13 +367,13 @@ class Node:
                     quota.unadmit(g)
             nack(ResultCode.LIMIT_MESSAGES, "primary's pending PUT buffer is full")
 
-    def _broadcast(self, handle: OpenHandle, message: pb.PutMessage) -> None:
+    def _broadcast(self, handle: OpenHandle, messages: list[StoredMessage]) -> None:
         """Broadcast mode: no storage, no pipeline. The consumers attached right
-        now get it (at-most-once); the PUT is ACKed once it is handed to them."""
-        stored = StoredMessage(guid=message.guid, seq=0, payload=message.payload,
-                               properties=list(message.properties), put_time_us=message.put_time_us,
-                               delivery_count=1, compression=message.compression)
-        handle.partition.route(handle.state, "", lambda d: d.broadcast(stored))
+        now get them (at-most-once); the PUTs are ACKed once handed to them.
+        One route per PUT frame and queue, so each consumer gets one PUSH frame
+        for the lot, not one per message."""
+        handle.partition.route(handle.state, "",
+                               lambda d: [push for m in messages for push in d.broadcast(m)])
 
     def _on_confirm(self, link: Link, batch: pb.ConfirmBatch) -> None:
         handles = self._handles_of(link)

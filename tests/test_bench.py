@@ -16,7 +16,7 @@ from taproot.bench.scenarios import SCENARIOS, Scenario
 
 
 def _args(**kw):
-    base = dict(scenario=None, size=None, rate=None, duration=None, batch=None, mode=None, queues=None,
+    base = dict(scenario=None, size=None, rate=None, duration=None, batch=None, window=None, mode=None, queues=None,
                 producers=None, consumers=None)
     base.update(kw)
     return argparse.Namespace(**base)

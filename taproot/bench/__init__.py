@@ -33,7 +33,7 @@ def scenarios_from(args) -> list[Scenario]:
     if "all" in names:
         names = list(SCENARIOS)
     overrides = {k: v for k, v in (("size", args.size), ("rate", args.rate), ("duration_s", args.duration),
-                                   ("batch", args.batch)) if v is not None}
+                                   ("batch", args.batch), ("window", args.window)) if v is not None}
     custom = {k: v for k, v in (("mode", args.mode), ("queues", args.queues), ("producers", args.producers),
                                 ("consumers", args.consumers)) if v is not None}
     if custom and names:

@@ -2,8 +2,8 @@
 
 A driver supplies, per client, an async `publish(payload)` that returns an
 awaitable completed on the broker's acknowledgement, and a consumer that
-calls `Recorder.received(payload)` then acknowledges. Up to `scenario.batch`
-publishes are in flight per producer (the same window Taproot's SDK batches)."""
+calls `Recorder.received(payload)` then acknowledges. Up to `scenario.window`
+publishes are unacknowledged per producer, as in every system's driver."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ async def produce(scenario: Scenario, shared: Shared, publish: Callable[[bytes],
     make = payload_factory(scenario.size)
     acks = Samples()
     failed: dict[str, int] = {}
-    window = asyncio.Semaphore(scenario.batch)
+    window = asyncio.Semaphore(scenario.window)
     pending = [0, 0]
     tasks: set[asyncio.Task] = set()
 

@@ -8,7 +8,7 @@
   publishes have no acknowledgement; the bench counts a message as ACKed when
   a PING after it is answered (`flush()`), that is, when the server has
   processed it.
-Async publishes with up to `batch` PubAcks outstanding per producer; consumers
+Async publishes with up to `window` PubAcks outstanding per producer; consumers
 fetch up to Taproot's consumer window at a time.
 """
 
@@ -76,7 +76,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
 
                 result = await aio.produce(scenario, shared, _with_final_flush(publish, nc, unflushed))
             else:
-                js = nc.jetstream(publish_async_max_pending=scenario.batch)
+                js = nc.jetstream(publish_async_max_pending=scenario.window)
 
                 async def publish(payload: bytes):
                     return await js.publish_async(subject, payload)

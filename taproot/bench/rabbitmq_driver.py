@@ -5,7 +5,7 @@ SelectConnection: one connection and I/O loop per client thread).
 - fanout: a fanout exchange bound to one quorum queue per app.
 - broadcast: a fanout exchange; each consumer binds its own exclusive,
   transient queue (like BlazingMQ broadcast: no storage, only who is there).
-Publisher confirms with up to `batch` unconfirmed per producer, manual
+Publisher confirms with up to `window` unconfirmed per producer, manual
 consumer acks, prefetch equal to Taproot's consumer window.
 
 pika's asynchronous API, not aio-pika: aio-pika's per-publish tasks capped a
@@ -89,7 +89,7 @@ def _in_threads(clients, target) -> list:
 
 
 class _Producer:
-    """One producer: publishes on its I/O loop, up to `batch` unconfirmed."""
+    """One producer: publishes on its I/O loop, up to `window` unconfirmed."""
 
     def __init__(self, address: str, scenario: Scenario, shared: Shared, q: int, rate_each: float):
         self.scenario, self.shared, self.rate_each = scenario, shared, rate_each
@@ -151,7 +151,7 @@ class _Producer:
             self.unreported = [0, 0]
             self.reported_at = time.monotonic()
         assert self.channel is not None
-        while len(self.inflight) < self.scenario.batch and time.time() < self.stop_at:
+        while len(self.inflight) < self.scenario.window and time.time() < self.stop_at:
             if self.rate_each:
                 delay = self.began + self.posted / self.rate_each - time.perf_counter()
                 if delay > 0:

@@ -178,7 +178,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     result = summarize(acks, pushes, posted, failed, start)
     result["expected_received"] = sum(per_queue) * scenario.copies
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
-                  rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch)
+                  rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)
     return result
 
 

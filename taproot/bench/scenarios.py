@@ -20,12 +20,13 @@ class Scenario:
     size: int = 1024
     rate: float = 0.0       # msg/s over all producers; 0: as fast as ACKs allow
     duration_s: float = 10.0
-    batch: int = 1000       # messages a producer sends per batch (SDK batching / in-flight window)
+    batch: int = 1000       # messages the Taproot SDK batches per PUT frame
+    window: int = 10_000    # unacknowledged PUTs a producer may have (every system)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        for name in ("queues", "producers", "consumers", "size", "batch"):
+        for name in ("queues", "producers", "consumers", "size", "batch", "window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.rate < 0 or self.duration_s <= 0:

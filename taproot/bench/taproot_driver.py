@@ -84,7 +84,8 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             return done
 
         posted = 0
-        with Session([address], batch=BatchPolicy(max_messages=scenario.batch)) as session:
+        with Session([address], batch=BatchPolicy(max_messages=scenario.batch),
+                     max_pending_puts=scenario.window) as session:
             with session.open_queue(uri(scenario, queue_index), write=True) as queue:
                 while shared.start_at.value == 0:
                     time.sleep(0.01)
