@@ -22,7 +22,7 @@ import time
 import pika
 
 from taproot.bench.report import Samples
-from taproot.bench.runner import Shared, merge_consumers, merge_producers, payload_factory, push_latency_ms
+from taproot.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
 from taproot.bench.scenarios import Scenario
 from taproot.bench.taproot_driver import CONSUMER_WINDOW
 
@@ -67,25 +67,6 @@ def _connect(address: str, on_channel) -> pika.SelectConnection:
         connection.ioloop.stop()
     return pika.SelectConnection(_params(address), on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
                                  on_open_error_callback=stop, on_close_callback=stop)
-
-
-def _in_threads(clients, target) -> list:
-    outs: list = [None] * len(clients)
-    errors: list[BaseException] = []
-
-    def run(i, client):
-        try:
-            outs[i] = target(*client)
-        except BaseException as exc:
-            errors.append(exc)
-    threads = [threading.Thread(target=run, args=(i, c), daemon=True) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return outs
 
 
 class _Producer:
@@ -176,7 +157,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             run.failed["NO_CONFIRM"] = run.failed.get("NO_CONFIRM", 0) + 1
         return q, {"acks": run.acks, "posted": run.posted, "failed": run.failed}
 
-    return merge_producers(_in_threads(clients, producer))
+    return merge_producers(in_threads(clients, producer))
 
 
 def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
@@ -230,4 +211,4 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
         report()
         return pushes
 
-    return merge_consumers(_in_threads(clients, consumer))
+    return merge_consumers(in_threads(clients, consumer))

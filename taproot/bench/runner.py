@@ -19,6 +19,7 @@ import importlib
 import multiprocessing as mp
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -67,6 +68,26 @@ class Shared:
             self.progress[0] += acked
             self.progress[1] += received
             self.progress[2] += failed
+
+
+def in_threads(clients: list, target) -> list:
+    """`target(*client)` for every client, each in its own thread; the results in order."""
+    outs: list = [None] * len(clients)
+    errors: list[BaseException] = []
+
+    def run(i, client):
+        try:
+            outs[i] = target(*client)
+        except BaseException as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(i, c), daemon=True) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return outs
 
 
 def merge_producers(outs: list[tuple[int, dict]]) -> dict:

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 from taproot.batching import BatchPolicy
 from taproot.bench.report import Samples
-from taproot.bench.runner import Shared, merge_consumers, merge_producers, payload_factory, push_latency_ms
+from taproot.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
 from taproot.bench.scenarios import Scenario
 from taproot.session import Session
 
@@ -36,25 +36,6 @@ def uri(scenario: Scenario, queue: int, consumer: int | None = None) -> str:
 
 def prepare(address: str, scenario: Scenario) -> None:
     """Queues are created on first open."""
-
-
-def _threads(clients, target) -> list:
-    outs: list = [None] * len(clients)
-    errors: list[BaseException] = []
-
-    def run(i, client):
-        try:
-            outs[i] = target(*client)
-        except BaseException as exc:
-            errors.append(exc)
-    threads = [threading.Thread(target=run, args=(i, c), daemon=True) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return outs
 
 
 def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
@@ -118,7 +99,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             shared.add_progress(acked=pending[0], failed=pending[1])
         return queue_index, {"acks": acks, "posted": posted, "failed": failed}
 
-    return merge_producers(_threads(clients, producer))
+    return merge_producers(in_threads(clients, producer))
 
 
 def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
@@ -149,4 +130,4 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 queue.flush()
         return pushes
 
-    return merge_consumers(_threads(clients, consumer))
+    return merge_consumers(in_threads(clients, consumer))
