@@ -38,8 +38,11 @@ def ensure_installed(system: str) -> None:
     print(f"installing {package} from Debian's packages ...", flush=True)
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run([*sudo, "apt-get", "install", "-y", "-q", package], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    install = [*sudo, "apt-get", "install", "-y", "-q", package]
+    if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+        # A fresh machine may have no package lists yet.
+        subprocess.run([*sudo, "apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(install, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def _wait_port(port: int, timeout_s: float, process: subprocess.Popen, log: Path) -> None:
