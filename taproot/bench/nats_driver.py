@@ -25,6 +25,7 @@ from taproot.bench.scenarios import Scenario
 from taproot.bench.taproot_driver import CONSUMER_WINDOW
 
 FETCH = 1000
+FLUSH_EVERY = 100  # broadcast: publishes per PING (their 'ACK')
 
 
 def _stream(scenario: Scenario, q: int) -> tuple[str, str]:
@@ -68,13 +69,21 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     await nc.publish(subject, payload)
                     done: asyncio.Future = asyncio.get_running_loop().create_future()
                     unflushed.append(done)
-                    if len(unflushed) >= min(scenario.batch, 100):
-                        waiting = list(unflushed)
-                        unflushed.clear()
-                        asyncio.ensure_future(_flush(nc, waiting))
+                    if len(unflushed) >= FLUSH_EVERY:
+                        asyncio.ensure_future(_flush(nc, _take(unflushed)))
                     return done
 
-                result = await aio.produce(scenario, shared, _with_final_flush(publish, nc, unflushed))
+                async def flusher() -> None:  # the last partial group, and a slow trickle
+                    while True:
+                        await asyncio.sleep(0.005)
+                        if unflushed:
+                            asyncio.ensure_future(_flush(nc, _take(unflushed)))
+
+                ticker = asyncio.ensure_future(flusher())
+                try:
+                    result = await aio.produce(scenario, shared, publish)
+                finally:
+                    ticker.cancel()
             else:
                 js = nc.jetstream(publish_async_max_pending=scenario.window)
 
@@ -98,16 +107,6 @@ async def _flush(nc, waiting: list) -> None:
     except Exception as exc:  # noqa: BLE001 - each waiting publish counts as failed
         for f in waiting:
             f.set_exception(exc)
-
-
-def _with_final_flush(publish, nc, unflushed: list):
-    """The last partial group is flushed by a timer so its 'ACKs' arrive too."""
-    async def wrapped(payload: bytes):
-        done = await publish(payload)
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.005, lambda: unflushed and asyncio.ensure_future(_flush(nc, _take(unflushed))))
-        return done
-    return wrapped
 
 
 def _take(items: list) -> list:
