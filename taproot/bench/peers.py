@@ -98,6 +98,7 @@ def server(system: str) -> Iterator[str]:
             process.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
-        if system == "rabbitmq":  # epmd outlives the broker
-            subprocess.run(["pkill", "-f", f"epmd.*{env['ERL_EPMD_PORT']}"], check=False)
+        if system == "rabbitmq":  # the broker's epmd (on its own port) outlives it
+            subprocess.run(["epmd", "-kill"], env=env, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
         shutil.rmtree(work, ignore_errors=True)
