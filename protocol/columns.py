@@ -41,7 +41,7 @@ def guids_of(table: pa.Table) -> bytes:
     offsets = column.buffers()[1]
     first, last = (int.from_bytes(offsets[4 * i:4 * i + 4], "little", signed=True)
                    for i in (column.offset, column.offset + len(column)))
-    return column.buffers()[2].to_pybytes()[first:last]
+    return column.buffers()[2][first:last].to_pybytes()
 
 
 def fixed_width_binary(data: bytes, width: int) -> pa.Array:

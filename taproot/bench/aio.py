@@ -91,9 +91,7 @@ class Recorder:
 
     def report(self) -> None:
         if self.unreported:
-            self.shared.add_progress(received=self.unreported)
-            with self.shared.received.get_lock():
-                self.shared.received[self.queue] += self.unreported
+            self.shared.add_received(self.queue, self.unreported)
             self.unreported = 0
         self.last_report = time.monotonic()
 

@@ -168,9 +168,7 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
 
         def report() -> None:
             if state["unreported"]:
-                shared.add_progress(received=int(state["unreported"]))
-                with shared.received.get_lock():
-                    shared.received[q] += int(state["unreported"])
+                shared.add_received(q, int(state["unreported"]))
                 state["unreported"] = 0
             state["report"] = time.monotonic()
 

@@ -54,6 +54,12 @@ class Shared:
     received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
     drain_idle_s: float
 
+    def add_received(self, queue: int, count: int) -> None:
+        """A consumer's receipts: the progress line and its queue's total."""
+        self.add_progress(received=count)
+        with self.received.get_lock():
+            self.received[queue] += count
+
     def consumer_done(self, queue: int, own: int, copies: int, idle_s: float) -> bool:
         """Whether a consumer can stop: the producers are done and it has what
         was ACKed (each copy in fanout/broadcast; its queue's share in

@@ -120,9 +120,7 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                         last_message = now
                         unreported += 1
                     if unreported and (message is None or now - last_report > 0.25):
-                        shared.add_progress(received=unreported)
-                        with shared.received.get_lock():
-                            shared.received[queue_index] += unreported
+                        shared.add_received(queue_index, unreported)
                         unreported, last_report = 0, now
                     if message is None and shared.consumer_done(queue_index, len(pushes), scenario.copies,
                                                                 now - last_message):
