@@ -94,6 +94,26 @@ class MaintenanceConfig:
 
 
 @dataclass(frozen=True)
+class HaConfig:
+    # A partition's primary renews its lease (a Delta commit) this often; when a
+    # follower has seen no renewal for lease_duration_ms it takes the partition.
+    # Failover takes about lease_duration_ms plus the new primary's recovery.
+    lease_duration_ms: int = 2000
+    lease_renew_interval_ms: int = 500
+    # Graceful stop (SIGTERM, `taproot node stop`): how long a stopping node
+    # waits for its peers to stop sending and for consumers to confirm what
+    # they hold before it hands its partitions over.
+    stop_timeout_ms: int = 10_000
+    # Retransmission buffers (SDK, proxies, forwarding nodes): PUTs kept until
+    # their ACK. For each queue the time bound is the smaller of this and the
+    # domain's dedup_history_window_ms (sent in the OpenQueue response), so a
+    # retransmitted PUT never outlives the GUID history that drops duplicates.
+    retransmission_timeout_ms: int = 60_000
+    retransmission_max_messages: int = 1_000_000
+    retransmission_max_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str = "local"
     data_dir: str = "data"            # local path or any URI delta-rs and Spark accept
@@ -103,6 +123,7 @@ class ClusterConfig:
     primary: PrimaryConfig = PrimaryConfig()
     pipeline: PipelineConfig = PipelineConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    ha: HaConfig = HaConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeConfig:
@@ -188,6 +209,12 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "retention_ms": (0, 100 * 365 * 24 * 3_600_000),
     "interval_s": (0, 30 * 24 * 3600),
     "vacuum_retention_hours": (0, 100 * 365 * 24),
+    "lease_duration_ms": (200, 600_000),
+    "lease_renew_interval_ms": (50, 300_000),
+    "stop_timeout_ms": (0, 3_600_000),
+    "retransmission_timeout_ms": (1000, 7 * 24 * 3_600_000),
+    "retransmission_max_messages": (1, 1 << 40),
+    "retransmission_max_bytes": (1024 * 1024, 1 << 50),
 }
 APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.~]{1,64}$")
 
@@ -295,12 +322,13 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     primary_raw = raw.pop("primary", {})
     pipeline_raw = raw.pop("pipeline", {})
     maintenance_raw = raw.pop("maintenance", {})
+    ha_raw = raw.pop("ha", {})
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha)")
     base = _build(ClusterConfig, cluster_raw, "cluster")
     top.update(dataclasses.asdict(base))
-    for key in ("nodes", "proxies", "primary", "pipeline", "maintenance", "domains"):
+    for key in ("nodes", "proxies", "primary", "pipeline", "maintenance", "ha", "domains"):
         top.pop(key)
     nodes = tuple(_build(NodeConfig, n, f"nodes[{i}]") for i, n in enumerate(nodes_raw or [{"name": "node1"}]))
     proxies = tuple(_build(ProxyConfig, p, f"proxies[{i}]") for i, p in enumerate(proxies_raw or []))
@@ -311,12 +339,16 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     for i, proxy in enumerate(proxies):
         if proxy.upstream and proxy.upstream not in {n.name for n in nodes}:
             raise ConfigError(f"proxies[{i}].upstream: no node named {proxy.upstream!r}")
+    ha = _build(HaConfig, ha_raw, "ha")
+    if ha.lease_renew_interval_ms * 2 > ha.lease_duration_ms:
+        raise ConfigError(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
+                          f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
     return ClusterConfig(
         **top, nodes=nodes, proxies=proxies,
         primary=_build(PrimaryConfig, primary_raw, "primary"),
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        domains=dict(domains),
+        ha=ha, domains=dict(domains),
     )
 
 

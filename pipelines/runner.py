@@ -27,18 +27,44 @@ DEFAULT_HISTORY_WINDOW_MS = 300_000
 
 
 class DeliveryNotifier:
-    """Tells the primary that new delivery rows exist. Best effort: the primary
-    also tails the log, so a lost notice costs latency, never messages."""
+    """Tells a partition's primary that new delivery rows exist. The primary is
+    whoever holds the partition's lease (its address is in the lease table);
+    `fallback` is used while no lease names one. Best effort: the primary also
+    tails the log, so a lost notice costs latency, never messages."""
 
-    def __init__(self, address: str | None):
-        self._stub = pb_grpc.BrokerStub(grpc.insecure_channel(address)) if address else None
+    LEASE_REFRESH_S = 1.0
+
+    def __init__(self, data_dir: str | None, fallback: str | None):
+        self._data_dir = data_dir
+        self._fallback = fallback
+        self._stubs: dict[str, pb_grpc.BrokerStub] = {}
+        self._leases: dict[int, tuple[float, str | None]] = {}
+
+    def _address(self, partition: int) -> str | None:
+        if self._data_dir is None:
+            return self._fallback
+        checked, address = self._leases.get(partition, (0.0, None))
+        if time.monotonic() - checked > self.LEASE_REFRESH_S:
+            from storage.leases import LeaseTable
+            try:
+                view = LeaseTable(tables.PartitionPaths(self._data_dir, partition).lease).read()
+            except Exception:  # a lease being written: keep the last answer
+                view = None
+            address = view.address if view is not None and view.address and not view.released else address
+            self._leases[partition] = (time.monotonic(), address)
+        return address or self._fallback
 
     def __call__(self, partition: int, batch_id: int) -> None:
-        if self._stub is None:
+        address = self._address(partition)
+        if address is None:
             return
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = pb_grpc.BrokerStub(grpc.insecure_channel(address))
         try:
-            self._stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0)
+            stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0)
         except grpc.RpcError as exc:
+            self._leases.pop(partition, None)  # perhaps a failover: look the primary up again
             log.debug("delivery notice for partition %d not delivered: %s", partition, exc.code())
 
 
@@ -124,9 +150,8 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    address = node_address or config.nodes[0].address
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
-    notifier = DeliveryNotifier(address)
+    notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
     window = history_window_ms(config)
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     log.info("pipeline warmed up in %.1f s", warm_up(spark, window))

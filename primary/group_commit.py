@@ -48,6 +48,7 @@ class GroupCommitter(Generic[T]):
         self._bytes = 0
         self._oldest_ms = 0.0
         self._stopping = False
+        self._committing = False
         self._thread = threading.Thread(target=self._run, name=f"commit-{name}", daemon=True)
 
     def start(self) -> None:
@@ -64,6 +65,12 @@ class GroupCommitter(Generic[T]):
             self._cond.notify()
         return True
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and no commit running (every item answered)."""
+        with self._cond:
+            return not self._items and not self._committing
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Commit what is waiting, then stop."""
         with self._cond:
@@ -78,6 +85,7 @@ class GroupCommitter(Generic[T]):
                 if self._policy.should_commit(len(self._items), self._bytes, waited) or (
                         self._stopping and self._items):
                     items, self._items, self._bytes = self._items, [], 0
+                    self._committing = True
                     return items
                 if self._stopping:
                     return None
@@ -96,3 +104,6 @@ class GroupCommitter(Generic[T]):
                 self._commit_fn(items)
             except Exception:  # pragma: no cover - defensive
                 log.exception("group commit %s: commit function raised", self.name)
+            finally:
+                with self._cond:
+                    self._committing = False

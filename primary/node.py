@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,20 @@ from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import validate_wire
 from protocol.stream import Link
 from protocol.uri import QueueUri
+from replicas.relay import RetransmissionLimits
+from replicas.upstream import Upstream
+from storage import tables
+from storage.leases import Action, Fenced, LeaseMachine, LeaseState, LeaseTable, LeaseView
+from taproot.clock import wall_time_us
 
 log = logging.getLogger(__name__)
 GUID_LENGTH = 16
 DOMAIN_POLL_S = 1.0
+PARTITION_READY_WAIT_S = 30.0
 COMPRESSIONS = (pb.COMPRESSION_NONE, *COMPRESSION_NAMES)
+
+
+_QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "configure_queue", "close_queue", "stop_request"})
 
 
 @dataclass
@@ -75,33 +85,239 @@ def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions)
 
 
 class Node:
+    """A cluster node: primary for the partitions whose lease it holds, and a
+    replica for the rest, relaying their queues' traffic to their primary
+    (`replicas.upstream.Upstream`, one per partition, with a retransmission
+    buffer). A lease keeper thread takes, renews and gives up leases
+    (`storage.leases`); a partition whose lease is won is recovered from Delta
+    and served; one whose lease is lost stops at once, and the links with
+    queues on it are ended so that the hops below resend to the new primary."""
+
     def __init__(self, config: ClusterConfig, name: str, domains_dir: Path | None = None):
         self.config = config
         self.name = name
+        self.address = ""
         self._quotas: dict[str, DomainQuota] = {
             d.name: DomainQuota(d) for d in config.domains.values() if d.has_quota}
-        self.partitions = [Partition(i, config, quota_for=self._quotas.get) for i in range(config.partitions)]
+        self.partitions: dict[int, Partition] = {}
         self._handles: dict[Link, dict[int, OpenHandle]] = {}
+        self._remote: dict[Link, dict[int, Upstream]] = {}   # queues relayed to another primary
         self._lock = threading.Lock()
         self._domains_dir = domains_dir
         self._domain_stamp = conf.domain_files(domains_dir) if domains_dir else {}
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch_domains, name="domain-watcher", daemon=True)
+        names = [n.name for n in config.nodes]
+        me = names.index(name) if name in names else 0
+        ha = config.ha
+        self._leases = [LeaseMachine(name, (me - p) % len(names), ha.lease_duration_ms, ha.lease_renew_interval_ms)
+                        for p in range(config.partitions)]
+        self._lease_tables = [LeaseTable(tables.PartitionPaths(config.data_dir, p).lease)
+                              for p in range(config.partitions)]
+        self._views: list[LeaseView | None] = [None] * config.partitions
+        self._ready = [threading.Event() for _ in range(config.partitions)]
+        self._lease_lock = threading.Lock()
+        self._keeper = threading.Thread(target=self._keep_leases, name="lease-keeper", daemon=True)
+        self._forwarders: dict[int, Upstream] = {}
+        self._limits = RetransmissionLimits(ha.retransmission_max_messages, ha.retransmission_max_bytes,
+                                            ha.retransmission_timeout_ms)
+        self.failovers: list[tuple[int, int, float]] = []   # (partition, epoch, seconds to serve)
+        self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
 
-    def start(self) -> None:
-        for partition in self.partitions:
-            partition.start()
+    def start(self, address: str = "") -> None:
+        """Start taking leases. `address` is where this node serves (written
+        into the lease so other nodes can relay to it)."""
+        self.address = address or self.config.node(self.name).address
+        self._keeper.start()
         if self._domains_dir is not None:
             self._watcher.start()
 
-    def stop(self) -> None:
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every partition has a known primary (this node or another)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(self._ready[p].is_set() or self._leader_addresses(p) for p in range(self.config.partitions)):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self, graceful: bool = True) -> None:
+        """Stop; gracefully (the default) means drain first (`drain`), then hand
+        every lease over at once instead of letting it lapse."""
+        if self._stopping.is_set():
+            return
+        if graceful:
+            self.drain()
         self._stopping.set()
-        for partition in self.partitions:
+        self._keeper.join(5)
+        for forwarder in list(self._forwarders.values()):
+            forwarder.stop()
+        with self._lease_lock:
+            for p, machine in enumerate(self._leases):
+                if machine.stop() is Action.RELEASE:
+                    try:
+                        self._lease_tables[p].release(machine.epoch, self.name, self.address, wall_time_us())
+                    except Exception:
+                        log.exception("partition %d: releasing the lease failed; it will lapse instead", p)
+        for partition in list(self.partitions.values()):
             partition.stop()
 
+    def drain(self) -> None:
+        """Graceful stop, BlazingMQ's StopRequest: push nothing new, ask every
+        peer below to stop sending PUTs (they keep them in their buffers for
+        the next primary), then wait until every PUT received is committed and
+        ACKed and every message pushed is confirmed, or `ha.stop_timeout_ms`.
+        ACKs and CONFIRMs keep flowing the whole time."""
+        deadline = time.monotonic() + self.config.ha.stop_timeout_ms / 1000
+        with self._lock:
+            links = {link: dict(handles) for link, handles in self._handles.items()}
+            links.update({link: {} for link in self._remote if link not in links})
+        for link, handles in links.items():
+            for queue_id, handle in handles.items():
+                if handle.read:
+                    handle.partition.route(handle.state, handle.app, functools.partial(
+                        QueueDispatcher.configure_consumer, key=(link, queue_id), options=ConsumerOptions(0, 0, 0)))
+            link.send(pb.Frame(stop_request=pb.StopRequest(
+                request_id=1, timeout_ms=self.config.ha.stop_timeout_ms)))
+
+        def answered() -> bool:
+            with self._lock:
+                return all(link in self._stopped_links or link.closed for link in links)
+
+        def drained() -> bool:
+            partitions = list(self.partitions.values())
+            unconfirmed = 0
+            for partition in partitions:
+                with partition.lock:
+                    unconfirmed += sum(d.unconfirmed_count for s in partition.queues.values()
+                                       for d in s.dispatchers.values())
+            return (unconfirmed == 0 and all(p.put_committer.idle and p.confirm_committer.idle for p in partitions)
+                    and all(f.relay.unacked_count == 0 for f in list(self._forwarders.values())))
+
+        for what, done in (("StopResponses", answered), ("ACKs and CONFIRMs", drained)):
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not done():
+                log.warning("node %s: stop timeout (%d ms) reached waiting for %s; going anyway", self.name,
+                            self.config.ha.stop_timeout_ms, what)
+                return
+        log.info("node %s: drained", self.name)
+
     def notify_delivery(self, partition: int) -> None:
-        if 0 <= partition < len(self.partitions):
-            self.partitions[partition].notify_delivery()
+        led = self.partitions.get(partition)
+        if led is not None:
+            led.notify_delivery()
+
+    # -- leases -------------------------------------------------------------
+    def _keep_leases(self) -> None:
+        ha = self.config.ha
+        interval_s = min(ha.lease_renew_interval_ms / 2, 100) / 1000
+        while not self._stopping.wait(interval_s):
+            for p in range(self.config.partitions):
+                try:
+                    self._keep_lease(p)
+                except Exception:
+                    log.exception("partition %d: lease keeping failed; retrying", p)
+
+    def _keep_lease(self, p: int) -> None:
+        machine, table = self._leases[p], self._lease_tables[p]
+        with self._lease_lock:
+            if self._stopping.is_set():
+                return
+            now = time.monotonic() * 1000
+            if machine.state is LeaseState.PRIMARY:
+                action = machine.tick(now)
+                if action is Action.RENEW:
+                    action = machine.renewed(table.renew(machine.epoch), now)
+            elif machine.state is LeaseState.FOLLOWER:
+                view = self._views[p] = table.read()
+                action = machine.observed(view, now)
+                if action is Action.ACQUIRE:
+                    epoch = machine.next_epoch()
+                    won = table.acquire(epoch, self.name, self.address, wall_time_us())
+                    action = machine.acquired(epoch if won else None, now)
+                    self._views[p] = table.read()
+            else:
+                return
+        if action is Action.BECOME_PRIMARY:
+            threading.Thread(target=self._become_primary, args=(p, machine.epoch, now), daemon=True,
+                             name=f"take-{p}").start()
+        elif action is Action.STEP_DOWN:
+            self._step_down(p, "lease lapsed or taken over")
+
+    def _become_primary(self, p: int, epoch: int, since_ms: float) -> None:
+        log.info("partition %d: lease epoch %d taken; fencing and recovering", p, epoch)
+        try:
+            partition = Partition(p, self.config, epoch=epoch, quota_for=self._quotas.get,
+                                  on_fenced=functools.partial(self._fenced, p))
+            partition.start()
+        except Fenced as exc:
+            log.warning("partition %d: a newer primary exists: %s", p, exc)
+            self._fenced(p)
+            return
+        except Exception:
+            log.exception("partition %d: could not start as primary; giving the lease up", p)
+            self._fenced(p)
+            return
+        with self._lease_lock:
+            current = self._leases[p].state is LeaseState.PRIMARY and self._leases[p].epoch == epoch
+        if not current or self._stopping.is_set():
+            partition.stop()
+            return
+        self.partitions[p] = partition
+        self._ready[p].set()
+        seconds = (time.monotonic() * 1000 - since_ms) / 1000
+        self.failovers.append((p, epoch, seconds))
+        log.info("partition %d: serving as primary, epoch %d (%.2f s after taking the lease)", p, epoch, seconds)
+
+    def _fenced(self, p: int) -> None:
+        with self._lease_lock:
+            action = self._leases[p].fenced()
+        if action is Action.STEP_DOWN or p in self.partitions:
+            self._step_down(p, "fenced by a newer primary")
+
+    def _step_down(self, p: int, why: str) -> None:
+        self._ready[p].clear()
+        partition = self.partitions.pop(p, None)
+        log.warning("partition %d: stepping down (%s)", p, why)
+        if partition is None:
+            return
+        # End every link with queues here: the hops below keep their PUTs and
+        # reopen through whichever node they reach next.
+        with self._lock:
+            doomed = [link for link, handles in self._handles.items()
+                      if any(h.partition is partition for h in handles.values())]
+        for link in doomed:
+            link.close()
+        threading.Thread(target=partition.stop, name=f"stop-{p}", daemon=True).start()
+
+    def _leader_addresses(self, p: int) -> list[str]:
+        """Where partition p's primary serves, as far as this node knows: []
+        while there is none (the relay then waits). Never this node unless it
+        is primary, so a relay cannot loop back into itself."""
+        view = self._views[p]
+        if view is None or not view.epoch or view.released or not view.address:
+            return []
+        if view.holder == self.name and self._leases[p].state not in (LeaseState.PRIMARY, LeaseState.ACQUIRING):
+            return []
+        return [view.address]
+
+    def _forwarder(self, p: int) -> Upstream:
+        with self._lock:
+            forwarder = self._forwarders.get(p)
+            if forwarder is None:
+                forwarder = self._forwarders[p] = Upstream(functools.partial(self._leader_addresses, p),
+                                                           name=f"{self.name}-p{p}", limits=self._limits)
+                forwarder.start()
+            return forwarder
+
+    def _local_partition(self, p: int) -> Partition | None | bool:
+        """The partition if this node leads it; None if it is becoming its
+        primary but not ready in time; False if another node leads it."""
+        if self._leases[p].state not in (LeaseState.PRIMARY, LeaseState.ACQUIRING) and p not in self.partitions:
+            return False
+        self._ready[p].wait(PARTITION_READY_WAIT_S)
+        return self.partitions.get(p)
 
     # -- configuration reload -------------------------------------------------
     def _watch_domains(self) -> None:
@@ -124,7 +340,7 @@ class Node:
         domain refuses new opens; its open queues carry on."""
         old = self.config.domains
         merged = dict(domains)
-        active = {key[0] for p in self.partitions for key in p.queues}
+        active = {key[0] for p in self.partitions.values() for key in p.queues}
         for name, domain in domains.items():
             previous = old.get(name)
             if previous is not None and previous.mode != domain.mode and name in active:
@@ -141,7 +357,7 @@ class Node:
             else:
                 self._quotas.pop(name, None)
         self.config = dataclasses.replace(self.config, domains=merged)
-        for partition in self.partitions:
+        for partition in list(self.partitions.values()):
             partition.config = self.config
             with partition.lock:
                 for (name, _), state in partition.queues.items():
@@ -157,8 +373,11 @@ class Node:
     def close_link(self, link: Link) -> None:
         with self._lock:
             handles = self._handles.pop(link, {})
+            remote = self._remote.pop(link, {})
         for queue_id, handle in handles.items():
             self._detach(link, queue_id, handle)
+        for forwarder in set(remote.values()):
+            forwarder.close_link(link)
 
     def _detach(self, link: Link, queue_id: int, handle: OpenHandle) -> None:
         with handle.partition.lock:
@@ -170,6 +389,12 @@ class Node:
     # -- frames -------------------------------------------------------------
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
         kind = frame.WhichOneof("body")
+        remote = self._remote.get(link)
+        if remote and kind in _QUEUE_FRAMES:
+            local = self._forward(link, kind, frame, remote)
+            if local is None:
+                return
+            frame = local
         handler = {
             "open_queue": self._on_open,
             "configure_queue": self._on_configure,
@@ -178,6 +403,7 @@ class Node:
             "put_columns": self._on_put_columns,
             "confirm": self._on_confirm,
             "stop_request": self._on_stop,
+            "stop_response": self._on_stop_response,
             "heartbeat": self._on_heartbeat,
         }.get(kind or "")
         if handler is None:
@@ -186,15 +412,49 @@ class Node:
             return
         handler(link, getattr(frame, kind))
 
+    def _forward(self, link: Link, kind: str, frame: pb.Frame, remote: dict[int, Upstream]) -> pb.Frame | None:
+        """Send the part of `frame` that concerns queues relayed to another
+        primary through their forwarders; return what is left for this node."""
+        if kind in ("put", "confirm"):
+            batch = getattr(frame, kind)
+            if not any(m.queue_id in remote for m in batch.messages):
+                return frame
+            by_forwarder: dict[Upstream, list] = {}
+            local = []
+            for message in batch.messages:
+                forwarder = remote.get(message.queue_id)
+                if forwarder is None:
+                    local.append(message)
+                else:
+                    by_forwarder.setdefault(forwarder, []).append(message)
+            frame_type = pb.PutBatch if kind == "put" else pb.ConfirmBatch
+            for forwarder, messages in by_forwarder.items():
+                forwarder.on_frame(link, pb.Frame(**{kind: frame_type(messages=messages)}))
+            return pb.Frame(**{kind: frame_type(messages=local)}) if local else None
+        if kind == "stop_request":
+            for forwarder in set(remote.values()):
+                forwarder.on_frame(link, frame)
+            return frame
+        body = getattr(frame, kind)
+        forwarder = remote.pop(body.queue_id, None) if kind == "close_queue" else remote.get(body.queue_id)
+        if forwarder is None:
+            return frame
+        forwarder.on_frame(link, frame)
+        return None
+
     def _handles_of(self, link: Link) -> dict[int, OpenHandle]:
         with self._lock:
             return self._handles.get(link, {})
 
     def _on_open(self, link: Link, req: pb.OpenQueue) -> None:
+        domain: DomainConfig | None = None
+
         def reply(code: ResultCode, message: str = "", max_payload: int = 0,
                   effective: ConsumerOptions | None = None) -> None:
             response = pb.OpenQueueResponse(request_id=req.request_id, queue_id=req.queue_id,
-                                            status=status(code, message), max_payload_bytes=max_payload)
+                                            status=status(code, message), max_payload_bytes=max_payload,
+                                            dedup_history_window_ms=domain.dedup_history_window_ms
+                                            if domain is not None else 0)
             if effective is not None:
                 response.options.CopyFrom(pb.QueueOptions(
                     max_unconfirmed_messages=effective.max_unconfirmed_messages,
@@ -229,9 +489,19 @@ class Node:
         if isinstance(options, str):
             return reply(ResultCode.INVALID_ARGUMENT, options)
         handles = self._handles_of(link)
-        if req.queue_id in handles:
+        if req.queue_id in handles or req.queue_id in self._remote.get(link, {}):
             return reply(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is already open on this session")
-        partition = self.partitions[partition_of(uri, len(self.partitions))]
+        index = partition_of(uri, self.config.partitions)
+        partition = self._local_partition(index)
+        if partition is False:
+            # Another node is this partition's primary: relay the queue there.
+            forwarder = self._forwarder(index)
+            with self._lock:
+                self._remote.setdefault(link, {})[req.queue_id] = forwarder
+            forwarder.on_frame(link, pb.Frame(open_queue=req))
+            return
+        if partition is None or partition is True:
+            return reply(ResultCode.NOT_READY, f"partition {index} has no primary yet (failover in progress)")
         state = partition.queue_state(uri, domain)
         with partition.lock:
             for wanted, count, limit, what in ((req.read, state.consumers, domain.max_consumers, "consumers"),
@@ -414,6 +684,10 @@ class Node:
                 handle.partition.route(handle.state, handle.app, functools.partial(
                     QueueDispatcher.configure_consumer, key=(link, queue_id), options=ConsumerOptions(0, 0, 0)))
         link.send(pb.Frame(stop_response=pb.StopResponse(request_id=req.request_id)))
+
+    def _on_stop_response(self, link: Link, resp: pb.StopResponse) -> None:
+        with self._lock:
+            self._stopped_links.add(link)
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:
         link.send(pb.Frame(heartbeat=beat))

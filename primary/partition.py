@@ -31,6 +31,7 @@ from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
+from storage.leases import Fenced
 from taproot.clock import wall_time_us
 
 if TYPE_CHECKING:
@@ -123,7 +124,8 @@ def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:
 
 class Partition:
     def __init__(self, index: int, config: ClusterConfig, epoch: int = 1,
-                 quota_for: Callable[[str], DomainQuota | None] = lambda _: None):
+                 quota_for: Callable[[str], DomainQuota | None] = lambda _: None,
+                 on_fenced: Callable[[], None] = lambda: None):
         self.index = index
         self.config = config
         self.paths = tables.PartitionPaths(config.data_dir, index)
@@ -133,9 +135,12 @@ class Partition:
         self.quota_for = quota_for
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA)
-        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA)
-        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA)
+        # Each appender first claims its table for this epoch (raises `Fenced`
+        # if a newer primary already has), and every commit carries the epoch.
+        self.on_fenced = on_fenced
+        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA, epoch=epoch)
+        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA, epoch=epoch)
+        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA, epoch=epoch)
         self._next_seq = self._max_column("seq") + 1
         # put_time never goes backwards within a partition: the pipeline uses it
         # as its watermark, and a row older than the watermark would be dropped.
@@ -273,6 +278,13 @@ class Partition:
         try:
             self._puts.append(batch)
             self.compactors[0].on_commit()
+        except Fenced as exc:
+            # A newer primary has the partition: nothing was written. No ACK:
+            # the node ends these links and the hops below resend the PUTs to
+            # the new primary from their retransmission buffers.
+            log.warning("partition %d: fenced, %d PUTs left to the new primary: %s", self.index, count, exc)
+            self.on_fenced()
+            return
         except Exception as exc:
             log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
             code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
@@ -321,6 +333,8 @@ class Partition:
         try:
             self._confirms.append(batch)
             self.compactors[1].on_commit()
+        except Fenced:
+            self.on_fenced()  # the new primary delivers these messages again
         except Exception:
             # Not fatal for correctness: an unpersisted confirm means the message
             # is delivered again after a restart (at-least-once).
@@ -344,6 +358,8 @@ class Partition:
         }, schema=tables.DEAD_LETTERS_SCHEMA)
         try:
             self._dead.append(batch)
+        except Fenced:
+            self.on_fenced()
         except Exception:
             # Like a lost confirm: after a restart the message is delivered again.
             log.exception("partition %d: dead-letter commit of %d rows failed", self.index, len(items))

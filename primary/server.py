@@ -31,10 +31,22 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
           cluster_file: str | None = None) -> None:
     node_conf = config.node(node_name)
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
-    node.start()
     log.info("node %s: data in %s", node_name, config.data_dir)
+
+    def started(bound: int) -> None:
+        node.start(f"{node_conf.host}:{bound}")
+        # Ready once every partition has a primary somewhere (this node or
+        # another), so a client connecting now is served.
+        if not node.wait_ready(60):
+            log.warning("node %s: some partitions have no primary yet; serving anyway", node_name)
+
+    def graceful() -> None:
+        node.drain()
+        node.stop(graceful=False)  # drained: release the leases, stop the partitions
+
     try:
         serve_broker(BrokerServicer(node), f"node {node_name}", node_conf.host,
-                     node_conf.port if port is None else port, ready_file=ready_file, stop_event=stop_event)
+                     node_conf.port if port is None else port, ready_file=ready_file, stop_event=stop_event,
+                     on_started=started, before_stop=graceful)
     finally:
-        node.stop()
+        node.stop(graceful=False)

@@ -123,10 +123,14 @@ def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerCo
 
 
 def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_file: str | None = None,
-                 stop_event: threading.Event | None = None) -> None:
+                 stop_event: threading.Event | None = None,
+                 on_started: Callable[[int], None] | None = None,
+                 before_stop: Callable[[], None] | None = None) -> None:
     """Serve `servicer` (a BrokerServicer) on host:port until SIGINT/SIGTERM or
     `stop_event`; write the ready file (with the bound port) once serving.
-    Returns after the server has stopped; the caller then stops its role."""
+    `on_started(port)` runs once bound, before the ready file; `before_stop`
+    runs while the server still serves (a graceful drain). Returns after the
+    server has stopped; the caller then stops its role."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
                          options=SERVER_GRPC_OPTIONS)
     pb_grpc.add_BrokerServicer_to_server(servicer, server)
@@ -135,13 +139,20 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
         raise SystemExit(f"{role}: cannot bind {host}:{port}")
     server.start()
     log.info("%s serving on %s:%d", role, host, bound)
-    write_ready_file(ready_file, port=bound, host=host)
     stop = stop_event or threading.Event()
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    if on_started is not None:
+        on_started(bound)
+    write_ready_file(ready_file, port=bound, host=host)
     stop.wait()
     log.info("%s stopping", role)
+    if before_stop is not None:
+        try:
+            before_stop()
+        except Exception:
+            log.exception("%s: graceful stop failed; stopping anyway", role)
     server.stop(grace=2).wait()
 
 

@@ -80,18 +80,20 @@ class OpenQueue(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
-    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options")
+    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_HISTORY_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     status: Status
     max_payload_bytes: int
     options: QueueOptions
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ...) -> None: ...
+    dedup_history_window_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., dedup_history_window_ms: _Optional[int] = ...) -> None: ...
 
 class ConfigureQueue(_message.Message):
     __slots__ = ("request_id", "queue_id", "options")

@@ -1,60 +1,125 @@
-"""Relay: what every forwarding hop does (proxies now, replicas later).
+"""Relay: what every forwarding hop does (proxies, and nodes that forward to a
+partition's primary).
 
 Many downstream sessions share one upstream session. The relay gives each
 downstream (link, queue id) its own upstream queue id and each downstream
-request its own upstream request id, rewrites frames both ways, and remembers
-the PUTs it sent up until their ACK comes back, so that if the upstream link
-is lost every one of them still gets an answer (UNKNOWN: it may have been
-persisted) instead of silence.
+request its own upstream request id, and rewrites frames both ways.
+
+**Retransmission buffer.** Every PUT sent up stays in the buffer until its ACK
+comes back. When the upstream is lost the relay keeps its routes and buffer;
+PUTs that arrive meanwhile join the buffer. When an upstream is connected again
+(the same node or another one: `upstream_restored`), the relay reopens every
+queue with its current options, then resends the buffered PUTs in their
+original order. The partition's pipeline drops the duplicates by GUID within
+the domain's history window, and the relay forwards only the first ACK of a
+GUID, so a producer sees exactly one ACK per PUT.
+
+The buffer is bounded by count, bytes and time (`RetransmissionLimits`). A PUT
+beyond the count or bytes bound is refused at once (LIMIT_MESSAGES /
+LIMIT_BYTES); one that waited longer than the time bound (which must not
+exceed the dedup history window) is answered TIMEOUT by `expire`. Never silence.
+
+**StopRequest.** When the upstream sends StopRequest (its node is stopping),
+the relay answers StopResponse and from then on keeps PUTs in the buffer
+instead of sending them; ACKs, PUSHes and CONFIRMs keep flowing until the
+upstream goes, and the buffer goes to the next upstream. A StopRequest from a
+downstream client pauses PUSHes to its consumers.
+
+While disconnected: opens and configures wait for the next upstream; closes
+complete at once; CONFIRMs are dropped (the message is delivered again, as
+BlazingMQ does).
 
 Pure: frames in, `(destination, frame)` pairs out; `UPSTREAM` or a downstream
-link is the destination. Not thread safe: the owner serialises calls.
+link is the destination, and a `None` frame means "close that downstream link"
+(used when a queue cannot be reopened). Time comes in as `now_ms`. Not thread
+safe: the owner serialises calls.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable
 
 from protocol import ResultCode, pb, status, wire
 
 UPSTREAM = "upstream"
-Out = list[tuple[object, pb.Frame]]
+Out = list[tuple[object, "pb.Frame | None"]]
+PUT_FRAME_MESSAGES_MAX = 1000
+
+
+@dataclass(frozen=True)
+class RetransmissionLimits:
+    max_messages: int = 1_000_000
+    max_bytes: int = 1 << 30
+    timeout_ms: int = 300_000        # <= every domain's dedup_history_window_ms
 
 
 @dataclass
 class _Route:
     link: Hashable
-    queue_id: int      # the downstream queue id
+    queue_id: int                   # the downstream queue id
     read: bool
+    open_request: pb.OpenQueue      # as sent up (upstream ids), options kept current
+    open: bool = False              # the upstream answered SUCCESS on this connection
+    timeout_ms: float = 0.0         # retransmission time bound (min of the limit and the dedup window)
 
 
 @dataclass
 class _Request:
-    link: Hashable
-    request_id: int    # the downstream request id
+    link: Hashable | None           # None: the relay's own reopen
+    request_id: int                 # the downstream request id
     kind: str
     upstream_queue_id: int
 
 
+@dataclass
+class _Buffered:
+    frame: pb.PutMessage | pb.PutColumns
+    nbytes: int
+    count: int
+    since_ms: float
+    deadline_ms: float
+    link: Hashable
+    queue_id: int                   # downstream queue id, for answers from the relay itself
+
+
 class Relay:
-    def __init__(self) -> None:
+    def __init__(self, limits: RetransmissionLimits | None = None, connected: bool = True):
+        self.limits = limits or RetransmissionLimits()
         self._queue_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self._up: dict[tuple[Hashable, int], int] = {}     # (link, down qid) -> up qid
         self._routes: dict[int, _Route] = {}               # up qid -> route
         self._requests: dict[int, _Request] = {}           # up request id -> request
-        self._unacked: dict[tuple[int, bytes], None] = {}  # (up qid, guid) of PUTs sent up
-        self._unacked_columns: dict[tuple[int, bytes], None] = {}  # (up qid, the frame's GUIDs)
-        self.connected = True
+        # (up qid, guid or the columnar frame's GUIDs) -> what to resend, in PUT order
+        self._buffer: "OrderedDict[tuple[int, bytes], _Buffered]" = OrderedDict()
+        self._buffered_bytes = 0
+        self._buffered_messages = 0
+        self.connected = connected
+        self.stopping = False            # the upstream sent StopRequest: hold PUTs
+        self.now_ms = 0.0
 
     @property
     def unacked_count(self) -> int:
-        return len(self._unacked) + sum(len(g) // 16 for _, g in self._unacked_columns)
+        return self._buffered_messages
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self._buffered_bytes
+
+    def routes_of(self, link: Hashable) -> int:
+        return sum(1 for (owner, _) in self._up if owner == link)
+
+    @property
+    def sending(self) -> bool:
+        return self.connected and not self.stopping
 
     # -- downstream -> upstream ---------------------------------------------
-    def from_downstream(self, link: Hashable, frame: pb.Frame) -> Out:
+    def from_downstream(self, link: Hashable, frame: pb.Frame, now_ms: float | None = None) -> Out:
+        if now_ms is not None:
+            self.now_ms = now_ms
         kind = frame.WhichOneof("body")
         if kind == "put":
             return self._put(link, frame.put)
@@ -70,38 +135,39 @@ class Relay:
             return [(link, frame)]
         if kind == "stop_request":
             return self._stop(link, frame.stop_request)
+        if kind == "stop_response":
+            return []  # a client acknowledging our StopRequest
         reason = "empty frame" if kind is None else f"a {kind} frame is not valid from a client"
         return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, reason))))]
 
     def _open(self, link: Hashable, req: pb.OpenQueue) -> Out:
-        def fail(code: ResultCode, message: str) -> Out:
-            return [(link, pb.Frame(open_queue_response=pb.OpenQueueResponse(
-                request_id=req.request_id, queue_id=req.queue_id, status=status(code, message))))]
-        if not self.connected:
-            return fail(ResultCode.NOT_CONNECTED, "proxy has no upstream connection")
         if (link, req.queue_id) in self._up:
-            return fail(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is already open on this session")
+            return [(link, pb.Frame(open_queue_response=pb.OpenQueueResponse(
+                request_id=req.request_id, queue_id=req.queue_id, status=status(
+                    ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is already open on this session"))))]
         up_qid = next(self._queue_ids)
         up_req = next(self._request_ids)
-        self._up[(link, req.queue_id)] = up_qid
-        self._routes[up_qid] = _Route(link, req.queue_id, req.read)
-        self._requests[up_req] = _Request(link, req.request_id, "open_queue", up_qid)
         up = pb.OpenQueue()
         up.CopyFrom(req)
         up.queue_id, up.request_id = up_qid, up_req
-        return [(UPSTREAM, pb.Frame(open_queue=up))]
+        self._up[(link, req.queue_id)] = up_qid
+        self._routes[up_qid] = _Route(link, req.queue_id, req.read, up, timeout_ms=self.limits.timeout_ms)
+        self._requests[up_req] = _Request(link, req.request_id, "open_queue", up_qid)
+        # While disconnected the open waits: `upstream_restored` sends it.
+        return [(UPSTREAM, pb.Frame(open_queue=up))] if self.connected else []
 
     def _queue_request(self, link: Hashable, kind: str, req) -> Out:
         up_qid = self._up.get((link, req.queue_id))
-        if up_qid is None or not self.connected:
-            response_kind = f"{kind}_response"
-            code, text = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open")
-                          if up_qid is None else (ResultCode.NOT_CONNECTED, "proxy has no upstream connection"))
-            response = pb.Frame()
-            body = getattr(response, response_kind)
-            body.request_id, body.queue_id = req.request_id, req.queue_id
-            body.status.CopyFrom(status(code, text))
-            return [(link, response)]
+        if up_qid is None:
+            return [(link, _response(kind, req, ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open"))]
+        route = self._routes[up_qid]
+        if kind == "configure_queue":
+            route.open_request.options.CopyFrom(req.options)  # a reopen uses the latest options
+        if not self.connected:
+            if kind == "close_queue":
+                self._forget_route(up_qid)
+            # Configure: the reopen carries the new options. Close: nothing upstream to close.
+            return [(link, _response(kind, req, ResultCode.SUCCESS))]
         up_req = next(self._request_ids)
         self._requests[up_req] = _Request(link, req.request_id, kind, up_qid)
         frame = pb.Frame()
@@ -110,19 +176,49 @@ class Relay:
         body.queue_id, body.request_id = up_qid, up_req
         return [(UPSTREAM, frame)]
 
+    def _admit(self, nbytes: int, count: int) -> tuple[ResultCode, str] | None:
+        if self._buffered_messages + count > self.limits.max_messages:
+            return ResultCode.LIMIT_MESSAGES, (f"retransmission buffer holds {self._buffered_messages} PUTs "
+                                               f"(limit {self.limits.max_messages})")
+        if self._buffered_bytes + nbytes > self.limits.max_bytes:
+            return ResultCode.LIMIT_BYTES, (f"retransmission buffer holds {self._buffered_bytes} bytes "
+                                            f"(limit {self.limits.max_bytes})")
+        return None
+
+    def _hold(self, key: tuple[int, bytes], entry: _Buffered) -> None:
+        previous = self._buffer.pop(key, None)
+        if previous is not None:  # the same GUID again: keep one copy
+            self._buffered_bytes -= previous.nbytes
+            self._buffered_messages -= previous.count
+        self._buffer[key] = entry
+        self._buffered_bytes += entry.nbytes
+        self._buffered_messages += entry.count
+
+    def _release(self, key: tuple[int, bytes]) -> _Buffered | None:
+        entry = self._buffer.pop(key, None)
+        if entry is not None:
+            self._buffered_bytes -= entry.nbytes
+            self._buffered_messages -= entry.count
+        return entry
+
     def _put(self, link: Hashable, batch: pb.PutBatch) -> Out:
         out_messages, nacks = [], []
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
-            if up_qid is None or not self.connected:
-                code, text = ((ResultCode.INVALID_ARGUMENT, f"queue id {message.queue_id} is not open")
-                              if up_qid is None else (ResultCode.NOT_CONNECTED, "proxy has no upstream"))
-                nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid, code=wire(code),
-                                           message=text))
+            refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {message.queue_id} is not open")
+                       if up_qid is None else self._admit(len(message.payload), 1))
+            if refused is not None:
+                nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid, code=wire(refused[0]),
+                                           message=refused[1]))
                 continue
+            assert up_qid is not None
+            down_qid = message.queue_id
             message.queue_id = up_qid
-            self._unacked[(up_qid, message.guid)] = None
-            out_messages.append(message)
+            self._hold((up_qid, message.guid), _Buffered(message, len(message.payload), 1, self.now_ms,
+                                                         self.now_ms + self._routes[up_qid].timeout_ms, link,
+                                                         down_qid))
+            if self.sending and self._routes[up_qid].open:
+                out_messages.append(message)
         out: Out = []
         if out_messages:
             out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=out_messages))))
@@ -137,15 +233,22 @@ class Relay:
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))]
         guids = columns.guids_of(table)
         up_qid = self._up.get((link, req.queue_id))
-        if up_qid is None or not self.connected:
-            code, text = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
-                          else (ResultCode.NOT_CONNECTED, "proxy has no upstream"))
-            return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids, code=wire(code),
-                                                              message=text)))]
-        self._unacked_columns[(up_qid, guids)] = None
-        return [(UPSTREAM, pb.Frame(put_columns=pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)))]
+        refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
+                   else self._admit(len(req.arrow_ipc), table.num_rows))
+        if refused is not None:
+            return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
+                                                              code=wire(refused[0]), message=refused[1])))]
+        assert up_qid is not None
+        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)
+        self._hold((up_qid, guids), _Buffered(up, len(req.arrow_ipc), table.num_rows, self.now_ms,
+                                              self.now_ms + self._routes[up_qid].timeout_ms, link, req.queue_id))
+        if self.sending and self._routes[up_qid].open:
+            return [(UPSTREAM, pb.Frame(put_columns=up))]
+        return []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
+        if not self.connected:
+            return []  # not buffered: the primary delivers it again (BlazingMQ does the same)
         messages = []
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
@@ -157,9 +260,12 @@ class Relay:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.
         out: Out = []
         for (owner, _), up_qid in self._up.items():
-            if owner == link and self._routes[up_qid].read:
-                out.append((UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
-                    request_id=0, queue_id=up_qid, options=pb.QueueOptions()))))
+            route = self._routes[up_qid]
+            if owner == link and route.read:
+                route.open_request.options.CopyFrom(pb.QueueOptions())
+                if self.connected:
+                    out.append((UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
+                        request_id=0, queue_id=up_qid, options=pb.QueueOptions()))))
         out.append((link, pb.Frame(stop_response=pb.StopResponse(request_id=req.request_id))))
         return out
 
@@ -167,57 +273,73 @@ class Relay:
         """Close upstream every queue the departed link had open (the primary
         then redelivers its unconfirmed messages)."""
         out: Out = []
-        for (owner, down_qid), up_qid in list(self._up.items()):
+        for (owner, _), up_qid in list(self._up.items()):
             if owner != link:
                 continue
-            del self._up[(owner, down_qid)]
-            del self._routes[up_qid]
-            out.append((UPSTREAM, pb.Frame(close_queue=pb.CloseQueue(request_id=0, queue_id=up_qid))))
+            self._forget_route(up_qid)
+            if self.connected:
+                out.append((UPSTREAM, pb.Frame(close_queue=pb.CloseQueue(request_id=0, queue_id=up_qid))))
         for key in [r for r, req in self._requests.items() if req.link == link]:
             del self._requests[key]
-        # Unacked PUTs of the link stay tracked until their ACK (then dropped).
+        # Its PUTs already sent stay buffered until their ACK (then dropped);
+        # the ones not sent yet have no queue to go to once it is closed.
+        for key, entry in list(self._buffer.items()):
+            if entry.link == link and key[0] not in self._routes:
+                self._release(key)
         return out
 
+    def _forget_route(self, up_qid: int) -> None:
+        route = self._routes.pop(up_qid, None)
+        if route is not None:
+            self._up.pop((route.link, route.queue_id), None)
+
     # -- upstream -> downstream ---------------------------------------------
-    def from_upstream(self, frame: pb.Frame) -> Out:
+    def from_upstream(self, frame: pb.Frame, now_ms: float | None = None) -> Out:
+        if now_ms is not None:
+            self.now_ms = now_ms
         kind = frame.WhichOneof("body")
         if kind == "ack":
-            return self._route_batch(frame.ack.messages, "ack", pb.AckBatch, track_acks=True)
+            return self._route_acks(frame.ack.messages)
         if kind == "push":
-            return self._route_batch(frame.push.messages, "push", pb.PushBatch)
+            return self._route_pushes(frame.push.messages)
         if kind == "ack_columns":
             ack = frame.ack_columns
-            self._unacked_columns.pop((ack.queue_id, ack.guids), None)
-            route = self._routes.get(ack.queue_id)
-            if route is None:
-                return []
-            ack.queue_id = route.queue_id
-            return [(route.link, pb.Frame(ack_columns=ack))]
+            entry = self._release((ack.queue_id, ack.guids))
+            if entry is None:
+                return []  # a retransmitted frame's second ACK
+            ack.queue_id = entry.queue_id
+            return [(entry.link, pb.Frame(ack_columns=ack))]
         if kind in ("open_queue_response", "configure_queue_response", "close_queue_response"):
             return self._response(kind, getattr(frame, kind))
+        if kind == "stop_request":
+            self.stopping = True
+            return [(UPSTREAM, pb.Frame(stop_response=pb.StopResponse(request_id=frame.stop_request.request_id)))]
         if kind == "error":
             request = self._requests.pop(frame.error.request_id, None)
-            if request is not None:
+            if request is not None and request.link is not None:
                 error = pb.FrameError(request_id=request.request_id, status=frame.error.status)
                 return [(request.link, pb.Frame(error=error))]
         return []  # heartbeats and stop responses to the relay itself
 
-    def _route_batch(self, messages, field: str, batch_type, track_acks: bool = False) -> Out:
+    def _route_acks(self, acks) -> Out:
+        by_link: dict[Hashable, list] = {}
+        for ack in acks:
+            entry = self._release((ack.queue_id, ack.guid))
+            if entry is None:
+                continue  # the second ACK of a retransmitted PUT, or one already answered
+            ack.queue_id = entry.queue_id
+            by_link.setdefault(entry.link, []).append(ack)
+        return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in by_link.items()]
+
+    def _route_pushes(self, messages) -> Out:
         by_link: dict[Hashable, list] = {}
         for message in messages:
-            if track_acks:
-                self._unacked.pop((message.queue_id, message.guid), None)
             route = self._routes.get(message.queue_id)
             if route is None:
                 continue  # the downstream link is gone; the primary redelivers PUSHes
             message.queue_id = route.queue_id
             by_link.setdefault(route.link, []).append(message)
-        out: Out = []
-        for link, items in by_link.items():
-            frame = pb.Frame()
-            getattr(frame, field).CopyFrom(batch_type(messages=items))
-            out.append((link, frame))
-        return out
+        return [(link, pb.Frame(push=pb.PushBatch(messages=items))) for link, items in by_link.items()]
 
     def _response(self, kind: str, body) -> Out:
         request = self._requests.pop(body.request_id, None)
@@ -227,33 +349,153 @@ class Relay:
         if route is None:
             return []
         failed = body.status.code != ResultCode.SUCCESS
-        if (kind == "open_queue_response" and failed) or kind == "close_queue_response":
-            self._up.pop((route.link, route.queue_id), None)
-            self._routes.pop(request.upstream_queue_id, None)
+        out: Out = []
+        if kind == "open_queue_response":
+            if failed:
+                if request.link is None:
+                    # A reopen after failover was refused: the client must start
+                    # over, so end its session (it reconnects and reopens itself).
+                    out.extend(self._fail_route(request.upstream_queue_id, body.status))
+                    return out + [(route.link, None)]
+                self._forget_route(request.upstream_queue_id)
+            else:
+                route.open = True
+                window = body.dedup_history_window_ms
+                if window > 0:
+                    route.timeout_ms = min(self.limits.timeout_ms, window)
+                out.extend(self._resend(request.upstream_queue_id))
+        elif kind == "close_queue_response":
+            self._forget_route(request.upstream_queue_id)
+        if request.link is None:
+            return out  # the relay's own reopen: the client already has its answer
         body.request_id, body.queue_id = request.request_id, route.queue_id
         frame = pb.Frame()
         getattr(frame, kind).CopyFrom(body)
-        return [(request.link, frame)]
+        return [(request.link, frame)] + out
 
-    def upstream_lost(self, reason: str) -> Out:
-        """Answer every PUT still in flight (UNKNOWN) and forget all routes; the
-        owner closes the downstream links so that clients reconnect."""
-        self.connected = False
-        by_link: dict[Hashable, list[pb.AckMessage]] = {}
-        for up_qid, guid in self._unacked:
-            route = self._routes.get(up_qid)
-            if route is not None:
-                by_link.setdefault(route.link, []).append(pb.AckMessage(
-                    queue_id=route.queue_id, guid=guid, code=wire(ResultCode.UNKNOWN), message=reason))
-        out: Out = [(link, pb.Frame(ack=pb.AckBatch(messages=acks))) for link, acks in by_link.items()]
-        for up_qid, guids in self._unacked_columns:
-            route = self._routes.get(up_qid)
-            if route is not None:
-                out.append((route.link, pb.Frame(ack_columns=pb.AckColumns(
-                    queue_id=route.queue_id, guids=guids, code=wire(ResultCode.UNKNOWN), message=reason))))
-        self._unacked_columns.clear()
-        self._unacked.clear()
-        self._up.clear()
-        self._routes.clear()
-        self._requests.clear()
+    def _fail_route(self, up_qid: int, why: pb.Status) -> Out:
+        """Answer the buffered PUTs of a route that cannot be reopened, and drop it."""
+        out: Out = []
+        for key, entry in list(self._buffer.items()):
+            if key[0] == up_qid:
+                self._release(key)
+                out.append(self._answer(entry, ResultCode(why.code) if why.code in ResultCode._value2member_map_
+                                        else ResultCode.UNKNOWN, f"queue could not be reopened: {why.message}"))
+        self._forget_route(up_qid)
         return out
+
+    @staticmethod
+    def _answer(entry: _Buffered, code: ResultCode, text: str) -> tuple[object, pb.Frame]:
+        if isinstance(entry.frame, pb.PutColumns):
+            from protocol import columns
+            table = columns.decode(entry.frame.arrow_ipc)
+            guids = b"" if isinstance(table, str) else columns.guids_of(table)
+            return entry.link, pb.Frame(ack_columns=pb.AckColumns(queue_id=entry.queue_id, guids=guids,
+                                                                  code=wire(code), message=text))
+        return entry.link, pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
+            queue_id=entry.queue_id, guid=entry.frame.guid, code=wire(code), message=text)]))
+
+    def _resend(self, up_qid: int | None = None) -> Out:
+        """The buffered PUTs (of one queue, or of every open one), in PUT order."""
+        if not self.sending:
+            return []
+        out: Out = []
+        singles: list[pb.PutMessage] = []
+        for (qid, _), entry in self._buffer.items():
+            if (up_qid is not None and qid != up_qid) or not self._routes.get(qid, _CLOSED).open:
+                continue
+            if isinstance(entry.frame, pb.PutColumns):
+                if singles:
+                    out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
+                    singles = []
+                out.append((UPSTREAM, pb.Frame(put_columns=entry.frame)))
+            else:
+                singles.append(entry.frame)
+                if len(singles) >= PUT_FRAME_MESSAGES_MAX:
+                    out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
+                    singles = []
+        if singles:
+            out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
+        return out
+
+    # -- the upstream connection ---------------------------------------------
+    def upstream_lost(self) -> Out:
+        """Keep routes and buffered PUTs for the next upstream. Requests in
+        flight are answered by the reopen (opens) or here (the rest)."""
+        self.connected = False
+        self.stopping = False
+        out: Out = []
+        for up_req, request in list(self._requests.items()):
+            route = self._routes.get(request.upstream_queue_id)
+            if request.kind == "open_queue" and route is not None and request.link is not None:
+                continue  # answered when the reopen is answered
+            del self._requests[up_req]
+            if request.link is None or route is None:
+                continue
+            if request.kind == "close_queue":
+                self._forget_route(request.upstream_queue_id)
+            # configure: the options are kept in the route and go with the reopen.
+            out.append((request.link, _response(request.kind, _Ids(request.request_id, route.queue_id),
+                                                ResultCode.SUCCESS)))
+        for route in self._routes.values():
+            route.open = False
+        return out
+
+    def upstream_restored(self) -> Out:
+        """A new upstream session: reopen every queue, then (as each reopen
+        succeeds) resend its buffered PUTs in order."""
+        self.connected = True
+        self.stopping = False
+        out: Out = []
+        pending_opens = {r.upstream_queue_id: up_req for up_req, r in self._requests.items()
+                         if r.kind == "open_queue"}
+        for up_qid, route in self._routes.items():
+            up_req = pending_opens.get(up_qid)
+            if up_req is None:  # opened on an earlier upstream: the relay reopens it itself
+                up_req = next(self._request_ids)
+                self._requests[up_req] = _Request(None, 0, "open_queue", up_qid)
+            route.open_request.request_id = up_req
+            out.append((UPSTREAM, pb.Frame(open_queue=route.open_request)))
+        return out
+
+    def expire(self, now_ms: float) -> Out:
+        """Answer TIMEOUT for PUTs buffered longer than their queue's time bound.
+        The buffer is in arrival order, so the scan stops at the first PUT too
+        young for even the shortest bound."""
+        self.now_ms = now_ms
+        shortest = min((r.timeout_ms for r in self._routes.values()), default=self.limits.timeout_ms)
+        expired = []
+        for key, entry in self._buffer.items():
+            if entry.since_ms > now_ms - shortest:
+                break
+            if entry.deadline_ms <= now_ms:
+                expired.append(key)
+        out: Out = []
+        acks: dict[Hashable, list[pb.AckMessage]] = {}
+        for key in expired:
+            entry = self._release(key)
+            assert entry is not None
+            link, frame = self._answer(entry, ResultCode.TIMEOUT, "no ACK within the retransmission time bound "
+                                       f"({entry.deadline_ms - entry.since_ms:.0f} ms)")
+            if frame.WhichOneof("body") == "ack":
+                acks.setdefault(link, []).extend(frame.ack.messages)
+            else:
+                out.append((link, frame))
+        return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in acks.items()] + out
+
+
+@dataclass
+class _Ids:
+    request_id: int
+    queue_id: int
+
+
+_CLOSED = _Route(None, 0, False, pb.OpenQueue())
+
+
+def _response(kind: str, req, code: ResultCode, text: str = "") -> pb.Frame:
+    response = pb.Frame()
+    body = getattr(response, f"{kind}_response")
+    body.request_id, body.queue_id = req.request_id, req.queue_id
+    body.status.CopyFrom(status(code, text))
+    return response

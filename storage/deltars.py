@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from storage.leases import FencedAppender
 from storage.tables import TABLE_PROPERTIES
 
 
@@ -47,12 +48,18 @@ APPEND_ATTEMPTS = 5
 
 
 class Appender:
-    """Blind appends to one table through a reused handle."""
+    """Blind appends to one table through a reused handle. With `epoch`, the
+    table is claimed for that primary epoch first and every commit carries it
+    (`storage.leases.FencedAppender`): a stale primary's append raises `Fenced`."""
 
-    def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None):
+    def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
+                 epoch: int | None = None):
         self.path = path
         self.schema = schema
         self.table = open_or_create(path, schema, storage_options)
+        self.fence = None if epoch is None else FencedAppender(self.table, epoch, schema)
+        if self.fence is not None:
+            self.fence.fence()
 
     def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None) -> int:
         """Commit `batch` as one Delta version and return that version.
@@ -60,7 +67,11 @@ class Appender:
         Another writer of the same engine (retention's delete, compaction) may
         commit in between; delta-rs then reports a conflict for the append,
         which nothing was read for. Nothing was written, so it is safe to
-        refresh and try again."""
+        refresh and try again, unless the refreshed snapshot shows a newer
+        primary epoch (`Fenced`)."""
+        if self.fence is not None:
+            self.fence.check()
+            commit_properties = self.fence.commit_properties()
         for attempt in range(APPEND_ATTEMPTS):
             try:
                 write_deltalake(
@@ -70,9 +81,11 @@ class Appender:
                 )
                 return self.table.version()
             except CommitFailedError:
+                self.table.update_incremental()
+                if self.fence is not None:
+                    self.fence.check()
                 if attempt == APPEND_ATTEMPTS - 1:
                     raise
-                self.table.update_incremental()
         raise AssertionError("unreachable")
 
 

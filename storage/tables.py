@@ -125,6 +125,10 @@ class PartitionPaths:
         return join(self.root, "puts")
 
     @property
+    def lease(self) -> str:
+        return join(self.root, "lease")
+
+    @property
     def delivery(self) -> str:
         return join(self.root, "delivery")
 

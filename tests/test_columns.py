@@ -48,11 +48,13 @@ def test_undecodable_frames_say_why():
     assert "lacks column" in columns.decode(columns.encode(batch()).replace(b"payload", b"paylaod"))
 
 
-def test_relay_forwards_columns_up_and_routes_their_ack_back_or_answers_unknown():
+def test_relay_forwards_columns_up_routes_their_ack_back_and_resends_them_after_failover():
     relay = Relay()
     (_, up), = relay.from_downstream("A", pb.Frame(open_queue=pb.OpenQueue(
         request_id=1, queue_id=3, uri="taproot://d/q", write=True)))
     qid = up.open_queue.queue_id
+    relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(request_id=up.open_queue.request_id,
+                                                                          queue_id=qid, status=pb.Status())))
     data = columns.encode(batch())
     guids = columns.guids_of(batch())
     (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
@@ -61,8 +63,11 @@ def test_relay_forwards_columns_up_and_routes_their_ack_back_or_answers_unknown(
     assert dest == "A" and frame.ack_columns.queue_id == 3 and relay.unacked_count == 0
 
     relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
-    (dest, frame), = relay.upstream_lost("gone")
-    assert (dest, frame.ack_columns.guids, frame.ack_columns.code) == ("A", guids, ResultCode.UNKNOWN)
-    (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=3, arrow_ipc=data)))
-    # Routes are gone with the upstream: every GUID still gets an answer, never silence.
+    assert relay.upstream_lost() == []
+    (_, reopen), = relay.upstream_restored()
+    (dest, frame), = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.open_queue.request_id, queue_id=qid, status=pb.Status())))
+    assert dest == UPSTREAM and frame.put_columns.arrow_ipc == data
+    (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=9, arrow_ipc=data)))
+    # A queue that is not open: every GUID still gets an answer, never silence.
     assert (frame.ack_columns.code, frame.ack_columns.guids) == (ResultCode.INVALID_ARGUMENT, guids)

@@ -1,5 +1,7 @@
+"""The relay every forwarding hop shares: id mapping and the retransmission buffer."""
+
 from protocol import ResultCode, pb
-from replicas.relay import UPSTREAM, Relay
+from replicas.relay import UPSTREAM, Relay, RetransmissionLimits
 
 
 def open_frame(qid, req, read=False, write=True):
@@ -7,7 +9,30 @@ def open_frame(qid, req, read=False, write=True):
                                             write=write))
 
 
-def test_relay_maps_queue_ids_both_ways_and_answers_inflight_puts_when_upstream_is_lost():
+def opened(relay, up_frame, window_ms=0):
+    return relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=up_frame.open_queue.request_id, queue_id=up_frame.open_queue.queue_id,
+        status=pb.Status(code=0), dedup_history_window_ms=window_ms)))
+
+
+def put(qid, *guids, payload=b"p"):
+    return pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=qid, guid=g, payload=payload)
+                                              for g in guids]))
+
+
+def ack(qid, *guids, code=0):
+    return pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(queue_id=qid, guid=g, code=code) for g in guids]))
+
+
+def g(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def upstream_puts(out):
+    return [m.guid for d, f in out if d == UPSTREAM and f.WhichOneof("body") == "put" for m in f.put.messages]
+
+
+def test_relay_maps_queue_ids_both_ways():
     relay = Relay()
     # Two clients use the same downstream queue id 1: upstream ids must differ.
     (dest_a, up_a), = relay.from_downstream("A", open_frame(1, 10))
@@ -15,13 +40,11 @@ def test_relay_maps_queue_ids_both_ways_and_answers_inflight_puts_when_upstream_
     assert dest_a == dest_b == UPSTREAM
     qa, qb = up_a.open_queue.queue_id, up_b.open_queue.queue_id
     assert qa != qb
-    (to, resp), = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
-        request_id=up_a.open_queue.request_id, queue_id=qa, status=pb.Status(code=0))))
+    (to, resp), = opened(relay, up_a)
     assert to == "A" and resp.open_queue_response.request_id == 10 and resp.open_queue_response.queue_id == 1
 
-    put = pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=b"g" * 16, payload=b"p"),
-                                             pb.PutMessage(queue_id=7, guid=b"h" * 16, payload=b"p")]))
-    out = relay.from_downstream("A", put)
+    out = relay.from_downstream("A", pb.Frame(put=pb.PutBatch(messages=[
+        pb.PutMessage(queue_id=1, guid=g(1), payload=b"p"), pb.PutMessage(queue_id=7, guid=g(2), payload=b"p")])))
     upstream = [f for d, f in out if d == UPSTREAM]
     nacks = [f for d, f in out if d == "A"]
     assert [m.queue_id for m in upstream[0].put.messages] == [qa]
@@ -32,11 +55,110 @@ def test_relay_maps_queue_ids_both_ways_and_answers_inflight_puts_when_upstream_
     (to, frame), = relay.from_upstream(push)
     assert to == "B" and frame.push.messages[0].queue_id == 1
 
-    relay.from_downstream("A", put)  # another PUT in flight
-    (to, lost), = relay.upstream_lost("upstream gone")
-    assert to == "A"
-    assert {m.code for m in lost.ack.messages} == {ResultCode.UNKNOWN}
+    (to, frame), = relay.from_upstream(ack(qa, g(1)))
+    assert to == "A" and frame.ack.messages[0].queue_id == 1 and relay.unacked_count == 0
+    assert relay.from_upstream(ack(qa, g(1))) == []  # a second ACK of the same PUT goes nowhere
+
+
+def test_puts_sent_before_the_open_is_answered_wait_for_it_in_order():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    assert relay.from_downstream("A", put(1, g(1), g(2))) == []
+    out = opened(relay, up)
+    assert [d for d, _ in out] == ["A", UPSTREAM] and upstream_puts(out) == [g(1), g(2)]
+
+
+def test_failover_reopens_every_queue_and_resends_unacked_puts_in_order_with_one_ack_each():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    (_, up_r), = relay.from_downstream("B", open_frame(5, 2, read=True))
+    opened(relay, up)
+    opened(relay, up_r)
+    qid = up.open_queue.queue_id
+    relay.from_downstream("A", put(1, g(1), g(2), g(3)))
+    relay.from_upstream(ack(qid, g(1)))
+
+    assert relay.upstream_lost() == []            # nobody hears about it
+    assert relay.from_downstream("A", put(1, g(4))) == []        # buffered while disconnected
+    assert relay.from_downstream("B", pb.Frame(confirm=pb.ConfirmBatch(messages=[
+        pb.ConfirmMessage(queue_id=5, guid=g(9))]))) == []     # dropped: redelivered later
+    reopen = relay.upstream_restored()
+    assert [f.open_queue.queue_id for _, f in reopen] == [qid, up_r.open_queue.queue_id]
+    assert all(d == UPSTREAM for d, _ in reopen)
+    out = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen[0][1].open_queue.request_id, queue_id=qid, status=pb.Status(code=0))))
+    assert [d for d, _ in out] == [UPSTREAM]       # the client sees no second open response
+    assert upstream_puts(out) == [g(2), g(3), g(4)]
+
+    (to, frame), = relay.from_upstream(ack(qid, g(2), g(3), g(4)))
+    assert [m.guid for m in frame.ack.messages] == [g(2), g(3), g(4)]
+    assert relay.from_upstream(ack(qid, g(2))) == []  # the old primary's late ACK: already answered
     assert relay.unacked_count == 0
+
+
+def test_a_refused_reopen_answers_the_buffered_puts_and_ends_the_client_link():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    opened(relay, up)
+    relay.from_downstream("A", put(1, g(1)))
+    relay.upstream_lost()
+    (_, reopen), = relay.upstream_restored()
+    out = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.open_queue.request_id, queue_id=reopen.open_queue.queue_id,
+        status=pb.Status(code=ResultCode.REFUSED, message="unknown domain"))))
+    (to, nack), (to2, closing) = out
+    assert to == to2 == "A" and nack.ack.messages[0].code == ResultCode.REFUSED and closing is None
+    assert relay.unacked_count == 0
+
+
+def test_buffer_bounds_refuse_with_stable_codes_and_expire_with_timeout():
+    relay = Relay(RetransmissionLimits(max_messages=2, max_bytes=10_000_000, timeout_ms=60_000))
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    opened(relay, up, window_ms=5_000)             # the domain's dedup window is shorter: it wins
+    relay.from_downstream("A", put(1, g(1), g(2)), now_ms=0)
+    (_, nack), = [x for x in relay.from_downstream("A", put(1, g(3)), now_ms=1) if x[0] == "A"]
+    assert nack.ack.messages[0].code == ResultCode.LIMIT_MESSAGES
+
+    big = Relay(RetransmissionLimits(max_messages=10, max_bytes=1000, timeout_ms=60_000))
+    (_, up2), = big.from_downstream("A", open_frame(1, 1))
+    opened(big, up2)
+    (_, nack), = [x for x in big.from_downstream("A", put(1, g(1), payload=b"x" * 2000)) if x[0] == "A"]
+    assert nack.ack.messages[0].code == ResultCode.LIMIT_BYTES
+
+    assert relay.expire(4_999) == []
+    (to, timed_out), = relay.expire(5_000)
+    assert to == "A" and {m.code for m in timed_out.ack.messages} == {ResultCode.TIMEOUT}
+    assert relay.expire(5_001) == [] and relay.unacked_count == 0
+
+
+def test_stop_request_from_upstream_holds_puts_for_the_next_upstream():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    opened(relay, up)
+    (to, response), = relay.from_upstream(pb.Frame(stop_request=pb.StopRequest(request_id=7)))
+    assert to == UPSTREAM and response.stop_response.request_id == 7
+    assert relay.from_downstream("A", put(1, g(1))) == []         # held, not sent to the stopping node
+    relay.upstream_lost()
+    (_, reopen), = relay.upstream_restored()
+    out = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.open_queue.request_id, queue_id=reopen.open_queue.queue_id, status=pb.Status())))
+    assert upstream_puts(out) == [g(1)]
+
+
+def test_close_and_configure_while_disconnected_complete_locally_and_reopen_uses_new_options():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1, read=True, write=False))
+    (_, up2), = relay.from_downstream("A", open_frame(2, 2))
+    opened(relay, up)
+    opened(relay, up2)
+    relay.upstream_lost()
+    (to, resp), = relay.from_downstream("A", pb.Frame(configure_queue=pb.ConfigureQueue(
+        request_id=3, queue_id=1, options=pb.QueueOptions(max_unconfirmed_messages=7))))
+    assert resp.configure_queue_response.status.code == ResultCode.SUCCESS
+    (to, resp), = relay.from_downstream("A", pb.Frame(close_queue=pb.CloseQueue(request_id=4, queue_id=2)))
+    assert resp.close_queue_response.status.code == ResultCode.SUCCESS
+    (_, reopen), = relay.upstream_restored()
+    assert reopen.open_queue.options.max_unconfirmed_messages == 7
 
 
 def test_relay_closes_upstream_queues_of_a_departed_client():

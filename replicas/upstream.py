@@ -1,0 +1,147 @@
+"""The thread shell around a `Relay`: one upstream session at a time.
+
+`Upstream` connects to the first reachable address of `hosts()` (asked again
+before every attempt, so a node can point it at a partition's current
+primary), feeds the relay the frames of both directions, and on loss keeps the
+relay's routes and retransmission buffer, connects again (the same address or
+the next) and lets the relay reopen its queues and resend. Downstream links
+stay up through a failover: clients see at most a pause.
+
+Used by the proxy (hosts: the cluster's nodes) and by a node for partitions
+another node leads (hosts: that partition's primary). Thread safe: every relay
+call happens under one lock, so upstream order is relay order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+import grpc
+
+from protocol import pb, pb_grpc
+from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
+from replicas.relay import UPSTREAM, Relay, RetransmissionLimits
+
+log = logging.getLogger(__name__)
+EXPIRE_INTERVAL_S = 0.5
+
+
+class Upstream:
+    def __init__(self, hosts: Callable[[], list[str]], *, name: str = "proxy",
+                 limits: RetransmissionLimits | None = None, reconnect_interval_s: float = 0.2,
+                 connect_timeout_s: float = 1.0):
+        self.hosts = hosts
+        self.name = name
+        self.reconnect_interval_s = reconnect_interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self.relay = Relay(limits, connected=False)
+        self.address: str | None = None
+        self.connects = 0                  # successful connections so far (the first and every failover)
+        self._lock = threading.Lock()
+        self._links: set[Link] = set()
+        self._up_out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self._next_host = 0
+        self._threads = [threading.Thread(target=self._upstream_loop, name=f"{name}-upstream", daemon=True),
+                         threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)]
+
+    def start(self, connect_timeout_s: float = 0.0) -> None:
+        for thread in self._threads:
+            thread.start()
+        if connect_timeout_s and not self.connected.wait(connect_timeout_s):
+            log.warning("%s: no upstream reachable yet among %s; retrying in the background", self.name,
+                        self.hosts())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._up_out.put(CLOSE)
+        for thread in self._threads:
+            thread.join(5)
+
+    # -- downstream ---------------------------------------------------------
+    def open_link(self, link: Link) -> None:
+        with self._lock:
+            self._links.add(link)
+
+    def on_frame(self, link: Link, frame: pb.Frame) -> None:
+        with self._lock:
+            self._links.add(link)
+            self._send(self.relay.from_downstream(link, frame, time.monotonic() * 1000))
+
+    def close_link(self, link: Link) -> None:
+        with self._lock:
+            self._links.discard(link)
+            self._send(self.relay.downstream_closed(link))
+
+    def _send(self, out) -> None:
+        # Called with the lock held: upstream order must match relay order.
+        for destination, frame in out:
+            if destination == UPSTREAM:
+                self._up_out.put(frame)
+            elif frame is None:
+                destination.close()
+            else:
+                destination.send(frame)
+
+    # -- upstream -----------------------------------------------------------
+    def _connect(self) -> tuple[grpc.Channel, str] | None:
+        addresses = self.hosts()
+        for i in range(len(addresses)):
+            address = addresses[(self._next_host + i) % len(addresses)]
+            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
+            except grpc.FutureTimeoutError:
+                channel.close()
+                continue
+            self._next_host = (self._next_host + i) % len(addresses)
+            return channel, address
+        return None
+
+    def _upstream_loop(self) -> None:
+        while not self._stop.is_set():
+            connected = self._connect()
+            if connected is None:
+                self._stop.wait(self.reconnect_interval_s)
+                continue
+            channel, address = connected
+            with self._lock:
+                self._up_out = queue.SimpleQueue()
+                self.address = address
+                self._send(self.relay.upstream_restored())
+                up_out = self._up_out
+            responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
+            self.connects += 1
+            log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
+                     len(self.relay._routes), self.relay.unacked_count)
+            self.connected.set()
+            reason = "upstream stream ended"
+            try:
+                for frame in responses:
+                    with self._lock:
+                        self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
+            except grpc.RpcError as exc:
+                reason = f"upstream lost: {exc.code().name}"
+            self.connected.clear()
+            with self._lock:
+                self._send(self.relay.upstream_lost())
+                self.address = None
+            up_out.put(CLOSE)
+            channel.close()
+            # Start the next round with the next host: the one just lost is
+            # probably the one that went away.
+            self._next_host += 1
+            if not self._stop.is_set():
+                log.warning("%s: %s from %s; %d PUTs buffered, reconnecting", self.name, reason, address,
+                            self.relay.unacked_count)
+                self._stop.wait(self.reconnect_interval_s)
+
+    def _expire_loop(self) -> None:
+        while not self._stop.wait(EXPIRE_INTERVAL_S):
+            with self._lock:
+                self._send(self.relay.expire(time.monotonic() * 1000))

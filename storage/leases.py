@@ -1,0 +1,302 @@
+"""Primary leases and fencing, held through Delta commits (no coordination service).
+
+One lease per partition, in a small Delta table `partition-NNN/lease` that
+delta-rs writes. Its epoch is the version of the app transaction `LEASE_APP`
+recorded in the table's log:
+
+- **acquire**: commit `txn(LEASE_APP, epoch + 1)` with a row naming the new
+  holder and its address;
+- **renew**: an empty commit carrying `txn(LEASE_APP, epoch)`;
+- **release** (graceful stop): a row with `released = true` at the same epoch.
+
+Two nodes racing to take or renew the lease both write `_delta_log/N.json`
+put-if-absent; the loser's retry meets a commit carrying the same app id and
+fails with a concurrent-transaction conflict (`reference/spark-delta.md` §3,
+verified with delta-rs). Each writer also checks the epoch on its snapshot
+first, because delta-rs does not refuse a lower txn version by itself.
+
+**Fencing.** The same epoch guards the partition's data tables (PUT, confirm
+and dead-letter logs): a new primary first commits a marker carrying
+`txn(PRIMARY_APP, epoch)` to each (`FencedAppender.fence`), and every data
+commit carries `txn(PRIMARY_APP, my_epoch)`. A stale primary's next commit then
+either meets the marker as a concurrent transaction or, if its snapshot is
+newer than the marker, sees a foreign epoch; both raise `Fenced`, and the
+partition steps down.
+
+**Lapse without synchronised clocks.** A follower never compares wall clocks:
+it notes, on its own monotonic clock, when it last saw the lease table's
+version change; `lease_duration_ms` without a change means the holder stopped
+renewing. The holder renews every `renew_interval_ms` and steps down by itself
+once `lease_duration_ms` has passed since the start of its last successful
+renewal, which is always before any follower can have seen the lease lapse.
+
+`LeaseMachine` is the pure part (time comes in as an argument); `LeaseTable`
+does the Delta I/O. Neither is thread safe: the node's lease keeper thread
+owns both.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+log = logging.getLogger(__name__)
+
+LEASE_APP = "taproot-lease"
+PRIMARY_APP = "taproot-primary"
+LEASE_SCHEMA = pa.schema([
+    pa.field("epoch", pa.int64(), nullable=False),
+    pa.field("holder", pa.string(), nullable=False),
+    pa.field("address", pa.string(), nullable=False),
+    pa.field("released", pa.bool_(), nullable=False),
+    pa.field("time_us", pa.int64(), nullable=False),
+])
+# Renewals add one small commit per interval: checkpoint often and let delta-rs
+# drop old log files, so reading the lease stays cheap however long it is held.
+LEASE_TABLE_PROPERTIES = {
+    "delta.checkpointInterval": "20",
+    "delta.logRetentionDuration": "interval 1 hours",
+}
+
+
+class Fenced(Exception):
+    """A newer primary holds this partition: the commit was refused."""
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """What a read of the lease table shows."""
+    version: int          # the table's Delta version (changes on every renewal)
+    epoch: int            # 0: never held
+    holder: str
+    address: str
+    released: bool
+
+
+class LeaseState(enum.Enum):
+    FOLLOWER = "follower"
+    ACQUIRING = "acquiring"
+    PRIMARY = "primary"
+    STOPPED = "stopped"
+
+
+class Action(enum.Enum):
+    NONE = "none"
+    ACQUIRE = "acquire"            # try to commit epoch + 1
+    RENEW = "renew"
+    BECOME_PRIMARY = "become-primary"
+    STEP_DOWN = "step-down"        # stop writing now; another node has or will have the lease
+    RELEASE = "release"
+
+
+class LeaseMachine:
+    """One node's view of one partition's lease.
+
+    Transitions (state, event) -> (action, next state):
+
+    | state      | event                                        | action         | next       |
+    |------------|----------------------------------------------|----------------|------------|
+    | FOLLOWER   | observed: free, or held by this node's name  | ACQUIRE        | ACQUIRING  |
+    |            | observed: unchanged for lease + rank delay   | ACQUIRE        | ACQUIRING  |
+    | ACQUIRING  | acquired(epoch)                              | BECOME_PRIMARY | PRIMARY    |
+    | ACQUIRING  | acquire failed                               | -              | FOLLOWER   |
+    | PRIMARY    | tick: lease_duration since the last renewal  | STEP_DOWN      | FOLLOWER   |
+    | PRIMARY    | tick: renew interval passed                  | RENEW          | PRIMARY    |
+    | PRIMARY    | renewed / renew refused (fenced)             | - / STEP_DOWN  | PRIMARY / FOLLOWER |
+    | PRIMARY    | stop                                         | RELEASE        | STOPPED    |
+    | any        | stop                                         | -              | STOPPED    |
+
+    "Free" is a table that does not exist yet or whose holder released it. The
+    rank delay (`rank * lease_duration_ms / 2`) lets the partition's preferred
+    node (rank 0) take a free lease first, so the static assignment holds when
+    every node is up, whatever order they start in.
+    """
+
+    def __init__(self, node: str, rank: int, lease_duration_ms: int, renew_interval_ms: int):
+        assert renew_interval_ms * 2 <= lease_duration_ms, "renew at least twice per lease"
+        self.node = node
+        self.rank = rank
+        self.lease_duration_ms = lease_duration_ms
+        self.renew_interval_ms = renew_interval_ms
+        self.state = LeaseState.FOLLOWER
+        self.epoch = 0
+        self._seen: LeaseView | None = None
+        self._seen_since_ms: float | None = None
+        self._renewed_ms = 0.0     # start of the last successful acquire or renewal
+
+    @property
+    def rank_delay_ms(self) -> float:
+        return self.rank * self.lease_duration_ms / 2
+
+    def observed(self, view: LeaseView | None, now_ms: float) -> Action:
+        """A follower read the table (None: it does not exist yet)."""
+        if self.state is not LeaseState.FOLLOWER:
+            return Action.NONE
+        key = None if view is None else (view.version, view.epoch)
+        seen_key = None if self._seen is None else (self._seen.version, self._seen.epoch)
+        if self._seen_since_ms is None or key != seen_key:
+            self._seen, self._seen_since_ms = view, now_ms
+        quiet_ms = now_ms - self._seen_since_ms
+        free = view is None or view.released or view.epoch == 0
+        # This node's own name as holder: a previous run of this node that died
+        # without releasing. Nobody else can renew under our name; take it back.
+        mine = view is not None and view.holder == self.node and not view.released
+        if (free and quiet_ms >= self.rank_delay_ms) or mine or \
+                quiet_ms >= self.lease_duration_ms + self.rank_delay_ms:
+            self.state = LeaseState.ACQUIRING
+            return Action.ACQUIRE
+        return Action.NONE
+
+    def next_epoch(self) -> int:
+        return (self._seen.epoch if self._seen is not None else 0) + 1
+
+    def acquired(self, epoch: int | None, started_ms: float) -> Action:
+        if self.state is not LeaseState.ACQUIRING:
+            return Action.NONE
+        if epoch is None:
+            self.state = LeaseState.FOLLOWER
+            self._seen_since_ms = None  # someone else won: watch their lease afresh
+            return Action.NONE
+        self.state, self.epoch, self._renewed_ms = LeaseState.PRIMARY, epoch, started_ms
+        return Action.BECOME_PRIMARY
+
+    def tick(self, now_ms: float) -> Action:
+        if self.state is not LeaseState.PRIMARY:
+            return Action.NONE
+        if now_ms - self._renewed_ms >= self.lease_duration_ms:
+            return self._step_down()
+        if now_ms - self._renewed_ms >= self.renew_interval_ms:
+            return Action.RENEW
+        return Action.NONE
+
+    def renewed(self, ok: bool, started_ms: float) -> Action:
+        if self.state is not LeaseState.PRIMARY:
+            return Action.NONE
+        if not ok:
+            return self._step_down()
+        if started_ms - self._renewed_ms >= self.lease_duration_ms:
+            return self._step_down()  # the renewal began after our lease had run out
+        self._renewed_ms = started_ms
+        return Action.NONE
+
+    def fenced(self) -> Action:
+        """A data commit was refused: a newer primary exists."""
+        return self._step_down() if self.state is LeaseState.PRIMARY else Action.NONE
+
+    def stop(self) -> Action:
+        was_primary = self.state is LeaseState.PRIMARY
+        self.state = LeaseState.STOPPED
+        return Action.RELEASE if was_primary else Action.NONE
+
+    def _step_down(self) -> Action:
+        self.state = LeaseState.FOLLOWER
+        self._seen_since_ms = None
+        return Action.STEP_DOWN
+
+
+def _commit_properties(app: str, epoch: int, retries: int = 0) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app, epoch)], max_commit_retries=retries)
+
+
+class LeaseTable:
+    """Delta I/O for one partition's lease table."""
+
+    def __init__(self, path: str, storage_options: dict[str, str] | None = None):
+        self.path = path
+        self.storage_options = storage_options
+        self._table: DeltaTable | None = None
+
+    def _open(self, create: bool = False) -> DeltaTable | None:
+        if self._table is None:
+            try:
+                self._table = DeltaTable(self.path, storage_options=self.storage_options)
+            except TableNotFoundError:
+                if not create:
+                    return None
+                self._table = DeltaTable.create(self.path, LEASE_SCHEMA, mode="ignore",
+                                                configuration=LEASE_TABLE_PROPERTIES,
+                                                storage_options=self.storage_options)
+        return self._table
+
+    def read(self) -> LeaseView | None:
+        table = self._open()
+        if table is None:
+            return None
+        table.update_incremental()
+        epoch = table.transaction_version(LEASE_APP) or 0
+        holder, address, released = "", "", False
+        if epoch:
+            rows = table.to_pyarrow_table(filters=[("epoch", "=", epoch)])
+            if rows.num_rows:
+                last = rows.sort_by([("time_us", "descending")]).slice(0, 1).to_pylist()[0]
+                holder, address, released = last["holder"], last["address"], last["released"]
+        return LeaseView(table.version(), epoch, holder, address, released)
+
+    def _write(self, app_epoch: int, row: dict | None, expected_epoch: int) -> bool:
+        """Commit (a row or nothing) carrying txn(LEASE_APP, app_epoch), provided
+        the snapshot's epoch is still `expected_epoch`. False if anyone else
+        committed a lease change first."""
+        table = self._open(create=True)
+        assert table is not None
+        table.update_incremental()
+        if (table.transaction_version(LEASE_APP) or 0) != expected_epoch:
+            return False
+        data = pa.Table.from_pylist([row] if row else [], schema=LEASE_SCHEMA)
+        try:
+            write_deltalake(table, data, mode="append",
+                            commit_properties=_commit_properties(LEASE_APP, app_epoch, retries=3),
+                            post_commithook_properties=PostCommitHookProperties(
+                                create_checkpoint=True, cleanup_expired_logs=True))
+        except CommitFailedError as exc:
+            log.info("lease %s: commit for epoch %d lost a race: %s", self.path, app_epoch, exc)
+            table.update_incremental()
+            return False
+        return True
+
+    def acquire(self, epoch: int, holder: str, address: str, now_us: int) -> bool:
+        return self._write(epoch, {"epoch": epoch, "holder": holder, "address": address, "released": False,
+                                   "time_us": now_us}, expected_epoch=epoch - 1)
+
+    def renew(self, epoch: int) -> bool:
+        return self._write(epoch, None, expected_epoch=epoch)
+
+    def release(self, epoch: int, holder: str, address: str, now_us: int) -> bool:
+        return self._write(epoch, {"epoch": epoch, "holder": holder, "address": address, "released": True,
+                                   "time_us": now_us}, expected_epoch=epoch)
+
+
+class FencedAppender:
+    """Appends to one of the primary's tables, every commit stamped with the
+    primary's epoch. Wraps a `storage.deltars.Appender`'s table handle."""
+
+    def __init__(self, table: DeltaTable, epoch: int, schema: pa.Schema):
+        self.table = table
+        self.epoch = epoch
+        self.schema = schema
+
+    def fence(self) -> None:
+        """Claim the table for this epoch: an empty commit carrying
+        txn(PRIMARY_APP, epoch). Raises `Fenced` if a newer epoch is there."""
+        self.check()
+        try:
+            write_deltalake(self.table, self.schema.empty_table(),
+                            mode="append", commit_properties=self.commit_properties(retries=3))
+        except CommitFailedError as exc:
+            self.table.update_incremental()
+            self.check()
+            raise Fenced(f"{self.table.table_uri}: claim for epoch {self.epoch} failed: {exc}") from exc
+
+    def check(self) -> None:
+        """Raise `Fenced` if the handle's snapshot shows another primary's epoch."""
+        current = self.table.transaction_version(PRIMARY_APP) or 0
+        if current > self.epoch:
+            raise Fenced(f"{self.table.table_uri}: primary epoch is {current}, this primary's is {self.epoch}")
+
+    def commit_properties(self, retries: int | None = None) -> CommitProperties:
+        return CommitProperties(app_transactions=[Transaction(PRIMARY_APP, self.epoch)],
+                                max_commit_retries=retries)

@@ -1,0 +1,113 @@
+"""Primary leases and fencing: the pure state machine, then the real Delta
+commits that back it (a temp directory, no JVM, no sockets)."""
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+from storage import deltars
+from storage.leases import Action, Fenced, LeaseMachine, LeaseState, LeaseTable, LeaseView
+
+LEASE_MS, RENEW_MS = 2000, 500
+
+
+def view(version, epoch, holder="n1", released=False):
+    return LeaseView(version, epoch, holder, f"{holder}:1", released)
+
+
+def test_the_preferred_node_takes_a_free_lease_at_once_and_the_others_wait_their_rank():
+    first, second = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS), LeaseMachine("n2", 1, LEASE_MS, RENEW_MS)
+    assert first.observed(None, 0) is Action.ACQUIRE and first.next_epoch() == 1
+    assert second.observed(None, 0) is Action.NONE
+    assert second.observed(None, 999) is Action.NONE
+    assert second.observed(None, 1000) is Action.ACQUIRE   # rank 1 waits half a lease for the preferred node
+    assert first.acquired(1, 0) is Action.BECOME_PRIMARY and first.state is LeaseState.PRIMARY
+    assert second.acquired(None, 1000) is Action.NONE and second.state is LeaseState.FOLLOWER
+
+
+def test_a_follower_takes_over_only_after_a_full_lease_without_renewal():
+    follower = LeaseMachine("n2", 1, LEASE_MS, RENEW_MS)
+    t = 0
+    for version in range(1, 20):           # renewals every 500 ms keep it quiet
+        t += RENEW_MS
+        assert follower.observed(view(version, 3), t) is Action.NONE
+    assert follower.observed(view(19, 3), t + LEASE_MS + 999) is Action.NONE      # lease + rank delay
+    assert follower.observed(view(19, 3), t + LEASE_MS + 1000) is Action.ACQUIRE
+    assert follower.next_epoch() == 4
+    assert follower.acquired(4, t) is Action.BECOME_PRIMARY and follower.epoch == 4
+
+
+def test_a_released_lease_or_one_held_under_this_nodes_own_name_is_taken_at_once():
+    assert LeaseMachine("n2", 0, LEASE_MS, RENEW_MS).observed(view(5, 2, released=True), 0) is Action.ACQUIRE
+    assert LeaseMachine("n1", 2, LEASE_MS, RENEW_MS).observed(view(5, 2, "n1"), 0) is Action.ACQUIRE
+
+
+def test_the_primary_renews_on_time_and_steps_down_by_itself_before_anyone_can_take_over():
+    m = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
+    m.observed(None, 0)
+    m.acquired(1, 0)
+    assert m.tick(499) is Action.NONE and m.tick(500) is Action.RENEW
+    assert m.renewed(True, 500) is Action.NONE
+    assert m.tick(999) is Action.NONE and m.tick(1000) is Action.RENEW
+    # Frozen (SIGSTOP, a long GC) past the lease: it must not write again.
+    assert m.tick(500 + LEASE_MS) is Action.STEP_DOWN and m.state is LeaseState.FOLLOWER
+
+
+def test_a_refused_renewal_or_a_fenced_commit_steps_down_and_stop_releases():
+    m = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
+    m.observed(None, 0)
+    m.acquired(1, 0)
+    assert m.renewed(False, 500) is Action.STEP_DOWN
+    m2 = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
+    m2.observed(None, 0)
+    m2.acquired(1, 0)
+    assert m2.fenced() is Action.STEP_DOWN and m2.fenced() is Action.NONE
+    m3 = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
+    m3.observed(None, 0)
+    m3.acquired(1, 0)
+    assert m3.stop() is Action.RELEASE and m3.state is LeaseState.STOPPED
+    assert m3.observed(None, 10_000) is Action.NONE
+
+
+def test_only_one_of_two_nodes_racing_for_a_lease_wins_and_the_loser_cannot_renew(tmp_path):
+    path = str(tmp_path / "lease")
+    tables = [LeaseTable(path), LeaseTable(path)]
+    LeaseTable(path).acquire(1, "n0", "a:0", 1)          # epoch 1 exists; both race for 2
+    results: list[bool] = [False, False]
+    barrier = threading.Barrier(2)
+
+    def race(i):
+        barrier.wait()
+        results[i] = tables[i].acquire(2, f"n{i + 1}", f"a:{i + 1}", 2)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, True]
+    winner = results.index(True)
+    lease = LeaseTable(path).read()
+    assert lease is not None and (lease.epoch, lease.holder) == (2, f"n{winner + 1}")
+    assert tables[winner].renew(2) and not tables[1 - winner].renew(1)
+    assert tables[1 - winner].acquire(3, "late", "a:9", 3)  # a later takeover bumps the epoch
+    assert not tables[winner].renew(2)                      # and the old holder's renewal fails
+    assert tables[winner].release(2, "n", "a", 4) is False
+
+
+def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table(tmp_path):
+    path = str(tmp_path / "puts")
+    schema = pa.schema([pa.field("x", pa.int64())])
+    old = deltars.Appender(path, schema, epoch=1)
+    old.append(pa.table({"x": [1]}, schema=schema))
+    new = deltars.Appender(path, schema, epoch=2)            # claims the table for epoch 2
+    new.append(pa.table({"x": [2]}, schema=schema))
+    with pytest.raises(Fenced):
+        old.append(pa.table({"x": [99]}, schema=schema))     # its snapshot predates the claim
+    with pytest.raises(Fenced):
+        old.append(pa.table({"x": [99]}, schema=schema))     # and after refreshing it sees epoch 2
+    with pytest.raises(Fenced):
+        deltars.Appender(path, schema, epoch=1)              # an older epoch cannot claim it back
+    rows = deltars.try_open(path).to_pyarrow_table()["x"].to_pylist()
+    assert sorted(rows) == [1, 2]
