@@ -63,6 +63,31 @@ def write_delivery_batch(batch: DataFrame, batch_id: int, delivery_path: str, ap
      .save(delivery_path))
 
 
+def remove_crash_leftovers(checkpoint: str) -> None:
+    """Spark writes each offset and commit file to a hidden temp file, then
+    renames it. A process killed in between leaves the temp file, and Spark 4.2
+    then refuses to start a query whose offsets directory is not empty at
+    batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Such a file never
+    became part of the checkpoint, so removing it loses nothing. Only called
+    before this pipeline starts its query: nothing else writes the checkpoint."""
+    import glob
+    import os
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return  # object stores write in place (no temp-then-rename): nothing to clean
+    root = checkpoint.removeprefix("file:")
+    for leftover in glob.glob(os.path.join(root, "offsets", ".*.tmp")) + \
+            glob.glob(os.path.join(root, "commits", ".*.tmp")):
+        log.warning("removing %s, left by a pipeline that was killed while writing it", leftover)
+        os.remove(leftover)
+
+
+def already_written(delivery_path: str, app_id: str, batch_id: int) -> bool:
+    from storage import deltars
+    table = deltars.try_open(delivery_path)
+    version = table.transaction_version(app_id) if table is not None else None
+    return version is not None and version >= batch_id
+
+
 def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
                       trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
                       on_batch: Callable[[int, int], None] | None = None, available_now: bool = False,
@@ -76,10 +101,23 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     """
     query_id_ready = threading.Event()
     app_id: list[str] = []
+    first_batch = [True]
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         query_id_ready.wait()
+        # After a crash Spark replays the last batch, which may already be in
+        # the delivery log. Delta would skip that write without running the
+        # batch at all, so the dedup state would never commit its version and
+        # Spark 4.2 stops the query (STATE_STORE_COMMIT_VALIDATION_FAILED).
+        # Run it into a no-op sink instead: state commits, nothing is written.
+        if first_batch[0]:
+            first_batch[0] = False
+            if already_written(paths.delivery, app_id[0], batch_id):
+                log.info("partition %d batch %d is already in the delivery log (replayed after a restart)",
+                         paths.partition, batch_id)
+                batch.write.format("noop").mode("overwrite").save()
+                return
         # txnAppId is the query id: stable for a checkpoint, new for a new one
         # (a reused appId with a fresh checkpoint would silently skip writes).
         write_delivery_batch(batch, batch_id, paths.delivery, app_id[0], domains() if domains else None)
@@ -88,6 +126,7 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
         if on_batch is not None:
             on_batch(paths.partition, batch_id)
 
+    remove_crash_leftovers(paths.dedup_checkpoint)
     # skipChangeCommits: retention removes finished history from the PUT log
     # (pipelines/maintenance.py); those commits hold no new PUTs.
     puts = (spark.readStream.format("delta")

@@ -179,6 +179,8 @@ class Node:
                         QueueDispatcher.configure_consumer, key=(link, queue_id), options=ConsumerOptions(0, 0, 0)))
             link.send(pb.Frame(stop_request=pb.StopRequest(
                 request_id=1, timeout_ms=self.config.ha.stop_timeout_ms)))
+        for forwarder in list(self._forwarders.values()):
+            forwarder.pause_consumers()  # consumers below relayed queues: nothing new either
 
         def answered() -> bool:
             with self._lock:
@@ -192,7 +194,8 @@ class Node:
                     unconfirmed += sum(d.unconfirmed_count for s in partition.queues.values()
                                        for d in s.dispatchers.values())
             return (unconfirmed == 0 and all(p.put_committer.idle and p.confirm_committer.idle for p in partitions)
-                    and all(f.relay.unacked_count == 0 for f in list(self._forwarders.values())))
+                    and all(f.relay.unacked_count == 0 and f.relay.unconfirmed_count == 0
+                            for f in list(self._forwarders.values())))
 
         for what, done in (("StopResponses", answered), ("ACKs and CONFIRMs", drained)):
             while not done() and time.monotonic() < deadline:

@@ -39,11 +39,17 @@ class ProxyServicer(pb_grpc.BrokerServicer):
 
 
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,
-          stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None) -> None:
+          stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
+          stop_timeout_ms: int = 10_000) -> None:
     proxy = Proxy(upstream_addresses, limits)
     proxy.start(connect_timeout_s=30.0)
     log.info("proxy: upstream hosts %s", ", ".join(proxy.upstream_addresses))
+
+    def drain() -> None:  # SIGTERM: StopRequest to every client, drain, then go (clients move on)
+        proxy.drain(stop_timeout_ms / 1000)
+
     try:
-        serve_broker(ProxyServicer(proxy), "proxy", host, port, ready_file=ready_file, stop_event=stop_event)
+        serve_broker(ProxyServicer(proxy), "proxy", host, port, ready_file=ready_file, stop_event=stop_event,
+                     before_stop=drain)
     finally:
         proxy.stop()

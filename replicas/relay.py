@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable
 
 from protocol import ResultCode, pb, status, wire
@@ -63,6 +63,7 @@ class _Route:
     read: bool
     open_request: pb.OpenQueue      # as sent up (upstream ids), options kept current
     open: bool = False              # the upstream answered SUCCESS on this connection
+    unconfirmed: set = field(default_factory=set)   # GUIDs pushed down and not confirmed yet
     timeout_ms: float = 0.0         # retransmission time bound (min of the limit and the dedup window)
 
 
@@ -108,6 +109,12 @@ class Relay:
     @property
     def unacked_bytes(self) -> int:
         return self._buffered_bytes
+
+    @property
+    def unconfirmed_count(self) -> int:
+        """Messages pushed down through this relay and not confirmed yet (what
+        a graceful stop waits for)."""
+        return sum(len(r.unconfirmed) for r in self._routes.values())
 
     def routes_of(self, link: Hashable) -> int:
         return sum(1 for (owner, _) in self._up if owner == link)
@@ -253,21 +260,24 @@ class Relay:
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
             if up_qid is not None:
+                self._routes[up_qid].unconfirmed.discard(message.guid)
                 messages.append(pb.ConfirmMessage(queue_id=up_qid, guid=message.guid))
         return [(UPSTREAM, pb.Frame(confirm=pb.ConfirmBatch(messages=messages)))] if messages else []
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.
-        out: Out = []
-        for (owner, _), up_qid in self._up.items():
-            route = self._routes[up_qid]
-            if owner == link and route.read:
-                route.open_request.options.CopyFrom(pb.QueueOptions())
-                if self.connected:
-                    out.append((UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
-                        request_id=0, queue_id=up_qid, options=pb.QueueOptions()))))
-        out.append((link, pb.Frame(stop_response=pb.StopResponse(request_id=req.request_id))))
-        return out
+        return self.pause_consumers(link) + [
+            (link, pb.Frame(stop_response=pb.StopResponse(request_id=req.request_id)))]
+
+    def pause_consumers(self, link: Hashable | None = None) -> Out:
+        """Ask the upstream to push nothing more to the consumers of `link`
+        (of every link if None): 0/0 flow control. A reopen on another upstream
+        uses the consumers' own options again."""
+        if not self.connected:
+            return []
+        return [(UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
+            request_id=0, queue_id=up_qid, options=pb.QueueOptions())))
+            for up_qid, route in self._routes.items() if route.read and (link is None or route.link == link)]
 
     def downstream_closed(self, link: Hashable) -> Out:
         """Close upstream every queue the departed link had open (the primary
@@ -283,9 +293,9 @@ class Relay:
             del self._requests[key]
         # Its PUTs already sent stay buffered until their ACK (then dropped);
         # the ones not sent yet have no queue to go to once it is closed.
-        for key, entry in list(self._buffer.items()):
-            if entry.link == link and key[0] not in self._routes:
-                self._release(key)
+        for buffered, entry in list(self._buffer.items()):
+            if entry.link == link and buffered[0] not in self._routes:
+                self._release(buffered)
         return out
 
     def _forget_route(self, up_qid: int) -> None:
@@ -337,6 +347,7 @@ class Relay:
             route = self._routes.get(message.queue_id)
             if route is None:
                 continue  # the downstream link is gone; the primary redelivers PUSHes
+            route.unconfirmed.add(message.guid)
             message.queue_id = route.queue_id
             by_link.setdefault(route.link, []).append(message)
         return [(link, pb.Frame(push=pb.PushBatch(messages=items))) for link, items in by_link.items()]
@@ -439,6 +450,7 @@ class Relay:
                                                 ResultCode.SUCCESS)))
         for route in self._routes.values():
             route.open = False
+            route.unconfirmed.clear()  # the next primary delivers them again
         return out
 
     def upstream_restored(self) -> Out:
@@ -473,10 +485,10 @@ class Relay:
         out: Out = []
         acks: dict[Hashable, list[pb.AckMessage]] = {}
         for key in expired:
-            entry = self._release(key)
-            assert entry is not None
-            link, frame = self._answer(entry, ResultCode.TIMEOUT, "no ACK within the retransmission time bound "
-                                       f"({entry.deadline_ms - entry.since_ms:.0f} ms)")
+            gone = self._release(key)
+            assert gone is not None
+            link, frame = self._answer(gone, ResultCode.TIMEOUT, "no ACK within the retransmission time bound "
+                                       f"({gone.deadline_ms - gone.since_ms:.0f} ms)")
             if frame.WhichOneof("body") == "ack":
                 acks.setdefault(link, []).extend(frame.ack.messages)
             else:

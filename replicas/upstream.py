@@ -43,6 +43,7 @@ class Upstream:
         self.connects = 0                  # successful connections so far (the first and every failover)
         self._lock = threading.Lock()
         self._links: set[Link] = set()
+        self._stopped_links: set[Link] = set()   # answered our StopRequest
         self._up_out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._stop = threading.Event()
         self.connected = threading.Event()
@@ -71,11 +72,44 @@ class Upstream:
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
         with self._lock:
             self._links.add(link)
+            if frame.WhichOneof("body") == "stop_response":
+                self._stopped_links.add(link)
             self._send(self.relay.from_downstream(link, frame, time.monotonic() * 1000))
+
+    def pause_consumers(self) -> None:
+        with self._lock:
+            self._send(self.relay.pause_consumers())
+
+    def drain(self, timeout_s: float) -> bool:
+        """Graceful stop of this hop: ask every client below to stop sending
+        PUTs (StopRequest; they keep them for their next host), push nothing
+        new, then wait until every PUT sent up is ACKed and every message
+        pushed down is confirmed, or `timeout_s`. True if fully drained."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            links = set(self._links)
+            for link in links:
+                link.send(pb.Frame(stop_request=pb.StopRequest(request_id=1, timeout_ms=int(timeout_s * 1000))))
+            self._send(self.relay.pause_consumers())
+
+        def done() -> bool:
+            with self._lock:
+                answered = all(link in self._stopped_links or link.closed for link in links)
+                return answered and self.relay.unacked_count == 0 and self.relay.unconfirmed_count == 0
+
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not done():
+            log.warning("%s: stop timeout reached with %d PUTs unacknowledged and %d messages unconfirmed",
+                        self.name, self.relay.unacked_count, self.relay.unconfirmed_count)
+            return False
+        log.info("%s: drained", self.name)
+        return True
 
     def close_link(self, link: Link) -> None:
         with self._lock:
             self._links.discard(link)
+            self._stopped_links.discard(link)
             self._send(self.relay.downstream_closed(link))
 
     def _send(self, out) -> None:

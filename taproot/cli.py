@@ -48,11 +48,20 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from proxies.server import serve
+    from replicas.relay import RetransmissionLimits
     config = _config(args)
     proxy = config.proxy(args.name) if args.name and config.proxies else (
         config.proxies[0] if config.proxies else conf.ProxyConfig("proxy1"))
-    upstream = args.upstream or (config.node(proxy.upstream) if proxy.upstream else config.nodes[0]).address
-    serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file)
+    if args.upstream:
+        upstream = args.upstream
+    else:  # every node, the configured upstream first: the proxy fails over along this list
+        first = config.node(proxy.upstream) if proxy.upstream else config.nodes[0]
+        upstream = [first.address] + [n.address for n in config.nodes if n.name != first.name]
+    ha = config.ha
+    limits = RetransmissionLimits(ha.retransmission_max_messages, ha.retransmission_max_bytes,
+                                  ha.retransmission_timeout_ms)
+    serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file,
+          limits=limits, stop_timeout_ms=ha.stop_timeout_ms)
     return 0
 
 
@@ -247,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(p)
     p.add_argument("--name")
     p.add_argument("--port", type=int)
-    p.add_argument("--upstream", help="node host:port (default from the config)")
+    p.add_argument("--upstream", nargs="+", metavar="HOST:PORT",
+                   help="nodes to connect to, tried in turn (default: every node of the config, "
+                        "the proxy's upstream first)")
     p.set_defaults(func=cmd_proxy)
 
     p = sub.add_parser("pipeline", help="run the Spark dedup pipeline")

@@ -96,10 +96,12 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
     _say(f"Taproot embedded cluster, data in {cluster.data_dir} (logs in {cluster.data_dir}/logs)")
     started = time.monotonic()
     try:
-        cluster.start_node()
-        _say(f"   node       {cluster.node_address}  (primary for {cluster.config.partitions} partition(s))")
-        cluster.start_proxy()
-        _say(f"   proxy      {cluster.proxy_address}  (clients connect here)")
+        cluster.start_nodes()
+        for name, address in cluster.node_addresses.items():
+            _say(f"   {name:<10} {address}  (node; {cluster.config.partitions} partition(s) share the nodes' leases)")
+        for name in cluster.proxy_names:
+            cluster.start_proxy(name=name)
+            _say(f"   {name:<10} {cluster.proxy_addresses[name]}  (proxy: clients connect here)")
         _say("   pipeline   starting Spark and warming it up (about 30 s on 2 cores)...")
         cluster.start_pipeline()
         _say(f"   pipeline   running  ({time.monotonic() - started:.0f} s to start everything)")

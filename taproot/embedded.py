@@ -1,8 +1,10 @@
-"""An embedded cluster: node, proxy and pipeline as separate local processes.
+"""An embedded cluster: nodes, proxies and the pipeline as separate local processes.
 
 Used by `taproot run` and by the integration tests. Each process writes a
 ready file once it serves (with the port it bound, so port 0 works) and logs
-to `<data>/logs/<role>.log`.
+to `<data>/logs/<name>.log`. Every node and proxy of the config is started
+(`nodes=` / `proxies=` start fewer); each proxy's host list is every node,
+its configured upstream first.
 """
 
 from __future__ import annotations
@@ -75,9 +77,23 @@ class EmbeddedCluster:
         self.with_pipeline = with_pipeline
         self.with_proxy = with_proxy
         self.processes: dict[str, Process] = {}
-        self.node_address = ""
-        self.proxy_address = ""
+        self.node_addresses: dict[str, str] = {}     # node name -> host:port
+        self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
         self._run_dir = Path(tempfile.mkdtemp(prefix="taproot-run-"))
+
+    @property
+    def node_address(self) -> str:
+        """The first node's address."""
+        return next(iter(self.node_addresses.values()), "")
+
+    @property
+    def proxy_address(self) -> str:
+        """The first proxy's address."""
+        return next(iter(self.proxy_addresses.values()), "")
+
+    @property
+    def proxy_names(self) -> list[str]:
+        return [p.name for p in self.config.proxies] or ["proxy1"]
 
     def __enter__(self) -> "EmbeddedCluster":
         self.start()
@@ -90,11 +106,13 @@ class EmbeddedCluster:
     def client_address(self) -> str:
         return self.proxy_address or self.node_address
 
-    def _spawn(self, role: str, args: list[str]) -> Process:
+    def _spawn(self, role: str, args: list[str], name: str | None = None) -> Process:
+        name = name or role
         logs = Path(self.data_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        ready = self._run_dir / f"{role}.ready"
-        log_file = logs / f"{role}.log"
+        ready = self._run_dir / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        log_file = logs / f"{name}.log"
         common = ["--data-dir", self.data_dir, "--ready-file", str(ready)]
         if self.config_file:
             common += ["--config", self.config_file]
@@ -105,39 +123,65 @@ class EmbeddedCluster:
                                      stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         process = Process(role, popen, ready, log_file)
-        self.processes[role] = process
+        self.processes[name] = process
         return process
 
-    def start_node(self, timeout_s: float = 60, port: int | None = None) -> None:
-        node = self.config.nodes[0]
-        port_args = ["--port", str(port)] if port is not None else ["--port", "0"] if self.ephemeral_ports else []
-        info = self._spawn("node", ["--name", node.name, *port_args]).wait_ready(timeout_s)
-        self.node_address = f"{info['host']}:{info['port']}"
+    def _port_args(self, port: int | None) -> list[str]:
+        return ["--port", str(port)] if port is not None else ["--port", "0"] if self.ephemeral_ports else []
 
-    def restart_node(self, timeout_s: float = 60) -> None:
-        """Stop the node (SIGTERM) and start it again on the same port."""
-        process = self.processes.pop("node")
+    def start_nodes(self, timeout_s: float = 60, names: list[str] | None = None) -> None:
+        """Start nodes (all of the config's by default) and wait until each serves."""
+        names = names or [n.name for n in self.config.nodes]
+        started = [(name, self._spawn("node", ["--name", name, *self._port_args(None)], name)) for name in names]
+        for name, process in started:
+            info = process.wait_ready(timeout_s)
+            self.node_addresses[name] = f"{info['host']}:{info['port']}"
+
+    def start_node(self, timeout_s: float = 60, port: int | None = None, name: str | None = None) -> None:
+        name = name or self.config.nodes[0].name
+        info = self._spawn("node", ["--name", name, *self._port_args(port)], name).wait_ready(timeout_s)
+        self.node_addresses[name] = f"{info['host']}:{info['port']}"
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        """Stop one process: SIGTERM (graceful) by default, or SIGKILL."""
+        process = self.processes.pop(name)
+        if sig == signal.SIGTERM:
+            return process.stop(timeout_s)
+        # The whole process group, as a crash of its machine would: the
+        # pipeline's JVM is a child of its Python process.
+        os.killpg(process.popen.pid, sig)
+        return process.popen.wait(timeout_s)
+
+    def restart_node(self, timeout_s: float = 60, name: str | None = None) -> None:
+        """Stop a node (SIGTERM) and start it again on the same port."""
+        name = name or self.config.nodes[0].name
+        process = self.processes[name]
         port = int(process.info["port"])
-        process.stop()
-        process.ready_file.unlink(missing_ok=True)
-        self.start_node(timeout_s, port=port)
+        self.stop_process(name)
+        self.start_node(timeout_s, port=port, name=name)
 
-    def start_proxy(self, timeout_s: float = 60) -> None:
-        proxy = self.config.proxies[0] if self.config.proxies else conf.ProxyConfig("proxy1")
-        args = ["--name", proxy.name, "--upstream", self.node_address]
-        if self.ephemeral_ports or not self.config.proxies:
+    def start_proxy(self, timeout_s: float = 60, name: str | None = None, port: int | None = None) -> None:
+        name = name or self.proxy_names[0]
+        proxy = self.config.proxy(name) if self.config.proxies else conf.ProxyConfig(name)
+        first = proxy.upstream or self.config.nodes[0].name
+        hosts = [self.node_addresses[first]] + [a for n, a in self.node_addresses.items() if n != first]
+        args = ["--name", name, "--upstream", *hosts]
+        if port is not None:
+            args += ["--port", str(port)]
+        elif self.ephemeral_ports or not self.config.proxies:
             args += ["--port", "0"]
-        info = self._spawn("proxy", args).wait_ready(timeout_s)
-        self.proxy_address = f"{info['host']}:{info['port']}"
+        info = self._spawn("proxy", args, name).wait_ready(timeout_s)
+        self.proxy_addresses[name] = f"{info['host']}:{info['port']}"
 
     def start_pipeline(self, timeout_s: float = 300) -> None:
         self._spawn("pipeline", ["--node-address", self.node_address]).wait_ready(timeout_s)
 
     def start(self) -> None:
         try:
-            self.start_node()
+            self.start_nodes()
             if self.with_proxy:
-                self.start_proxy()
+                for name in self.proxy_names:
+                    self.start_proxy(name=name)
             if self.with_pipeline:
                 self.start_pipeline()
         except BaseException:
@@ -145,10 +189,10 @@ class EmbeddedCluster:
             raise
 
     def stop(self) -> None:
-        # Edge first, root last: the proxy stops forwarding before the node goes.
+        # Edge first, root last: proxies stop forwarding before the nodes go.
         for role in ("proxy", "pipeline", "node"):
-            process = self.processes.pop(role, None)
-            if process is not None:
-                process.stop()
+            for name, process in list(self.processes.items()):
+                if process.role == role:
+                    self.processes.pop(name).stop()
         if not self.processes:
             shutil.rmtree(self._run_dir, ignore_errors=True)

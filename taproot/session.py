@@ -618,7 +618,10 @@ class Session:
                 ResultCode.TIMEOUT, f"no ACK within {entry.queue.retransmission_timeout_s:.0f} s", guids[:16])))
         self._lock.notify_all()
         # Resolve outside the lock: callbacks may post.
-        threading.Thread(target=lambda: [f.set_exception(e) for f, e in failures], daemon=True).start()
+        def fail() -> None:
+            for future, exc in failures:
+                future.set_exception(exc)
+        threading.Thread(target=fail, daemon=True).start()
 
     def _receive(self, responses, out: "_queue.SimpleQueue[object]", channel: grpc.Channel) -> None:
         reason = "stream ended"

@@ -259,7 +259,7 @@ def test_domains_reload_without_restart_and_a_bad_file_is_rejected_naming_the_fi
     futures = wait_until(served, 30, interval_s=0.5, what="the new domain to be served")
     assert futures[0].exception() is None and futures[1].exception().code.name == "LIMIT_MESSAGES"
     (domains / "late.toml").write_text('mode = "priority"\nqueue_max_mesages = 5\n')
-    node_log = Path(cluster.data_dir) / "logs" / "node.log"
+    node_log = Path(cluster.data_dir) / "logs" / "node1.log"
     wait_until(lambda: "late.toml: queue_max_mesages: unknown field" in node_log.read_text(), 30,
                what="the node to log the bad field")
     # The last good configuration stays in force.

@@ -1,0 +1,264 @@
+"""The fault suite: the tree of `tests/ha_conf` (two nodes, two proxies, the
+pipeline; real processes) under one producer and one consumer at a steady
+rate, 10,000 messages per scenario, with one fault injected mid-stream.
+
+For every scenario: every PUT gets exactly one ACK, and each is a success;
+every ACKed message reaches the consumer. Graceful cases also: no duplicates,
+and PUSH order equals PUT order. Each prints the outage the producer saw (the
+longest gap between ACKs) as the failover time.
+
+Topology changes persist between scenarios (a killed node comes back as a
+follower; leases do not move back), so each scenario finds the current
+primary from the lease table. Run alone: `pytest -m faults`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import cluster_from, wait_until
+from primary.node import partition_of
+from protocol.uri import QueueUri
+from storage import tables
+from storage.leases import LeaseTable
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
+
+MESSAGES = 10_000
+RATE = 2_000          # msg/s
+FAULT_AT = 0.3        # of the messages posted
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    with cluster_from("ha_conf", tmp_path_factory) as cluster:
+        yield cluster
+
+
+def lease(tree, partition: int):
+    view = LeaseTable(tables.PartitionPaths(tree.data_dir, partition).lease).read()
+    assert view is not None
+    return view
+
+
+def queue_on(tree, partition: int, prefix: str) -> str:
+    """A fresh queue URI that maps to `partition`."""
+    for i in range(1000):
+        uri = QueueUri("demo", f"{prefix}-{i}")
+        if partition_of(uri, tree.config.partitions) == partition:
+            return f"taproot://demo/{prefix}-{i}"
+    raise AssertionError("no queue name maps to that partition")
+
+
+def node_name_at(tree, address: str) -> str:
+    return next(name for name, a in tree.node_addresses.items() if a == address)
+
+
+@dataclass
+class Traffic:
+    """One producer and one consumer (separate sessions) through `hosts`."""
+    hosts: list[str]
+    uri: str
+    count: int = MESSAGES
+    rate: float = RATE
+    posted: int = 0
+    acks: list = field(default_factory=list)            # (monotonic time, guid, exception or None)
+    received: list = field(default_factory=list)        # guids, in PUSH order
+    put_order: list = field(default_factory=list)       # guids, in PUT order
+    events: list = field(default_factory=list)
+    error: BaseException | None = None
+
+    def __post_init__(self):
+        from taproot import Session
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.consumer_session = Session(self.hosts, on_event=self.events.append)
+        self.producer_session = Session(self.hosts, on_event=self.events.append)
+        self.consumer_session.start()
+        self.producer_session.start()
+        self.consumer = self.consumer_session.open_queue(self.uri, read=True, max_unconfirmed_messages=1000)
+        self.producer = self.producer_session.open_queue(self.uri, write=True)
+        self._threads = [threading.Thread(target=self._produce, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _on_ack(self, future) -> None:
+        with self._lock:
+            self.acks.append((time.monotonic(), future.guid, future.exception()))
+
+    def _produce(self) -> None:
+        try:
+            started = time.monotonic()
+            for i in range(self.count):
+                delay = started + i / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                future = self.producer.post(b"%08d" % i, on_ack=self._on_ack)
+                self.put_order.append(future.guid)
+                self.posted = i + 1
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            try:
+                message = self.consumer.get(timeout_s=0.2)
+            except Exception as exc:
+                self.error = exc
+                return
+            if message is not None:
+                self.received.append(message.guid)
+                self.consumer.confirm(message)
+
+    def check(self, graceful: bool, fault_at: float, timeout_s: float = 180) -> float:
+        """Assert the invariants; return the producer's longest ACK gap (s)."""
+        wait_until(lambda: self.error is not None or len(self.acks) >= self.count, timeout_s,
+                   what=f"an ACK for each of the {self.count} PUTs")
+        assert self.error is None, self.error
+        assert len(self.acks) == self.count, "a PUT got more than one ACK"
+        guids = [g for _, g, _ in self.acks]
+        assert len(set(guids)) == self.count, "a PUT got more than one ACK"
+        failed = [(g.hex(), repr(e)) for _, g, e in self.acks if e is not None]
+        assert not failed, f"{len(failed)} PUTs failed, e.g. {failed[:3]}"
+        wanted = set(self.put_order)
+        wait_until(lambda: wanted <= set(self.received), timeout_s,
+                   what=f"every ACKed message delivered (have {len(wanted & set(self.received))})")
+        if graceful:
+            duplicates = len(self.received) - len(set(self.received))
+            assert duplicates == 0, f"{duplicates} duplicate deliveries in a graceful case"
+            assert self.received[:self.count] == self.put_order, "PUSH order differs from PUT order"
+        times = sorted(t for t, _, _ in self.acks)
+        gaps = [(b - a, a) for a, b in zip(times, times[1:]) if b >= fault_at]
+        return max(gaps)[0] if gaps else 0.0
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        for session in (self.producer_session, self.consumer_session):
+            session.stop(timeout_s=5)
+
+
+def run(tree, name: str, hosts: list[str], uri: str, fault, graceful: bool, capsys=None) -> float:
+    traffic = Traffic(hosts, uri)
+    try:
+        wait_until(lambda: traffic.posted >= MESSAGES * FAULT_AT or traffic.error, 60, what="traffic to start")
+        fault_at = time.monotonic()
+        fault()
+        outage = traffic.check(graceful, fault_at)
+    finally:
+        traffic.close()
+    redelivered = len(traffic.received) - len(set(traffic.received))
+    print(f"\n[{name}] failover (longest ACK gap) {outage:.2f} s; {MESSAGES} PUTs, all ACKed once; "
+          f"{len(set(traffic.received))} delivered, {redelivered} duplicates; events: "
+          f"{sorted({type(e).__name__ for e in traffic.events})}")
+    return outage
+
+
+def restart_node(tree, name: str, port: int) -> None:
+    tree.processes.pop(name, None)
+    tree.start_node(port=port, name=name)
+
+
+def proxies(tree) -> list[str]:
+    return list(tree.proxy_addresses.values())
+
+
+def primary_process(tree, partition: int):
+    holder = lease(tree, partition).holder
+    return holder, tree.processes[holder]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "graceful"])
+def test_primary_goes_away_mid_stream(tree, sig):
+    uri = queue_on(tree, 0, f"primary-{sig.name}")
+    name, process = primary_process(tree, 0)
+    port = int(process.info["port"])
+    epoch = lease(tree, 0).epoch
+
+    def fault():
+        tree.stop_process(name, sig)
+
+    outage = run(tree, f"{sig.name} primary {name}", proxies(tree), uri, fault, graceful=sig == signal.SIGTERM)
+    after = lease(tree, 0)
+    assert after.holder != name and after.epoch > epoch
+    assert outage < 10
+    restart_node(tree, name, port)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "graceful"])
+def test_replica_on_the_path_goes_away_mid_stream(tree, sig):
+    """The clients attach to the node that is not the queue's primary, which
+    relays their queue to the primary; it goes, they move to the other node."""
+    uri = queue_on(tree, 1, f"replica-{sig.name}")
+    primary = lease(tree, 1).holder
+    replica = next(n for n in tree.node_addresses if n != primary)
+    port = int(tree.processes[replica].info["port"])
+    hosts = [tree.node_addresses[replica], tree.node_addresses[primary]]
+
+    run(tree, f"{sig.name} replica {replica}", hosts, uri, lambda: tree.stop_process(replica, sig),
+        graceful=sig == signal.SIGTERM)
+    assert lease(tree, 1).holder == primary  # the primary never changed
+    restart_node(tree, replica, port)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "graceful"])
+def test_proxy_goes_away_and_the_clients_move_to_the_other(tree, sig):
+    uri = queue_on(tree, 0, f"proxy-{sig.name}")
+    first = list(tree.proxy_addresses)[0]
+    address = tree.proxy_addresses[first]
+    port = int(tree.processes[first].info["port"])
+    hosts = [address] + [a for a in proxies(tree) if a != address]
+
+    run(tree, f"{sig.name} proxy {first}", hosts, uri, lambda: tree.stop_process(first, sig),
+        graceful=sig == signal.SIGTERM)
+    tree.processes.pop(first, None)
+    tree.start_proxy(name=first, port=port)
+
+
+def test_primary_frozen_past_its_lease_is_fenced_and_never_writes_again(tree):
+    """SIGSTOP the primary for twice its lease: the other node takes over and
+    fences the tables; after SIGCONT the old primary's commits must fail."""
+    uri = queue_on(tree, 0, "frozen")
+    name, process = primary_process(tree, 0)
+    old_epoch = lease(tree, 0).epoch
+    freeze_s = 2 * tree.config.ha.lease_duration_ms / 1000
+
+    def fault():
+        process.popen.send_signal(signal.SIGSTOP)
+        time.sleep(freeze_s)
+        process.popen.send_signal(signal.SIGCONT)
+
+    run(tree, f"SIGSTOP primary {name} {freeze_s:.0f} s", proxies(tree), uri, fault, graceful=False)
+    new = lease(tree, 0)
+    assert new.holder != name and new.epoch > old_epoch
+    # The PUT log: nothing with the old epoch was committed after the new epoch's first commit.
+    from deltalake import DeltaTable
+    import pyarrow as pa
+    puts = DeltaTable(tables.PartitionPaths(tree.data_dir, 0).puts)
+    rows = pa.RecordBatchReader.from_stream(puts.load_cdf(starting_version=0, columns=["epoch", "_commit_version"])).read_all()
+    by_epoch: dict[int, list[int]] = {}
+    for epoch, version in zip(rows["epoch"].to_pylist(), rows["_commit_version"].to_pylist()):
+        by_epoch.setdefault(epoch, []).append(version)
+    assert max(by_epoch[old_epoch]) < min(by_epoch[new.epoch])
+    assert process.popen.poll() is None  # alive, a follower now
+    log = (tree.processes[name].log_file).read_text()
+    assert "stepping down" in log
+
+
+def test_pipeline_restarted_mid_stream(tree):
+    uri = queue_on(tree, 1, "pipeline")
+
+    def fault():
+        tree.stop_process("pipeline", signal.SIGKILL)
+        tree.start_pipeline()
+
+    run(tree, "pipeline SIGKILL and restart", proxies(tree), uri, fault, graceful=False)
+    assert os.path.exists(tables.PartitionPaths(tree.data_dir, 1).dedup_checkpoint)
