@@ -161,6 +161,11 @@ class Node:
                         log.exception("partition %d: releasing the lease failed; it will lapse instead", p)
         for partition in list(self.partitions.values()):
             partition.stop()
+        # End every stream: the peers move to their next host at once.
+        with self._lock:
+            links = set(self._handles) | set(self._remote)
+        for link in links:
+            link.close()
 
     def drain(self) -> None:
         """Graceful stop, BlazingMQ's StopRequest: push nothing new, ask every
@@ -313,6 +318,17 @@ class Node:
                                                            name=f"{self.name}-p{p}", limits=self._limits)
                 forwarder.start()
             return forwarder
+
+    def _await_primary(self, p: int) -> None:
+        """During a failover the partition may have no primary for a moment
+        (its lease released or lapsed, nobody has taken it yet). Wait a little
+        for one to appear rather than relay to nowhere (or, if this node is
+        about to take it, through itself)."""
+        deadline = time.monotonic() + 2 * self.config.ha.lease_duration_ms / 1000
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            if self._leases[p].state in (LeaseState.PRIMARY, LeaseState.ACQUIRING) or self._leader_addresses(p):
+                return
+            time.sleep(0.02)
 
     def _local_partition(self, p: int) -> Partition | None | bool:
         """The partition if this node leads it; None if it is becoming its
@@ -495,6 +511,7 @@ class Node:
         if req.queue_id in handles or req.queue_id in self._remote.get(link, {}):
             return reply(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is already open on this session")
         index = partition_of(uri, self.config.partitions)
+        self._await_primary(index)
         partition = self._local_partition(index)
         if partition is False:
             # Another node is this partition's primary: relay the queue there.

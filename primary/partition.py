@@ -10,6 +10,7 @@ thread safe.
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
 import threading
 import time
@@ -102,10 +103,21 @@ class DeadLetter:
 
 def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
     """Send dispatcher output ((link, queue_id), message) as PushBatch frames, one
-    or more per link, in order."""
+    or more per link, in order. Consecutive pushes of one message (same GUID and
+    delivery count) to several queues of one link travel as one PushMessage with
+    `queue_ids`: fanout apps and broadcast consumers below a proxy or replica
+    cost one copy on that link, not one per consumer."""
     by_link: dict["Link", list[pb.PushMessage]] = {}
     for (link, queue_id), message in pushes:
-        by_link.setdefault(link, []).append(pb.PushMessage(
+        messages = by_link.setdefault(link, [])
+        if messages:
+            last = messages[-1]
+            if last.guid == message.guid and last.delivery_count == message.delivery_count:
+                if not last.queue_ids:
+                    last.queue_ids.append(last.queue_id)
+                last.queue_ids.append(queue_id)
+                continue
+        messages.append(pb.PushMessage(
             queue_id=queue_id, guid=message.guid, payload=message.payload,
             properties=message.properties, put_time_us=message.put_time_us,
             delivery_count=message.delivery_count, sequence=message.seq, compression=message.compression))
@@ -194,16 +206,20 @@ class Partition:
                                                       self.quota_for(uri.domain))
             return state
 
-    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list]) -> None:
+    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list],
+              send: bool = True) -> list:
         """Run `action` on the app's dispatcher under the lock, then send its
-        pushes and dead-letter whatever it dropped."""
+        pushes (or return them, with `send=False`) and dead-letter whatever it
+        dropped."""
         with self.lock:
             dispatcher = state.dispatcher(app)
             pushes = action(dispatcher)
             dropped = dispatcher.take_dropped()
-        self.on_pushes(pushes)
+        if send:
+            self.on_pushes(pushes)
         if dropped:
             self._dead_letter(state, app, dropped)
+        return [] if send else pushes
 
     def _dead_letter(self, state: QueueState, app: str, dropped: list) -> None:
         for message, reason, detail in dropped:
@@ -440,8 +456,16 @@ class Partition:
                                      maps=(values[i], types[i]) if values[i] else None)
                 for n, app in enumerate(apps):
                     by_target.setdefault((state, app), []).append(base if n == 0 else base.for_app())
-        for (state, app), messages in by_target.items():
-            self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))
+        # Route every app, then send the pushes together, merged by sequence
+        # number (each app's own order kept): a message going to several apps
+        # below one link then goes down that link once (`send_pushes`).
+        routed = [self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages),
+                             send=False) for (state, app), messages in by_target.items()]
+        routed = [pushes for pushes in routed if pushes]
+        if len(routed) == 1:
+            self.on_pushes(routed[0])
+        elif routed:
+            self.on_pushes(list(heapq.merge(*routed, key=lambda push: push[1].seq)))
 
 
 def _expire(dispatcher: QueueDispatcher) -> list:

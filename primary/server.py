@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 import threading
+import time
+from pathlib import Path
 
 import conf
 from primary.node import Node
@@ -33,8 +38,12 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)
 
+    pid_file = pid_path(config, node_name)
+
     def started(bound: int) -> None:
         node.start(f"{node_conf.host}:{bound}")
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(json.dumps({"pid": os.getpid(), "address": node.address}))
         # Ready once every partition has a primary somewhere (this node or
         # another), so a client connecting now is served.
         if not node.wait_ready(60):
@@ -50,3 +59,37 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
                      on_started=started, before_stop=graceful)
     finally:
         node.stop(graceful=False)
+        pid_file.unlink(missing_ok=True)
+
+
+def pid_path(config: conf.ClusterConfig, node_name: str) -> Path:
+    """Where a running node says who it is (local data directories only)."""
+    return Path(config.data_dir) / "nodes" / f"{node_name}.json"
+
+
+def stop_node(config: conf.ClusterConfig, node_name: str) -> int:
+    """`taproot node stop`: SIGTERM the node running on this machine, which
+    drains (StopRequest) and hands its partitions over, and wait for it."""
+    path = pid_path(config, node_name)
+    try:
+        pid = json.loads(path.read_text())["pid"]
+    except (FileNotFoundError, ValueError, KeyError):
+        print(f"node {node_name}: not running here (no {path})")
+        return 1
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+        print(f"node {node_name}: process {pid} is gone")
+        return 1
+    started = time.monotonic()
+    deadline = started + config.ha.stop_timeout_ms / 1000 + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print(f"node {node_name}: stopped after {time.monotonic() - started:.1f} s (drained, leases released)")
+            return 0
+        time.sleep(0.1)
+    print(f"node {node_name}: still running after {deadline - started:.0f} s")
+    return 1

@@ -210,7 +210,7 @@ class AckBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[AckMessage, _Mapping]]] = ...) -> None: ...
 
 class PushMessage(_message.Message):
-    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us", "delivery_count", "sequence", "compression")
+    __slots__ = ("queue_id", "guid", "payload", "properties", "put_time_us", "delivery_count", "sequence", "compression", "queue_ids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GUID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class PushMessage(_message.Message):
     DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     guid: bytes
     payload: bytes
@@ -227,7 +228,8 @@ class PushMessage(_message.Message):
     delivery_count: int
     sequence: int
     compression: Compression
-    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ..., delivery_count: _Optional[int] = ..., sequence: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Iterable[_Union[Property, _Mapping]]] = ..., put_time_us: _Optional[int] = ..., delivery_count: _Optional[int] = ..., sequence: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushBatch(_message.Message):
     __slots__ = ("messages",)

@@ -342,14 +342,30 @@ class Relay:
         return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in by_link.items()]
 
     def _route_pushes(self, messages) -> Out:
+        """Route each PUSH to the links below; a message for several queues
+        (`queue_ids`) goes down each link once, with that link's queue ids."""
         by_link: dict[Hashable, list] = {}
         for message in messages:
-            route = self._routes.get(message.queue_id)
-            if route is None:
-                continue  # the downstream link is gone; the primary redelivers PUSHes
-            route.unconfirmed.add(message.guid)
-            message.queue_id = route.queue_id
-            by_link.setdefault(route.link, []).append(message)
+            targets = list(message.queue_ids) or [message.queue_id]
+            per_link: dict[Hashable, list[int]] = {}
+            for up_qid in targets:
+                route = self._routes.get(up_qid)
+                if route is None:
+                    continue  # the downstream link is gone; the primary redelivers PUSHes
+                route.unconfirmed.add(message.guid)
+                per_link.setdefault(route.link, []).append(route.queue_id)
+            for n, (link, queue_ids) in enumerate(per_link.items()):
+                copy = message
+                if len(per_link) > 1 and n < len(per_link) - 1:
+                    copy = pb.PushMessage()
+                    copy.CopyFrom(message)
+                del copy.queue_ids[:]
+                if len(queue_ids) == 1:
+                    copy.queue_id = queue_ids[0]
+                else:
+                    copy.queue_id = queue_ids[0]
+                    copy.queue_ids.extend(queue_ids)
+                by_link.setdefault(link, []).append(copy)
         return [(link, pb.Frame(push=pb.PushBatch(messages=items))) for link, items in by_link.items()]
 
     def _response(self, kind: str, body) -> Out:

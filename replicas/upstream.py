@@ -99,12 +99,17 @@ class Upstream:
 
         while not done() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not done():
+        drained = done()
+        if drained:
+            log.info("%s: drained", self.name)
+        else:
             log.warning("%s: stop timeout reached with %d PUTs unacknowledged and %d messages unconfirmed",
                         self.name, self.relay.unacked_count, self.relay.unconfirmed_count)
-            return False
-        log.info("%s: drained", self.name)
-        return True
+        # End the client streams now, so they move to their next host at once
+        # (the server's own stop would otherwise wait out its grace period).
+        for link in links:
+            link.close()
+        return drained
 
     def close_link(self, link: Link) -> None:
         with self._lock:

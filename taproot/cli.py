@@ -38,10 +38,13 @@ def _logging(level: str) -> None:
 
 def cmd_node(args: argparse.Namespace) -> int:
     _logging(args.log_level)
-    from primary.server import serve
     config = _config(args)
-    serve(config, args.name or config.nodes[0].name, port=args.port, ready_file=args.ready_file,
-          cluster_file=args.config)
+    name = args.name or config.nodes[0].name
+    if args.action == "stop":
+        from primary.server import stop_node
+        return stop_node(config, name)
+    from primary.server import serve
+    serve(config, name, port=args.port, ready_file=args.ready_file, cluster_file=args.config)
     return 0
 
 
@@ -246,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo-messages", type=int, default=2000, help="demo messages to send (0: none)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("node", help="run a cluster node")
+    p = sub.add_parser("node", help="run a cluster node, or stop one gracefully (`taproot node stop --name N`)")
+    p.add_argument("action", nargs="?", choices=["run", "stop"], default="run",
+                   help="stop: drain the running node NAME (StopRequest to its peers, then hand its "
+                        "partitions over) and wait for it to exit")
     _server_args(p)
     p.add_argument("--name")
     p.add_argument("--port", type=int)

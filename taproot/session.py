@@ -768,8 +768,9 @@ class Session:
                     entry.future.set_exception(errors.AckError(code, ack.message, guids[:16]))
         elif kind == "push":
             for m in frame.push.messages:
-                q = self._queues.get(m.queue_id)
-                if q is None:
+                # One copy for several queues of this session (fanout apps, broadcast).
+                targets = [q for q in (self._queues.get(i) for i in (m.queue_ids or [m.queue_id])) if q is not None]
+                if not targets:
                     continue  # queue closed meanwhile: the broker redelivers elsewhere
                 payload = m.payload
                 if m.compression:
@@ -777,9 +778,12 @@ class Session:
                         payload = decompress(m.payload, m.compression)
                     except ValueError as exc:
                         # Delivered as received, so the application can see and dead-letter it.
-                        log.error("%s: message %s: %s", q.uri, m.guid.hex(), exc)
-                q._deliver(Message(m.guid, payload, from_wire(m.properties), q.uri, m.delivery_count,
-                                   m.sequence, m.put_time_us, COMPRESSION_NAMES.get(m.compression), q))
+                        log.error("%s: message %s: %s", targets[0].uri, m.guid.hex(), exc)
+                properties = from_wire(m.properties)
+                for n, q in enumerate(targets):
+                    q._deliver(Message(m.guid, payload, properties if n == 0 else dict(properties), q.uri,
+                                       m.delivery_count, m.sequence, m.put_time_us,
+                                       COMPRESSION_NAMES.get(m.compression), q))
         elif kind in ("open_queue_response", "configure_queue_response", "close_queue_response",
                       "stop_response"):
             body = getattr(frame, kind)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -184,7 +186,16 @@ def test_primary_goes_away_mid_stream(tree, sig):
     epoch = lease(tree, 0).epoch
 
     def fault():
-        tree.stop_process(name, sig)
+        if sig == signal.SIGKILL:
+            tree.stop_process(name, sig)
+            return
+        # Graceful: the operator's command, which SIGTERMs the node and waits for it.
+        stop = subprocess.run([sys.executable, "-m", "taproot.cli", "node", "stop", "--name", name,
+                               "--config", tree.config_file, "--data-dir", tree.data_dir],
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "drained, leases released" in stop.stdout
+        assert tree.processes.pop(name).popen.wait(10) == 0
 
     outage = run(tree, f"{sig.name} primary {name}", proxies(tree), uri, fault, graceful=sig == signal.SIGTERM)
     after = lease(tree, 0)

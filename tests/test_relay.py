@@ -179,3 +179,39 @@ def test_relay_rejects_server_frames_from_clients_and_reused_queue_ids():
     relay.from_downstream("A", open_frame(1, 1))
     (to, resp), = relay.from_downstream("A", open_frame(1, 2))
     assert resp.open_queue_response.status.code == ResultCode.INVALID_ARGUMENT
+
+
+class FakeLink:
+    def __init__(self):
+        self.frames = []
+
+    def send(self, frame):
+        self.frames.append(frame)
+
+
+def test_one_message_for_several_queues_of_a_link_goes_down_it_once():
+    from primary.dispatcher import StoredMessage
+    from primary.partition import send_pushes
+
+    a, b = FakeLink(), FakeLink()
+    m1, m2 = StoredMessage(g(1), 1, b"one"), StoredMessage(g(2), 2, b"two")
+    # Fanout apps 1, 2, 3 on link a (merged by seq), and one on link b.
+    send_pushes([((a, 1), m1), ((a, 2), m1), ((b, 9), m1), ((a, 3), m1), ((a, 1), m2), ((a, 2), m2)])
+    (frame,) = a.frames
+    pushed = [(m.guid, list(m.queue_ids) or [m.queue_id]) for m in frame.push.messages]
+    assert pushed == [(g(1), [1, 2, 3]), (g(2), [1, 2])]
+    assert [(m.queue_id, list(m.queue_ids)) for m in b.frames[0].push.messages] == [(9, [])]
+
+
+def test_relay_splits_a_multi_queue_push_by_link_and_keeps_one_copy_per_link():
+    relay = Relay()
+    ups = {}
+    for link, qid, req in (("A", 1, 1), ("A", 2, 2), ("B", 1, 3)):
+        (_, up), = relay.from_downstream(link, open_frame(qid, req, read=True, write=False))
+        opened(relay, up)
+        ups[(link, qid)] = up.open_queue.queue_id
+    push = pb.PushMessage(guid=g(5), payload=b"x", queue_ids=list(ups.values()))
+    out = dict(relay.from_upstream(pb.Frame(push=pb.PushBatch(messages=[push]))))
+    assert [list(m.queue_ids) for m in out["A"].push.messages] == [[1, 2]]
+    assert [(m.queue_id, list(m.queue_ids)) for m in out["B"].push.messages] == [(1, [])]
+    assert relay.unconfirmed_count == 3
