@@ -67,6 +67,19 @@ def pid_path(config: conf.ClusterConfig, node_name: str) -> Path:
     return Path(config.data_dir) / "nodes" / f"{node_name}.json"
 
 
+def _alive(pid: int) -> bool:
+    """Running (an exited process its parent has not reaped yet is a zombie: gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
 def stop_node(config: conf.ClusterConfig, node_name: str) -> int:
     """`taproot node stop`: SIGTERM the node running on this machine, which
     drains (StopRequest) and hands its partitions over, and wait for it."""
@@ -85,9 +98,7 @@ def stop_node(config: conf.ClusterConfig, node_name: str) -> int:
     started = time.monotonic()
     deadline = started + config.ha.stop_timeout_ms / 1000 + 30
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             print(f"node {node_name}: stopped after {time.monotonic() - started:.1f} s (drained, leases released)")
             return 0
         time.sleep(0.1)
