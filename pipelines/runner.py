@@ -145,7 +145,7 @@ def log_progress(query, logged: dict[str, int]) -> None:
 
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,
-        stop_event: threading.Event | None = None, cluster_file: str | None = None) -> int:
+        stop_event: threading.Event | None = None, cluster_file: str | None = None, warm: bool = True) -> int:
     stop = stop_event or threading.Event()
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -154,7 +154,8 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
     window = history_window_ms(config)
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
-    log.info("pipeline warmed up in %.1f s", warm_up(spark, window))
+    if warm:
+        log.info("pipeline warmed up in %.1f s", warm_up(spark, window))
     queries = []
     for index in range(config.partitions):
         paths = tables.PartitionPaths(config.data_dir, index)

@@ -53,8 +53,12 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from proxies.server import serve
     from replicas.relay import RetransmissionLimits
     config = _config(args)
-    proxy = config.proxy(args.name) if args.name and config.proxies else (
-        config.proxies[0] if config.proxies else conf.ProxyConfig("proxy1"))
+    names = {p.name for p in config.proxies}
+    if args.name and args.name not in names and args.upstream:
+        proxy = conf.ProxyConfig(args.name)  # an ad-hoc proxy in front of the given nodes
+    else:
+        proxy = config.proxy(args.name) if args.name and config.proxies else (
+            config.proxies[0] if config.proxies else conf.ProxyConfig("proxy1"))
     if args.upstream:
         upstream = args.upstream
     else:  # every node, the configured upstream first: the proxy fails over along this list
@@ -72,7 +76,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from pipelines.runner import run
     return run(_config(args), node_address=args.node_address, ready_file=args.ready_file,
-               cluster_file=args.config)
+               cluster_file=args.config, warm=not args.no_warm_up)
 
 
 def _parse_properties(items: list[str]) -> dict:
@@ -270,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="run the Spark dedup pipeline")
     _server_args(p)
     p.add_argument("--node-address", help="primary host:port to notify (default: first node)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the JIT warm-up on scratch tables (ready ~25 s sooner; the first batches are slower)")
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("produce", help="post messages")

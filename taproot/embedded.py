@@ -69,13 +69,15 @@ class EmbeddedCluster:
     """Start with `start()`, stop with `stop()` (or use as a context manager)."""
 
     def __init__(self, config_file: str | None = None, data_dir: str | None = None, *,
-                 ephemeral_ports: bool = False, with_pipeline: bool = True, with_proxy: bool = True):
+                 ephemeral_ports: bool = False, with_pipeline: bool = True, with_proxy: bool = True,
+                 warm_up: bool = True):
         self.config_file = config_file
         self.config = conf.load(config_file, data_dir=data_dir)
         self.data_dir = os.path.abspath(self.config.data_dir)
         self.ephemeral_ports = ephemeral_ports
         self.with_pipeline = with_pipeline
         self.with_proxy = with_proxy
+        self.warm_up = warm_up
         self.processes: dict[str, Process] = {}
         self.node_addresses: dict[str, str] = {}     # node name -> host:port
         self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
@@ -160,11 +162,14 @@ class EmbeddedCluster:
         self.stop_process(name)
         self.start_node(timeout_s, port=port, name=name)
 
-    def start_proxy(self, timeout_s: float = 60, name: str | None = None, port: int | None = None) -> None:
+    def start_proxy(self, timeout_s: float = 60, name: str | None = None, port: int | None = None,
+                    hosts: list[str] | None = None) -> None:
+        """Start a proxy of the config (or, with `hosts`, any proxy in front of those nodes)."""
         name = name or self.proxy_names[0]
-        proxy = self.config.proxy(name) if self.config.proxies else conf.ProxyConfig(name)
-        first = proxy.upstream or self.config.nodes[0].name
-        hosts = [self.node_addresses[first]] + [a for n, a in self.node_addresses.items() if n != first]
+        if hosts is None:
+            proxy = self.config.proxy(name) if self.config.proxies else conf.ProxyConfig(name)
+            first = proxy.upstream or self.config.nodes[0].name
+            hosts = [self.node_addresses[first]] + [a for n, a in self.node_addresses.items() if n != first]
         args = ["--name", name, "--upstream", *hosts]
         if port is not None:
             args += ["--port", str(port)]
@@ -173,8 +178,9 @@ class EmbeddedCluster:
         info = self._spawn("proxy", args, name).wait_ready(timeout_s)
         self.proxy_addresses[name] = f"{info['host']}:{info['port']}"
 
-    def start_pipeline(self, timeout_s: float = 300) -> None:
-        self._spawn("pipeline", ["--node-address", self.node_address]).wait_ready(timeout_s)
+    def start_pipeline(self, timeout_s: float = 300, warm_up: bool = True) -> None:
+        args = ["--node-address", self.node_address] + ([] if warm_up else ["--no-warm-up"])
+        self._spawn("pipeline", args).wait_ready(timeout_s)
 
     def start(self) -> None:
         try:
@@ -183,7 +189,7 @@ class EmbeddedCluster:
                 for name in self.proxy_names:
                     self.start_proxy(name=name)
             if self.with_pipeline:
-                self.start_pipeline()
+                self.start_pipeline(warm_up=self.warm_up)
         except BaseException:
             self.stop()
             raise

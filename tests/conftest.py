@@ -52,7 +52,7 @@ def cluster(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def cluster_from(conf_name: str, tmp_path_factory):
+def cluster_from(conf_name: str, tmp_path_factory, warm_up: bool = True):
     """An embedded cluster (node, proxy, pipeline processes) on a copy of
     tests/<conf_name>, so a test may edit its domain files. `cluster.config_path`
     is the copied cluster.toml."""
@@ -61,7 +61,7 @@ def cluster_from(conf_name: str, tmp_path_factory):
     conf_dir = tmp_path_factory.mktemp("conf")
     shutil.copytree(Path(__file__).resolve().parent / conf_name, conf_dir, dirs_exist_ok=True)
     with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
-                         ephemeral_ports=True) as cluster:
+                         ephemeral_ports=True, warm_up=warm_up) as cluster:
         cluster.config_path = conf_dir / "cluster.toml"  # type: ignore[attr-defined]
         yield cluster
 
