@@ -5,7 +5,7 @@ import os
 
 from simulation import Simulation
 
-SEEDS = int(os.environ.get("TAPROOT_SIM_SEEDS", "40"))
+SEEDS = int(os.environ.get("TAPROOT_SIM_SEEDS", "30"))
 
 
 def test_every_put_is_acked_once_and_every_acked_message_is_delivered_under_random_faults():
@@ -45,10 +45,10 @@ def test_the_simulation_catches_a_hop_that_forgets_its_buffer():
     relay.Relay.upstream_lost = forgetful
     try:
         broken = 0
-        for seed in range(20):
+        for seed in range(10):
             sim = Simulation(seed)
             try:
-                sim.run()
+                sim.run(horizon_ms=10_000)  # a broken run never settles: do not simulate a minute of it
                 sim.check_end()
             except AssertionError:
                 broken += 1
