@@ -20,6 +20,7 @@ from pipelines.maintenance import maintain
 from protocol import pb, pb_grpc
 from protocol.stream import write_ready_file
 from storage import deltars, tables
+from storage.leases import LeaseTable
 from storage import spark as spark_factory
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,19 @@ class DeliveryNotifier:
         self._fallback = fallback
         self._stubs: dict[str, pb_grpc.BrokerStub] = {}
         self._leases: dict[int, tuple[float, str | None]] = {}
+        self._lease_tables: dict[int, "LeaseTable"] = {}  # one handle each: a refresh reads only new commits
 
     def _address(self, partition: int) -> str | None:
         if self._data_dir is None:
             return self._fallback
         checked, address = self._leases.get(partition, (0.0, None))
         if time.monotonic() - checked > self.LEASE_REFRESH_S:
-            from storage.leases import LeaseTable
+            table = self._lease_tables.get(partition)
+            if table is None:
+                table = self._lease_tables[partition] = LeaseTable(
+                    tables.PartitionPaths(self._data_dir, partition).lease)
             try:
-                view = LeaseTable(tables.PartitionPaths(self._data_dir, partition).lease).read()
+                view = table.read()
             except Exception:  # a lease being written: keep the last answer
                 view = None
             address = view.address if view is not None and view.address and not view.released else address

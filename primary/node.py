@@ -121,7 +121,6 @@ class Node:
         self._forwarders: dict[int, Upstream] = {}
         self._limits = RetransmissionLimits(ha.retransmission_max_messages, ha.retransmission_max_bytes,
                                             ha.retransmission_timeout_ms)
-        self.failovers: list[tuple[int, int, float]] = []   # (partition, epoch, seconds to serve)
         self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
 
     def start(self, address: str = "") -> None:
@@ -275,7 +274,6 @@ class Node:
         self.partitions[p] = partition
         self._ready[p].set()
         seconds = (time.monotonic() * 1000 - since_ms) / 1000
-        self.failovers.append((p, epoch, seconds))
         log.info("partition %d: serving as primary, epoch %d (%.2f s after taking the lease)", p, epoch, seconds)
 
     def _fenced(self, p: int) -> None:

@@ -107,17 +107,14 @@ class Relay:
         return self._buffered_messages
 
     @property
-    def unacked_bytes(self) -> int:
-        return self._buffered_bytes
-
-    @property
     def unconfirmed_count(self) -> int:
         """Messages pushed down through this relay and not confirmed yet (what
         a graceful stop waits for)."""
         return sum(len(r.unconfirmed) for r in self._routes.values())
 
-    def routes_of(self, link: Hashable) -> int:
-        return sum(1 for (owner, _) in self._up if owner == link)
+    @property
+    def route_count(self) -> int:
+        return len(self._routes)
 
     @property
     def sending(self) -> bool:

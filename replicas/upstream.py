@@ -157,7 +157,7 @@ class Upstream:
             responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
             self.connects += 1
             log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
-                     len(self.relay._routes), self.relay.unacked_count)
+                     self.relay.route_count, self.relay.unacked_count)
             self.connected.set()
             reason = "upstream stream ended"
             try:

@@ -33,7 +33,7 @@ from storage.leases import LeaseTable
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
 
 MESSAGES = 10_000
-RATE = 3_000          # msg/s
+RATE = 5_000          # msg/s
 FAULT_AT = 0.3        # of the messages posted
 
 
