@@ -138,7 +138,7 @@ class Hop(Endpoint):
         self.up: Link | None = None
 
     def accept(self, link: Link) -> None:
-        pass
+        """A hop needs nothing set up for a new link below it: the relay keys on the link itself."""
 
     def connect(self) -> None:
         self.up = Link(self.sim, self.name, self, self.upper)
@@ -226,7 +226,7 @@ class Primary(Endpoint):
             queues.pop(frame.close_queue.queue_id, None)
             self._release(link, frame.close_queue.queue_id)
         elif kind == "configure_queue":
-            pass
+            return  # flow control is not modelled: the primary caps each consumer at 20 in flight
 
     def _release(self, link: Link, queue_id: int | None = None) -> None:
         for guid, (holder, qid) in list(self.in_flight.items()):
