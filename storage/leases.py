@@ -210,6 +210,11 @@ class LeaseTable:
         self.path = path
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
+        # The holder row of the last read, keyed by (epoch, data files): renewals
+        # are empty commits, so only an acquire or a release changes it, and a
+        # follower polling every 100 ms need not read Parquet each time.
+        self._holder_key: tuple[int, int] | None = None
+        self._holder: tuple[str, str, bool] = ("", "", False)
 
     def _open(self, create: bool = False) -> DeltaTable | None:
         if self._table is None:
@@ -229,12 +234,15 @@ class LeaseTable:
             return None
         table.update_incremental()
         epoch = table.transaction_version(LEASE_APP) or 0
-        holder, address, released = "", "", False
-        if epoch:
-            rows = table.to_pyarrow_table(filters=[("epoch", "=", epoch)])
-            if rows.num_rows:
-                last = rows.sort_by([("time_us", "descending")]).slice(0, 1).to_pylist()[0]
-                holder, address, released = last["holder"], last["address"], last["released"]
+        key = (epoch, len(table.file_uris()))
+        if key != self._holder_key:
+            self._holder, self._holder_key = ("", "", False), key
+            if epoch:
+                rows = table.to_pyarrow_table(filters=[("epoch", "=", epoch)])
+                if rows.num_rows:
+                    last = rows.sort_by([("time_us", "descending")]).slice(0, 1).to_pylist()[0]
+                    self._holder = (last["holder"], last["address"], last["released"])
+        holder, address, released = self._holder
         return LeaseView(table.version(), epoch, holder, address, released)
 
     def _write(self, app_epoch: int, row: dict | None, expected_epoch: int) -> bool:
