@@ -114,8 +114,14 @@ def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, c
     report = PartitionReport(paths.partition)
     if deltars.try_open(paths.delivery) is None or deltars.try_open(paths.puts) is None:
         return report
+    phases: list[tuple[str, float]] = []
+
+    def phase(name: str) -> None:
+        phases.append((name, time.monotonic()))
+
     gone = removable_guids(spark, paths, domains, now)
     guids: list[bytes] = [] if gone is None else [r.guid for r in gone.collect()]
+    phase("select")
     report.removed_messages = len(guids)
     if guids:
         source = spark.createDataFrame([(g,) for g in guids], "guid binary")
@@ -130,6 +136,7 @@ def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, c
                 metrics = (table.merge(arrow, "t.guid = s.guid", source_alias="s", target_alias="t")
                            .when_matched_delete().execute())
                 setattr(report, attr, int(metrics.get("num_target_rows_deleted", 0)))
+    phase("delete")
     dead = deltars.try_open(paths.dead_letters)
     if dead is not None:
         for name, d in domains.items():
@@ -138,18 +145,25 @@ def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, c
                 metrics = dead.delete(f"domain = '{name}' AND dead_time < '{cutoff}'")
                 report.removed_dead_letters += int(metrics.get("num_deleted_rows", 0))
         dead.optimize.compact(target_size=target_file_bytes)
+    phase("dead letters")
     # Compaction: the delivery log by Spark; puts/confirms are compacted by the primary as it writes.
     spark.sql(f"OPTIMIZE delta.`{paths.delivery}`")
+    phase("optimize")
     # Vacuum: files no version younger than the retention needs.
     retain = max(0, vacuum_retention_hours)
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", str(retain >= 168).lower())
     vacuumed = spark.sql(f"VACUUM delta.`{paths.delivery}` RETAIN {retain} HOURS").count()
+    phase("vacuum delivery")
     for path in (paths.puts, paths.confirms, paths.dead_letters):
         table = deltars.try_open(path)
         if table is not None:
             vacuumed += len(table.vacuum(retention_hours=retain, dry_run=False, enforce_retention_duration=False))
     report.vacuumed_files = vacuumed
+    phase("vacuum the rest")
     report.seconds = time.monotonic() - started
+    marks = [started] + [at for _, at in phases]
+    log.info("partition %d maintained in %.1f s: %s", paths.partition, report.seconds,
+             ", ".join(f"{name} {end - begin:.1f} s" for (name, end), begin in zip(phases, marks)))
     return report
 
 

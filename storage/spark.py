@@ -88,6 +88,10 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
         # No empty micro-batches just to advance the watermark: each one would be
         # a Delta commit and a checkpoint write for nothing.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # VACUUM lists a table's files with this many tasks; Spark's default
+        # (10,000) made one VACUUM of a small delivery log take 64 s on 2 cores.
+        .config("spark.databricks.delta.vacuum.fileListing.parallelism", str(max(2, shuffle_partitions)))
+        .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, shuffle_partitions)))
     )
     jars = _cached_jars()
     if jars:
