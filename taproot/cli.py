@@ -339,12 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Producers and consumers as separate processes; BlazingMQ's scenarios; "
                                    "RabbitMQ and NATS side by side with --compare.")
     p.add_argument("--scenario", nargs="+", metavar="NAME",
-                   help="all, or: priority-1q priority-10q priority-100q fanout-5c fanout-30c broadcast-1c "
-                        "broadcast-5c (default: priority-1q)")
+                   help="all (BlazingMQ's table), queues (1 to 10,000 queues over the same 4 clients), or: "
+                        "priority-1q priority-10q priority-100q fanout-5c fanout-30c broadcast-1c broadcast-5c "
+                        "queues-1 queues-10 queues-100 queues-1000 queues-10000 (default: priority-1q)")
     p.add_argument("--mode", choices=["priority", "fanout", "broadcast"], help="a custom scenario instead")
     p.add_argument("--queues", type=int, help="custom scenario: queues")
     p.add_argument("--producers", type=int, help="custom scenario: producers per queue")
     p.add_argument("--consumers", type=int, help="custom scenario: consumers per queue (fanout: apps)")
+    p.add_argument("--queues-per-client", type=int,
+                   help="custom scenario, Taproot only: queues each producer and consumer session serves "
+                        "(default 1; the 'queues' scenarios use up to 5000)")
     p.add_argument("--size", type=int, help="payload bytes (default 1024)")
     p.add_argument("--batch", type=int, help="messages the Taproot SDK batches per PUT frame (default 1000)")
     p.add_argument("--window", type=int, help="unacknowledged PUTs per producer, every system (default 10000)")

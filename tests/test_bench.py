@@ -12,12 +12,13 @@ from taproot.bench import scenarios_from
 from taproot.bench.compare import table
 from taproot.bench.report import Samples, percentiles, plot, summarize, sustained_rate
 from taproot.bench.runner import STAMP, payload_factory, push_latency_ms
-from taproot.bench.scenarios import SCENARIOS, Scenario
+from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
+from taproot.bench.taproot_driver import sessions_of
 
 
 def _args(**kw):
     base = dict(scenario=None, size=None, rate=None, duration=None, batch=None, window=None, mode=None, queues=None,
-                producers=None, consumers=None)
+                producers=None, consumers=None, queues_per_client=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -40,6 +41,52 @@ def test_scenarios_mirror_blazingmqs_table_and_take_overrides():
         Scenario("x", "topic")
     with pytest.raises(ValueError, match="queues must be at least 1"):
         Scenario("x", queues=0)
+
+
+@pytest.mark.unit
+def test_the_queue_sweep_keeps_four_clients_and_spreads_queues_over_them():
+    picked = scenarios_from(_args(scenario=["queues"], duration=3))
+    assert [s.queues for s in picked] == [1, 10, 100, 1000, 10_000]
+    assert all((s.sessions(s.producers), s.sessions(s.consumers)) == (2, 2) for s in picked)
+    assert QUEUE_SWEEP["queues-10000"].label == "priority 10000Q/2P/2C (5000 queues per client)"
+    # The runner spreads (queue, n) clients over workers; each worker's
+    # driver groups them into sessions of `queues_per_client` queues.
+    scenario = Scenario("x", queues=7, queues_per_client=3, producers=2)
+    worker = [(q, n) for q in range(7) for n in range(2)][0::2]   # one of two workers
+    sessions = sessions_of(scenario, worker)
+    assert sessions == [((0, 1, 2), 0), ((3, 4, 5), 0), ((6,), 0)]
+    assert sessions_of(Scenario("y", queues=2), [(0, 0), (1, 0)]) == [((0,), 0), ((1,), 0)]
+    custom, = scenarios_from(_args(mode="priority", queues=50, queues_per_client=25))
+    assert custom.sessions(1) == 2
+    with pytest.raises(ValueError, match="queues_per_client must be at least 1"):
+        Scenario("x", queues_per_client=0)
+
+
+@pytest.mark.unit
+def test_cpu_probe_counts_a_process_and_its_children(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from taproot.bench.cpu import delta, tree_cpu_seconds
+
+    # A parent whose child burns about 0.3 s of CPU: the parent's tree has it.
+    child = tmp_path / "child.py"
+    child.write_text("import time\nt = time.process_time()\n"
+                     "while time.process_time() - t < 0.3:\n    pass\ntime.sleep(5)\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, {str(child)!r}])"])
+    try:
+        before = tree_cpu_seconds({"parent": parent.pid})
+        for _ in range(100):
+            used = delta(before, tree_cpu_seconds({"parent": parent.pid, "gone": 2 ** 22 + 7}))
+            if used.get("parent", 0) >= 0.25:
+                break
+            time.sleep(0.05)
+        assert used["parent"] >= 0.25 and "gone" not in used
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 @pytest.mark.unit
@@ -75,9 +122,15 @@ def test_comparison_table_gives_taproot_over_peer_ratios():
 def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     from taproot.bench.runner import run
 
-    scenario = Scenario("test", "priority", queues=2, rate=400, duration_s=2, size=256)
-    result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False)
+    from taproot.bench.cpu import tree_cpu_seconds
+
+    # Four queues, two per client session: two producer and two consumer sessions.
+    scenario = Scenario("test", "priority", queues=4, queues_per_client=2, rate=400, duration_s=2, size=256)
+    processes = {name: p.popen.pid for name, p in cluster.processes.items()}
+    result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False,
+                 cpu_probe=lambda: tree_cpu_seconds(processes))
     assert result["failed"] == {} and result["posted"] == result["acked"] > 500
+    assert set(result["cpu_s"]) == set(processes) and result["cpu_us_per_msg"] > 0
     assert result["received"] == result["expected_received"] == result["acked"]
     assert 0 < result["ack_ms"]["p50"] <= result["ack_ms"]["max"]
     assert result["push_ms"]["p99"] >= result["ack_ms"]["p50"]  # a PUSH follows its ACK

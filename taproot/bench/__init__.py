@@ -25,25 +25,29 @@ import tempfile
 from pathlib import Path
 
 from taproot.bench.report import fmt_ms, plot
-from taproot.bench.scenarios import SCENARIOS, Scenario
+from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
 
 
 def scenarios_from(args) -> list[Scenario]:
     names = args.scenario or []
-    if "all" in names:
-        names = list(SCENARIOS)
+    expanded: list[str] = []
+    for name in names:
+        expanded += list(SCENARIOS) if name == "all" else list(QUEUE_SWEEP) if name == "queues" else [name]
+    names = list(dict.fromkeys(expanded))
+    known = {**SCENARIOS, **QUEUE_SWEEP}
     overrides = {k: v for k, v in (("size", args.size), ("rate", args.rate), ("duration_s", args.duration),
                                    ("batch", args.batch), ("window", args.window)) if v is not None}
     custom = {k: v for k, v in (("mode", args.mode), ("queues", args.queues), ("producers", args.producers),
-                                ("consumers", args.consumers)) if v is not None}
+                                ("consumers", args.consumers),
+                                ("queues_per_client", getattr(args, "queues_per_client", None))) if v is not None}
     if custom and names:
-        raise ValueError("give --scenario or --mode/--queues/--producers/--consumers, not both")
+        raise ValueError("give --scenario or --mode/--queues/--producers/--consumers/--queues-per-client, not both")
     if custom or not names:
         return [Scenario("custom" if custom else "priority-1q", **custom, **overrides)]
-    unknown = [n for n in names if n not in SCENARIOS]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown scenario {unknown[0]!r}; known: all, {', '.join(SCENARIOS)}")
-    return [SCENARIOS[n].with_(**overrides) for n in names]
+        raise ValueError(f"unknown scenario {unknown[0]!r}; known: all, queues, {', '.join(known)}")
+    return [known[n].with_(**overrides) for n in names]
 
 
 def write_bench_config(directory: Path, scenarios: list[Scenario]) -> Path:
@@ -68,9 +72,13 @@ def print_result(r: dict) -> None:
           f"received {r['received']:,} of {r['expected_received']:,}")
     print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
     print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
+    if r.get("cpu_s"):
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in r["cpu_s"].items())
+        print(f"         server CPU {parts}: {r['cpu_us_per_msg']:,.0f} us per message", flush=True)
 
 
-def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None) -> list[dict]:
+def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None,
+               cpu_probe=None) -> list[dict]:
     from taproot.bench.runner import run
 
     results = []
@@ -80,7 +88,7 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
               flush=True)
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
-                     (60.0 if system == "taproot" else 10.0))
+                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe)
         print_result(result)
         if out_dir is not None:
             png = out_dir / f"{system}-{scenario.name}.png"
@@ -106,6 +114,10 @@ def main(args) -> int:
     systems = ["taproot"] + (["rabbitmq", "nats"] if args.compare else [])
     if args.system:
         systems = [args.system]
+    if systems != ["taproot"] and any(s.queues_per_client > 1 for s in scenarios):
+        print("error: several queues per client is Taproot-only (the peers' drivers open one connection "
+              "per queue); run those scenarios without --compare", file=sys.stderr)
+        return 2
     for system in systems:
         if system == "taproot":
             report["runs"] += _run_taproot(scenarios, args, out_dir)
@@ -134,7 +146,11 @@ def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[
     print(f"starting an embedded cluster in {data_dir} ...", flush=True)
     with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
         _warm_up(cluster.client_address, scenarios, args)
-        return run_system("taproot", cluster.client_address, scenarios, args, out_dir)
+        from taproot.bench.cpu import tree_cpu_seconds
+
+        def cpu_probe() -> dict[str, float]:
+            return tree_cpu_seconds({name: p.popen.pid for name, p in cluster.processes.items()})
+        return run_system("taproot", cluster.client_address, scenarios, args, out_dir, cpu_probe)
 
 
 def _warm_up(address: str, scenarios: list[Scenario], args) -> None:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from taproot.bench.report import Samples, summarize
 from taproot.bench.scenarios import Scenario
@@ -103,7 +104,9 @@ def merge_producers(outs: list[tuple[int, dict]]) -> dict:
     for queue, out in outs:
         total.extend(out["acks"])
         posted += out["posted"]
-        per_queue[queue] = per_queue.get(queue, 0) + len(out["acks"])
+        # A client of one queue, or one of several queues with its own counts.
+        for q, n in (out.get("acked_per_queue") or {queue: len(out["acks"])}).items():
+            per_queue[q] = per_queue.get(q, 0) + n
         for code, n in out["failed"].items():
             failed[code] = failed.get(code, 0) + n
     return {"acks": total, "posted": posted, "failed": failed, "acked_per_queue": per_queue}
@@ -136,7 +139,10 @@ def _spread(items: list, parts: int) -> list[list]:
 
 
 def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
-        progress: bool = True) -> dict:
+        progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None) -> dict:
+    """One scenario. `cpu_probe` gives the server processes' CPU seconds so
+    far (by name); with it the result has each one's CPU time over the run
+    and the CPU cost per message."""
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
@@ -161,6 +167,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
             time.sleep(0.05)
         start = time.time() + 1.0  # producers connect meanwhile
+        cpu_before = cpu_probe() if cpu_probe else {}
         shared.start_at.value = start
         acks, pushes, posted = Samples(), Samples(), 0
         failed: dict[str, int] = {}
@@ -193,6 +200,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             else:
                 consumer_results += 1
                 pushes.extend(out["pushes"])
+        cpu_after = cpu_probe() if cpu_probe else {}
         if progress:
             _print_progress(scenario, start, shared)
             sys.stderr.write("\n")
@@ -204,6 +212,13 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 p.kill()
     result = summarize(acks, pushes, posted, failed, start)
     result["expected_received"] = sum(per_queue) * scenario.copies
+    if cpu_probe:
+        from taproot.bench.cpu import delta
+        cpu_s = delta(cpu_before, cpu_after)
+        result["cpu_s"] = cpu_s
+        # Over the whole run: producing, delivering and the drain at the end
+        # (an idle pipeline polls, about a tenth of a core).
+        result["cpu_us_per_msg"] = sum(cpu_s.values()) * 1e6 / max(1, len(acks))
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)
     return result

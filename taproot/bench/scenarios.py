@@ -22,11 +22,13 @@ class Scenario:
     duration_s: float = 10.0
     batch: int = 1000       # messages the Taproot SDK batches per PUT frame
     window: int = 10_000    # unacknowledged PUTs a producer may have (every system)
+    queues_per_client: int = 1  # Taproot: each producer/consumer session serves this many queues
+
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        for name in ("queues", "producers", "consumers", "size", "batch", "window"):
+        for name in ("queues", "producers", "consumers", "size", "batch", "window", "queues_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.rate < 0 or self.duration_s <= 0:
@@ -34,7 +36,15 @@ class Scenario:
 
     @property
     def label(self) -> str:
+        if self.queues_per_client > 1:
+            return (f"{self.mode} {self.queues}Q/{self.sessions(self.producers)}P/"
+                    f"{self.sessions(self.consumers)}C ({self.queues_per_client} queues per client)")
         return f"{self.mode} {self.queues}Q/{self.producers * self.queues}P/{self.consumers * self.queues}C"
+
+    def sessions(self, per_queue: int) -> int:
+        """Client sessions of one role: `per_queue` for every group of
+        `queues_per_client` queues."""
+        return per_queue * -(-self.queues // self.queues_per_client)
 
     @property
     def copies(self) -> int:
@@ -54,4 +64,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fanout-30c", "fanout", 1, 1, 30),
     Scenario("broadcast-1c", "broadcast", 1, 1, 1),
     Scenario("broadcast-5c", "broadcast", 1, 1, 5),
+)}
+
+
+# Per-message cost against the number of queues (the issue's "flat from 1 to
+# 10,000 queues"): the same two producer and two consumer sessions each time,
+# only the queues they spread over change. `--scenario queues` runs them all.
+QUEUE_SWEEP: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("queues-1", "priority", 1, 2, 2),
+    Scenario("queues-10", "priority", 10, 1, 1, queues_per_client=5),
+    Scenario("queues-100", "priority", 100, 1, 1, queues_per_client=50),
+    Scenario("queues-1000", "priority", 1000, 1, 1, queues_per_client=500),
+    Scenario("queues-10000", "priority", 10_000, 1, 1, queues_per_client=5000),
 )}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue as _queue
 import threading
 import time
 from concurrent.futures import Future
@@ -10,7 +11,7 @@ from taproot.batching import BatchPolicy
 from taproot.bench.report import Samples
 from taproot.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
 from taproot.bench.scenarios import Scenario
-from taproot.session import Session
+from taproot.session import Message, Session
 
 CONSUMER_WINDOW = 10_000  # max unconfirmed messages per consumer
 
@@ -38,24 +39,52 @@ def prepare(address: str, scenario: Scenario) -> None:
     """Queues are created on first open."""
 
 
+def sessions_of(scenario: Scenario, clients: list[tuple[int, int]]) -> list[tuple[tuple[int, ...], int]]:
+    """This worker's (queue, n) clients as sessions: with `queues_per_client`
+    K, each session serves K of the queues that client n has here."""
+    by_n: dict[int, list[int]] = {}
+    for queue_index, n in clients:
+        by_n.setdefault(n, []).append(queue_index)
+    k = scenario.queues_per_client
+    return [(tuple(queues[i:i + k]), n) for n, queues in by_n.items() for i in range(0, len(queues), k)]
+
+
+def _open_all(session: Session, requests: list[tuple[str, dict]]) -> list:
+    """Open many queues at once: each open is a round trip, so 5,000 in turn
+    would take seconds before the run starts."""
+    if len(requests) == 1:
+        return [session.open_queue(requests[0][0], **requests[0][1])]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda r: session.open_queue(r[0], **r[1]), requests))
+
+
+def _close_all(queues: list) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(16, len(queues))) as pool:
+        list(pool.map(lambda q: q.close(), queues))
+
+
 def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
     rate_each = scenario.rate / (scenario.queues * scenario.producers) if scenario.rate else 0.0
     make = payload_factory(scenario.size)
 
-    def producer(queue_index: int, _n: int) -> tuple[int, dict]:
+    def producer(queue_indexes: tuple[int, ...], _n: int) -> tuple[None, dict]:
         acks = Samples()
         failed: dict[str, int] = {}
+        acked_per_queue = dict.fromkeys(queue_indexes, 0)
         lock = threading.Lock()
         pending = [0, 0]  # acked, failed since the last progress report
         outstanding = threading.Semaphore(0)
 
-        def on_ack(sent_ns: int):
+        def on_ack(queue_index: int, sent_ns: int):
             def done(future: Future) -> None:
                 now_ns = time.perf_counter_ns()
                 with lock:
                     exc = future.exception()
                     if exc is None:
                         acks.add(time.time(), (now_ns - sent_ns) / 1e6)
+                        acked_per_queue[queue_index] += 1
                         pending[0] += 1
                     else:
                         code = getattr(getattr(exc, "code", None), "name", type(exc).__name__)
@@ -65,67 +94,83 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             return done
 
         posted = 0
+        rate = rate_each * len(queue_indexes)
         with Session([address], batch=BatchPolicy(max_messages=scenario.batch),
                      max_pending_puts=scenario.window) as session:
-            with session.open_queue(uri(scenario, queue_index), write=True) as queue:
-                while shared.start_at.value == 0:
-                    time.sleep(0.01)
-                start = shared.start_at.value
-                time.sleep(max(0.0, start - time.time()))
-                stop = start + scenario.duration_s
-                began = time.perf_counter()
-                last_report = time.monotonic()
-                while True:
-                    now = time.time()
-                    if now >= stop:
-                        break
-                    if rate_each:
-                        delay = began + posted / rate_each - time.perf_counter()
-                        if delay > 0:
-                            time.sleep(delay)
-                    queue.post(make(), on_ack=on_ack(time.perf_counter_ns()))
-                    posted += 1
-                    if time.monotonic() - last_report > 0.25:
-                        with lock:
-                            shared.add_progress(acked=pending[0], failed=pending[1])
-                            pending[0] = pending[1] = 0
-                        last_report = time.monotonic()
-                queue.flush()
-                for _ in range(posted):  # every PUT gets an ACK (or a failure)
-                    if not outstanding.acquire(timeout=300):
-                        failed["NO_ACK_IN_300_S"] = failed.get("NO_ACK_IN_300_S", 0) + 1
-                        break
+            queues = _open_all(session, [(uri(scenario, q), {"write": True}) for q in queue_indexes])
+            targets = list(zip(queue_indexes, queues))
+            while shared.start_at.value == 0:
+                time.sleep(0.01)
+            start = shared.start_at.value
+            time.sleep(max(0.0, start - time.time()))
+            stop = start + scenario.duration_s
+            began = time.perf_counter()
+            last_report = time.monotonic()
+            while True:
+                now = time.time()
+                if now >= stop:
+                    break
+                if rate:
+                    delay = began + posted / rate - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                queue_index, queue = targets[posted % len(targets)]  # round-robin over its queues
+                queue.post(make(), on_ack=on_ack(queue_index, time.perf_counter_ns()))
+                posted += 1
+                if time.monotonic() - last_report > 0.25:
+                    with lock:
+                        shared.add_progress(acked=pending[0], failed=pending[1])
+                        pending[0] = pending[1] = 0
+                    last_report = time.monotonic()
+            queues[0].flush()
+            for _ in range(posted):  # every PUT gets an ACK (or a failure)
+                if not outstanding.acquire(timeout=300):
+                    failed["NO_ACK_IN_300_S"] = failed.get("NO_ACK_IN_300_S", 0) + 1
+                    break
+            _close_all(queues)
         with lock:
             shared.add_progress(acked=pending[0], failed=pending[1])
-        return queue_index, {"acks": acks, "posted": posted, "failed": failed}
+        return None, {"acks": acks, "posted": posted, "failed": failed, "acked_per_queue": acked_per_queue}
 
-    return merge_producers(in_threads(clients, producer))
+    return merge_producers(in_threads(sessions_of(scenario, clients), producer))
 
 
 def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
-    def consumer(queue_index: int, n: int) -> Samples:
+    def consumer(queue_indexes: tuple[int, ...], n: int) -> Samples:
         pushes = Samples()
+        inbox: "_queue.SimpleQueue[tuple[int, Message]]" = _queue.SimpleQueue()
+        own = dict.fromkeys(queue_indexes, 0)
+        unreported = dict.fromkeys(queue_indexes, 0)
         with Session([address]) as session:
-            with session.open_queue(uri(scenario, queue_index, n), read=True,
-                                    max_unconfirmed_messages=CONSUMER_WINDOW) as queue:
-                with shared.ready.get_lock():
-                    shared.ready.value += 1
-                last_message, unreported, last_report = time.monotonic(), 0, time.monotonic()
-                while True:
-                    message = queue.get(0.2)
-                    now = time.monotonic()
-                    if message is not None:
-                        pushes.add(time.time(), push_latency_ms(message.payload, time.time_ns()))
-                        queue.confirm(message)
-                        last_message = now
-                        unreported += 1
-                    if unreported and (message is None or now - last_report > 0.25):
-                        shared.add_received(queue_index, unreported)
-                        unreported, last_report = 0, now
-                    if message is None and shared.consumer_done(queue_index, len(pushes), scenario.copies,
-                                                                now - last_message):
-                        break
-                queue.flush()
+            queues = _open_all(session, [
+                (uri(scenario, q, n), {"read": True, "max_unconfirmed_messages": CONSUMER_WINDOW,
+                                       "on_message": lambda m, q=q: inbox.put((q, m))})
+                for q in queue_indexes])
+            with shared.ready.get_lock():
+                shared.ready.value += len(queue_indexes)
+            last_message, last_report = time.monotonic(), time.monotonic()
+            while True:
+                try:
+                    queue_index, message = inbox.get(timeout=0.2)
+                except _queue.Empty:
+                    queue_index, message = -1, None
+                now = time.monotonic()
+                if message is not None:
+                    pushes.add(time.time(), push_latency_ms(message.payload, time.time_ns()))
+                    message.confirm()
+                    last_message = now
+                    own[queue_index] += 1
+                    unreported[queue_index] += 1
+                if message is None or now - last_report > 0.25:
+                    for q, count in unreported.items():
+                        if count:
+                            shared.add_received(q, count)
+                            unreported[q] = 0
+                    last_report = now
+                if message is None and all(shared.consumer_done(q, own[q], scenario.copies, now - last_message)
+                                           for q in queue_indexes):
+                    break
+            _close_all(queues)  # sends the last CONFIRMs first
         return pushes
 
-    return merge_consumers(in_threads(clients, consumer))
+    return merge_consumers(in_threads(sessions_of(scenario, clients), consumer))
