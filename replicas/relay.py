@@ -38,7 +38,7 @@ safe: the owner serialises calls.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -93,6 +93,7 @@ class Relay:
         self._request_ids = itertools.count(1)
         self._up: dict[tuple[Hashable, int], int] = {}     # (link, down qid) -> up qid
         self._routes: dict[int, _Route] = {}               # up qid -> route
+        self._timeouts: Counter[float] = Counter()          # the routes' time bounds (expire's shortest)
         self._requests: dict[int, _Request] = {}           # up request id -> request
         # (up qid, guid or the columnar frame's GUIDs) -> what to resend, in PUT order
         self._buffer: "OrderedDict[tuple[int, bytes], _Buffered]" = OrderedDict()
@@ -156,6 +157,7 @@ class Relay:
         up.queue_id, up.request_id = up_qid, up_req
         self._up[(link, req.queue_id)] = up_qid
         self._routes[up_qid] = _Route(link, req.queue_id, req.read, up, timeout_ms=self.limits.timeout_ms)
+        self._timeouts[self.limits.timeout_ms] += 1
         self._requests[up_req] = _Request(link, req.request_id, "open_queue", up_qid)
         # While disconnected the open waits: `upstream_restored` sends it.
         return [(UPSTREAM, pb.Frame(open_queue=up))] if self.connected else []
@@ -299,6 +301,12 @@ class Relay:
         route = self._routes.pop(up_qid, None)
         if route is not None:
             self._up.pop((route.link, route.queue_id), None)
+            self._count_timeout(route.timeout_ms, -1)
+
+    def _count_timeout(self, timeout_ms: float, delta: int) -> None:
+        self._timeouts[timeout_ms] += delta
+        if self._timeouts[timeout_ms] <= 0:
+            del self._timeouts[timeout_ms]
 
     # -- upstream -> downstream ---------------------------------------------
     def from_upstream(self, frame: pb.Frame, now_ms: float | None = None) -> Out:
@@ -386,7 +394,9 @@ class Relay:
                 route.open = True
                 window = body.dedup_history_window_ms
                 if window > 0:
+                    self._count_timeout(route.timeout_ms, -1)
                     route.timeout_ms = min(self.limits.timeout_ms, window)
+                    self._count_timeout(route.timeout_ms, +1)
                 out.extend(self._resend(request.upstream_queue_id))
         elif kind == "close_queue_response":
             self._forget_route(request.upstream_queue_id)
@@ -488,7 +498,9 @@ class Relay:
         The buffer is in arrival order, so the scan stops at the first PUT too
         young for even the shortest bound."""
         self.now_ms = now_ms
-        shortest = min((r.timeout_ms for r in self._routes.values()), default=self.limits.timeout_ms)
+        # A handful of distinct bounds, however many routes (10,000 queues
+        # made a scan of the routes here 12% of a proxy's Python time).
+        shortest = min(self._timeouts, default=self.limits.timeout_ms)
         expired = []
         for key, entry in self._buffer.items():
             if entry.since_ms > now_ms - shortest:

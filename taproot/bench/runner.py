@@ -54,6 +54,12 @@ class Shared:
     progress: "mp.sharedctypes.SynchronizedArray"  # [acked, received, failed]
     received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
     drain_idle_s: float
+    producers_ready: "mp.sharedctypes.Synchronized | None" = None  # (queue, producer) pairs with queues open
+
+    def mark_producers_ready(self, count: int) -> None:
+        if self.producers_ready is not None:
+            with self.producers_ready.get_lock():
+                self.producers_ready.value += count
 
     def add_received(self, queue: int, count: int) -> None:
         """A consumer's receipts: the progress line and its queue's total."""
@@ -147,7 +153,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
     shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", scenario.queues),
-                    ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s)
+                    ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0))
     results = ctx.Queue()
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
@@ -166,8 +172,18 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
             time.sleep(0.05)
+        if getattr(driver, "PRODUCERS_SIGNAL_READY", False):
+            # Opening thousands of queues takes seconds: keep it out of the run.
+            while shared.producers_ready.value < len(producers):
+                _check_alive(procs, results)
+                _raise_reported(results)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"producers opened only {shared.producers_ready.value} of "
+                                       f"{len(producers)} queues in 120 s")
+                time.sleep(0.05)
         start = time.time() + 1.0  # producers connect meanwhile
         cpu_before = cpu_probe() if cpu_probe else {}
+        cpu_after: dict[str, float] = {}
         shared.start_at.value = start
         acks, pushes, posted = Samples(), Samples(), 0
         failed: dict[str, int] = {}
@@ -175,6 +191,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         last_print = 0.0
         per_queue = [0] * scenario.queues
         while producer_results + consumer_results < len(procs):
+            if cpu_probe and not cpu_after and shared.producers_done.is_set() and \
+                    shared.progress[1] >= sum(per_queue) * scenario.copies:
+                cpu_after = cpu_probe()  # everything delivered: before the clients close their queues
             if progress and time.monotonic() - last_print >= 1.0:
                 _print_progress(scenario, start, shared)
                 last_print = time.monotonic()
@@ -200,7 +219,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             else:
                 consumer_results += 1
                 pushes.extend(out["pushes"])
-        cpu_after = cpu_probe() if cpu_probe else {}
+        if cpu_probe and not cpu_after:
+            cpu_after = cpu_probe()
         if progress:
             _print_progress(scenario, start, shared)
             sys.stderr.write("\n")
@@ -216,8 +236,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         from taproot.bench.cpu import delta
         cpu_s = delta(cpu_before, cpu_after)
         result["cpu_s"] = cpu_s
-        # Over the whole run: producing, delivering and the drain at the end
-        # (an idle pipeline polls, about a tenth of a core).
+        # From the first PUT until every ACKed message was received (queue
+        # opens and closes are outside), so it includes the wait for the last
+        # delivery, when an idle pipeline polls (about a tenth of a core).
         result["cpu_us_per_msg"] = sum(cpu_s.values()) * 1e6 / max(1, len(acks))
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)

@@ -14,6 +14,7 @@ from taproot.bench.scenarios import Scenario
 from taproot.session import Message, Session
 
 CONSUMER_WINDOW = 10_000  # max unconfirmed messages per consumer
+PRODUCERS_SIGNAL_READY = True  # the runner starts the clock once every producer's queues are open
 
 
 def domain_name(scenario: Scenario) -> str:
@@ -99,6 +100,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                      max_pending_puts=scenario.window) as session:
             queues = _open_all(session, [(uri(scenario, q), {"write": True}) for q in queue_indexes])
             targets = list(zip(queue_indexes, queues))
+            shared.mark_producers_ready(len(queues))
             while shared.start_at.value == 0:
                 time.sleep(0.01)
             start = shared.start_at.value
