@@ -127,7 +127,7 @@ class Relay:
             self.now_ms = now_ms
         kind = frame.WhichOneof("body")
         if kind == "put":
-            return self._put(link, frame.put)
+            return self._put(link, frame)
         if kind == "confirm":
             return self._confirm(link, frame.confirm)
         if kind == "put_columns":
@@ -207,8 +207,9 @@ class Relay:
             self._buffered_messages -= entry.count
         return entry
 
-    def _put(self, link: Hashable, batch: pb.PutBatch) -> Out:
+    def _put(self, link: Hashable, frame: pb.Frame) -> Out:
         out_messages, nacks = [], []
+        batch = frame.put
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
             refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {message.queue_id} is not open")
@@ -227,6 +228,8 @@ class Relay:
                 out_messages.append(message)
         out: Out = []
         if out_messages:
+            # A new frame, not `frame` itself: the buffer keeps these messages
+            # for retransmission, and the frame upstream must not share them.
             out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=out_messages))))
         if nacks:
             out.append((link, pb.Frame(ack=pb.AckBatch(messages=nacks))))
@@ -314,9 +317,9 @@ class Relay:
             self.now_ms = now_ms
         kind = frame.WhichOneof("body")
         if kind == "ack":
-            return self._route_acks(frame.ack.messages)
+            return self._route_acks(frame)
         if kind == "push":
-            return self._route_pushes(frame.push.messages)
+            return self._route_pushes(frame)
         if kind == "ack_columns":
             ack = frame.ack_columns
             entry = self._release((ack.queue_id, ack.guids))
@@ -336,20 +339,22 @@ class Relay:
                 return [(request.link, pb.Frame(error=error))]
         return []  # heartbeats and stop responses to the relay itself
 
-    def _route_acks(self, acks) -> Out:
+    def _route_acks(self, frame: pb.Frame) -> Out:
         by_link: dict[Hashable, list] = {}
+        acks = frame.ack.messages
         for ack in acks:
             entry = self._release((ack.queue_id, ack.guid))
             if entry is None:
                 continue  # the second ACK of a retransmitted PUT, or one already answered
             ack.queue_id = entry.queue_id
             by_link.setdefault(entry.link, []).append(ack)
-        return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in by_link.items()]
+        return _regroup(frame, "ack", pb.AckBatch, by_link, len(acks))
 
-    def _route_pushes(self, messages) -> Out:
+    def _route_pushes(self, frame: pb.Frame) -> Out:
         """Route each PUSH to the links below; a message for several queues
         (`queue_ids`) goes down each link once, with that link's queue ids."""
         by_link: dict[Hashable, list] = {}
+        messages = frame.push.messages
         for message in messages:
             targets = list(message.queue_ids) or [message.queue_id]
             per_link: dict[Hashable, list[int]] = {}
@@ -371,7 +376,7 @@ class Relay:
                     copy.queue_id = queue_ids[0]
                     copy.queue_ids.extend(queue_ids)
                 by_link.setdefault(link, []).append(copy)
-        return [(link, pb.Frame(push=pb.PushBatch(messages=items))) for link, items in by_link.items()]
+        return _regroup(frame, "push", pb.PushBatch, by_link, len(messages))
 
     def _response(self, kind: str, body) -> Out:
         request = self._requests.pop(body.request_id, None)
@@ -536,3 +541,16 @@ def _response(kind: str, req, code: ResultCode, text: str = "") -> pb.Frame:
     body.request_id, body.queue_id = req.request_id, req.queue_id
     body.status.CopyFrom(status(code, text))
     return response
+
+
+def _regroup(frame: pb.Frame, field: str, batch_type, by_link: dict[Hashable, list], count: int) -> Out:
+    """One frame per link. When every message of `frame` (already rewritten
+    in place) goes to one link, `frame` itself goes: building a new batch
+    copies every message and its payload (5 ms per 1,000 1 KiB messages; a
+    third of a proxy's Python time went to it)."""
+    if len(by_link) == 1:
+        (link, items), = by_link.items()
+        if len(items) == count and all(a is b for a, b in zip(items, getattr(frame, field).messages)):
+            return [(link, frame)]
+    return [(link, pb.Frame(**{field: batch_type(messages=items)})) for link, items in by_link.items()]
+
