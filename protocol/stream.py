@@ -146,14 +146,22 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     if on_started is not None:
         on_started(bound)
     write_ready_file(ready_file, port=bound, host=host)
-    stop.wait()
+    # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
+    # delta-rs's), and Python runs the handler only when the main thread next
+    # wakes. A bare wait() then slept through it until the launcher's SIGKILL.
+    while not stop.wait(0.2):
+        pass
     log.info("%s stopping", role)
     if before_stop is not None:
         try:
             before_stop()
         except Exception:
             log.exception("%s: graceful stop failed; stopping anyway", role)
-    server.stop(grace=2).wait()
+    # Bounded: grpcio's shutdown event sometimes never fires after a client
+    # sent a corrupt frame (seen in tests: the process then waited for its
+    # launcher's SIGKILL). The role has stopped by now, so leaving is safe.
+    if not server.stop(grace=2).wait(3):
+        log.warning("%s: gRPC server shutdown did not finish in 3 s; exiting anyway", role)
 
 
 def write_ready_file(path: str | None, **info: object) -> None:
