@@ -235,13 +235,30 @@ class Node:
             if machine.state is LeaseState.PRIMARY:
                 action = machine.tick(now)
                 if action is Action.RENEW:
-                    action = machine.renewed(table.renew(machine.epoch), now)
+                    late_ms = now - machine.renewed_ms
+                    try:
+                        ok = table.renew(machine.epoch)
+                    except Exception:
+                        if not machine.lapsed(now):
+                            raise  # logged by the keeper loop, retried on the next tick
+                        log.exception("partition %d: lease renewal failed after the lease ran out", p)
+                        ok = False
+                    action = machine.renewed(ok, now)
+                    took_ms = time.monotonic() * 1000 - now
+                    if late_ms + took_ms > self.config.ha.lease_duration_ms / 2:
+                        # A starved process (CPU) or slow storage. Past the
+                        # lease, a follower may take over: then this renewal
+                        # fails and the partition steps down.
+                        log.warning("partition %d: lease renewal %s %.0f ms after the last one (the commit "
+                                    "took %.0f ms; the lease is %d ms)", p, "succeeded" if ok else "refused",
+                                    late_ms + took_ms, took_ms, self.config.ha.lease_duration_ms)
             elif machine.state is LeaseState.FOLLOWER:
                 view = self._views[p] = table.read()
                 action = machine.observed(view, now)
                 if action is Action.ACQUIRE:
                     epoch = machine.next_epoch()
-                    won = table.acquire(epoch, self.name, self.address, wall_time_us())
+                    won = table.acquire(epoch, self.name, self.address, wall_time_us(),
+                                        expected_version=None if view is None else view.version)
                     action = machine.acquired(epoch if won else None, now)
                     self._views[p] = table.read()
             else:

@@ -105,11 +105,19 @@ class LeaseMachine:
     |            | observed: unchanged for lease + rank delay   | ACQUIRE        | ACQUIRING  |
     | ACQUIRING  | acquired(epoch)                              | BECOME_PRIMARY | PRIMARY    |
     | ACQUIRING  | acquire failed                               | -              | FOLLOWER   |
-    | PRIMARY    | tick: lease_duration since the last renewal  | STEP_DOWN      | FOLLOWER   |
-    | PRIMARY    | tick: renew interval passed                  | RENEW          | PRIMARY    |
+    | PRIMARY    | tick: renew interval passed (or the lease)   | RENEW          | PRIMARY    |
     | PRIMARY    | renewed / renew refused (fenced)             | - / STEP_DOWN  | PRIMARY / FOLLOWER |
     | PRIMARY    | stop                                         | RELEASE        | STOPPED    |
     | any        | stop                                         | -              | STOPPED    |
+
+    A late holder (a starved or frozen process) does not step down on its own
+    clock: it renews, and the commit decides. A renewal is conditional: it
+    fails if any commit carrying a newer epoch landed first, and of two
+    racing commits on the lease table the second fails as a concurrent
+    transaction. So a renewal that succeeds, however late, proves nobody took
+    the lease, and one that fails steps the holder down. Stepping down on the
+    clock instead made a single node under full load on 2 cores drop its own
+    partitions every few seconds (its keeper thread ran 2-4 s late).
 
     "Free" is a table that does not exist yet or whose holder released it. The
     rank delay (`rank * lease_duration_ms / 2`) lets the partition's preferred
@@ -168,19 +176,24 @@ class LeaseMachine:
     def tick(self, now_ms: float) -> Action:
         if self.state is not LeaseState.PRIMARY:
             return Action.NONE
-        if now_ms - self._renewed_ms >= self.lease_duration_ms:
-            return self._step_down()
         if now_ms - self._renewed_ms >= self.renew_interval_ms:
-            return Action.RENEW
+            return Action.RENEW  # late or not: the conditional commit decides
         return Action.NONE
+
+    def lapsed(self, now_ms: float) -> bool:
+        """A follower may have seen the lease lapse by now."""
+        return now_ms - self._renewed_ms >= self.lease_duration_ms
+
+    @property
+    def renewed_ms(self) -> float:
+        """When the current lease was last renewed (or taken), on this node's clock."""
+        return self._renewed_ms
 
     def renewed(self, ok: bool, started_ms: float) -> Action:
         if self.state is not LeaseState.PRIMARY:
             return Action.NONE
         if not ok:
             return self._step_down()
-        if started_ms - self._renewed_ms >= self.lease_duration_ms:
-            return self._step_down()  # the renewal began after our lease had run out
         self._renewed_ms = started_ms
         return Action.NONE
 
@@ -245,15 +258,19 @@ class LeaseTable:
         holder, address, released = self._holder
         return LeaseView(table.version(), epoch, holder, address, released)
 
-    def _write(self, app_epoch: int, row: dict | None, expected_epoch: int) -> bool:
+    def _write(self, app_epoch: int, row: dict | None, expected_epoch: int,
+               expected_version: int | None = None) -> bool:
         """Commit (a row or nothing) carrying txn(LEASE_APP, app_epoch), provided
-        the snapshot's epoch is still `expected_epoch`. False if anyone else
-        committed a lease change first."""
+        the snapshot's epoch is still `expected_epoch` (and, if given, the
+        table is still at `expected_version`). False if anyone else committed
+        a lease change first."""
         table = self._open(create=True)
         assert table is not None
         table.update_incremental()
         if (table.transaction_version(LEASE_APP) or 0) != expected_epoch:
             return False
+        if expected_version is not None and table.version() != expected_version:
+            return False  # renewed since the caller saw it lapse: the holder is alive
         data = pa.Table.from_pylist([row] if row else [], schema=LEASE_SCHEMA)
         try:
             write_deltalake(table, data, mode="append",
@@ -266,9 +283,12 @@ class LeaseTable:
             return False
         return True
 
-    def acquire(self, epoch: int, holder: str, address: str, now_us: int) -> bool:
+    def acquire(self, epoch: int, holder: str, address: str, now_us: int,
+                expected_version: int | None = None) -> bool:
+        """Take the lease at `epoch`. With `expected_version` (the version the
+        follower watched lapse), a renewal that landed since wins instead."""
         return self._write(epoch, {"epoch": epoch, "holder": holder, "address": address, "released": False,
-                                   "time_us": now_us}, expected_epoch=epoch - 1)
+                                   "time_us": now_us}, expected_epoch=epoch - 1, expected_version=expected_version)
 
     def renew(self, epoch: int) -> bool:
         return self._write(epoch, None, expected_epoch=epoch)

@@ -43,15 +43,20 @@ def test_a_released_lease_or_one_held_under_this_nodes_own_name_is_taken_at_once
     assert LeaseMachine("n1", 2, LEASE_MS, RENEW_MS).observed(view(5, 2, "n1"), 0) is Action.ACQUIRE
 
 
-def test_the_primary_renews_on_time_and_steps_down_by_itself_before_anyone_can_take_over():
+def test_the_primary_renews_on_time_and_a_late_renewal_keeps_the_lease_only_if_its_commit_wins():
     m = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
     m.observed(None, 0)
     m.acquired(1, 0)
     assert m.tick(499) is Action.NONE and m.tick(500) is Action.RENEW
     assert m.renewed(True, 500) is Action.NONE
     assert m.tick(999) is Action.NONE and m.tick(1000) is Action.RENEW
-    # Frozen (SIGSTOP, a long GC) past the lease: it must not write again.
-    assert m.tick(500 + LEASE_MS) is Action.STEP_DOWN and m.state is LeaseState.FOLLOWER
+    # Starved or frozen past the lease: it does not serve on its own clock's
+    # say-so, it renews, and the conditional commit decides.
+    late = 500 + LEASE_MS + 1500
+    assert m.lapsed(late) and m.tick(late) is Action.RENEW and m.state is LeaseState.PRIMARY
+    assert m.renewed(True, late) is Action.NONE and not m.lapsed(late + 1)  # nobody took it
+    assert m.tick(late + LEASE_MS) is Action.RENEW
+    assert m.renewed(False, late + LEASE_MS) is Action.STEP_DOWN and m.state is LeaseState.FOLLOWER  # somebody did
 
 
 def test_a_refused_renewal_or_a_fenced_commit_steps_down_and_stop_releases():
@@ -94,6 +99,39 @@ def test_only_one_of_two_nodes_racing_for_a_lease_wins_and_the_loser_cannot_rene
     assert tables[1 - winner].acquire(3, "late", "a:9", 3)  # a later takeover bumps the epoch
     assert not tables[winner].renew(2)                      # and the old holder's renewal fails
     assert tables[winner].release(2, "n", "a", 4) is False
+
+
+def test_a_late_renewal_racing_a_takeover_never_both_succeed(tmp_path):
+    """Why a late holder may renew instead of stepping down on its own clock:
+    its renewal and a follower's acquire are both conditional commits (the
+    acquire on the version the follower saw go quiet), so exactly one wins,
+    in whatever order they land."""
+    path = str(tmp_path / "lease")
+    holder, follower = LeaseTable(path), LeaseTable(path)
+    holder.acquire(1, "n1", "a:1", 1)
+    for epoch in range(1, 6):
+        outcome: dict[str, bool] = {}
+        barrier = threading.Barrier(2)
+        lapsed_at = LeaseTable(path).read().version   # what the follower watched go quiet
+
+        def renew(e=epoch):
+            barrier.wait()
+            outcome["renew"] = holder.renew(e)
+
+        def take(e=epoch, v=lapsed_at):
+            barrier.wait()
+            outcome["take"] = follower.acquire(e + 1, "n2", "a:2", e + 1, expected_version=v)
+
+        threads = [threading.Thread(target=renew), threading.Thread(target=take)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outcome["take"] and not outcome["renew"] or outcome["renew"] and not outcome["take"], outcome
+        if outcome["renew"]:
+            assert follower.acquire(epoch + 1, "n2", "a:2", epoch + 1)  # a later takeover still works
+        holder, follower = follower, holder  # the new holder is renewed next round
+        assert LeaseTable(path).read().epoch == epoch + 1
 
 
 def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table(tmp_path):
