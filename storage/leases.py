@@ -112,10 +112,11 @@ class LeaseMachine:
 
     A late holder (a starved or frozen process) does not step down on its own
     clock: it renews, and the commit decides. A renewal is conditional: it
-    fails if any commit carrying a newer epoch landed first, and of two
-    racing commits on the lease table the second fails as a concurrent
-    transaction. So a renewal that succeeds, however late, proves nobody took
-    the lease, and one that fails steps the holder down. Stepping down on the
+    fails if any commit carrying a newer epoch landed first. A follower's
+    acquire is conditional too: it fails if the table changed since the
+    version it watched go quiet. Of two such commits in flight, the second
+    fails as a concurrent transaction. So exactly one of a late renewal and a
+    takeover wins, in either order, and a holder whose renewal fails steps down. Stepping down on the
     clock instead made a single node under full load on 2 cores drop its own
     partitions every few seconds (its keeper thread ran 2-4 s late).
 
