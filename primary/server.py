@@ -12,6 +12,7 @@ from pathlib import Path
 
 import conf
 from primary.node import Node
+from taproot.procstat import stat_fields
 from protocol import pb, pb_grpc
 from protocol.stream import serve_broker, serve_session
 
@@ -73,11 +74,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
+    fields = stat_fields(pid)
+    return fields is None or fields[0] != "Z"  # no /proc: kill() said it exists
 
 
 def stop_node(config: conf.ClusterConfig, node_name: str) -> int:

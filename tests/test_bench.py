@@ -90,6 +90,28 @@ def test_cpu_probe_counts_a_process_and_its_children(tmp_path):
 
 
 @pytest.mark.unit
+def test_proc_stat_gives_state_and_parent_and_a_zombie_is_not_alive():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from primary.server import _alive
+    from taproot.procstat import stat_fields
+
+    assert stat_fields(os.getpid())[1] == str(os.getppid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    for _ in range(200):  # exited, not reaped yet: a zombie
+        if stat_fields(child.pid)[0] == "Z":
+            break
+        time.sleep(0.01)
+    assert not _alive(child.pid)
+    child.wait()
+    assert stat_fields(child.pid) is None and not _alive(child.pid)
+    assert _alive(os.getpid())
+
+
+@pytest.mark.unit
 def test_payloads_carry_their_send_time():
     payload = payload_factory(1024)()
     assert len(payload) == 1024

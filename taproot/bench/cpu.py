@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from taproot.procstat import stat_fields
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -22,12 +24,9 @@ def _table() -> dict[int, tuple[int, float]]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
+        fields = stat_fields(int(entry))
+        if fields is None:
             continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
         out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS)
     return out
 
