@@ -54,12 +54,11 @@ class Shared:
     progress: "mp.sharedctypes.SynchronizedArray"  # [acked, received, failed]
     received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
     drain_idle_s: float
-    producers_ready: "mp.sharedctypes.Synchronized | None" = None  # (queue, producer) pairs with queues open
+    producers_ready: "mp.sharedctypes.Synchronized"  # (queue, producer) pairs with their queues open
 
     def mark_producers_ready(self, count: int) -> None:
-        if self.producers_ready is not None:
-            with self.producers_ready.get_lock():
-                self.producers_ready.value += count
+        with self.producers_ready.get_lock():
+            self.producers_ready.value += count
 
     def add_received(self, queue: int, count: int) -> None:
         """A consumer's receipts: the progress line and its queue's total."""
@@ -172,14 +171,13 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
             time.sleep(0.05)
-        opened = shared.producers_ready
-        if getattr(driver, "PRODUCERS_SIGNAL_READY", False) and opened is not None:
+        if getattr(driver, "PRODUCERS_SIGNAL_READY", False):
             # Opening thousands of queues takes seconds: keep it out of the run.
-            while opened.value < len(producers):
+            while shared.producers_ready.value < len(producers):
                 _check_alive(procs, results)
                 _raise_reported(results)
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"producers opened only {opened.value} of "
+                    raise TimeoutError(f"producers opened only {shared.producers_ready.value} of "
                                        f"{len(producers)} queues in 120 s")
                 time.sleep(0.05)
         start = time.time() + 1.0  # producers connect meanwhile

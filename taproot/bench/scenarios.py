@@ -24,7 +24,6 @@ class Scenario:
     window: int = 10_000    # unacknowledged PUTs a producer may have (every system)
     queues_per_client: int = 1  # Taproot: each producer/consumer session serves this many queues
 
-
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
