@@ -27,6 +27,8 @@ DEFAULT_CLUSTER_FILE = PACKAGE_DIR / "cluster.toml"
 
 DOMAIN_NAME_RE = re.compile(r"^[-a-zA-Z0-9._]+$")
 QUEUE_MODES = ("priority", "fanout", "broadcast")
+DELIVERY_MODES = ("express", "pipeline")
+DEFAULT_HISTORY_WINDOW_MS = 300_000
 
 
 class ConfigError(ValueError):
@@ -132,6 +134,15 @@ class ClusterConfig:
                 return node
         raise ConfigError(f"no node named {name!r}; nodes are {[n.name for n in self.nodes]}")
 
+    @property
+    def history_window_ms(self) -> int:
+        """The GUID history of a partition, kept by the pipeline's dedup query
+        and by the primary's express lane alike: one history serves every
+        domain of the partition, so it keeps the longest window (a domain with
+        a shorter one gets more dedup, never less)."""
+        windows = [d.dedup_history_window_ms for d in self.domains.values()]
+        return max(windows) if windows else DEFAULT_HISTORY_WINDOW_MS
+
     def proxy(self, name: str) -> ProxyConfig:
         for proxy in self.proxies:
             if proxy.name == name:
@@ -144,6 +155,10 @@ class DomainConfig:
     """One domain (`domains/<name>.toml`). 0 means "no limit" for every limit."""
     name: str
     mode: str = "priority"                   # priority | fanout | broadcast
+    # express: the primary pushes right after the PUT commit (its own GUID
+    # history and app subscriptions) and reconciles with the pipeline's
+    # delivery log; pipeline: nothing is pushed before Spark has decided.
+    delivery: str = "express"
     # Fanout: the applications; each gets every message (taproot://d/q?id=<app>).
     app_ids: tuple[str, ...] = ()
     # Application subscriptions: app id -> expression (protocol/expression.py).
@@ -266,6 +281,9 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
         raise ConfigError(f"{where}: {exc}") from None
     if domain.mode not in QUEUE_MODES:
         raise ConfigError(f"{where}: mode: must be one of {', '.join(QUEUE_MODES)}, got {domain.mode!r}")
+    if domain.delivery not in DELIVERY_MODES:
+        raise ConfigError(f"{where}: delivery: must be one of {', '.join(DELIVERY_MODES)}, "
+                          f"got {domain.delivery!r}")
     if not isinstance(app_ids, list) or not all(isinstance(a, str) for a in app_ids):
         raise ConfigError(f"{where}: app_ids: expected a list of strings, got {app_ids!r}")
     for app in app_ids:

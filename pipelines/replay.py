@@ -5,8 +5,9 @@
 
 A Spark job selects the history from the source queue's delivery log (one row
 per message: duplicates were already dropped), by `put_time` range or as of a
-table version (time travel), filtered by any Spark SQL predicate over the
-delivery log's columns, in PUT order (`seq`). The rows are then posted to the
+delivery-log version (time travel), filtered by any Spark SQL predicate over
+the message's columns (the delivery row joined to its PUT row on seq:
+`properties`, `payload`, `put_time`, `apps`, ...), in PUT order (`seq`). The rows are then posted to the
 target queue with the SDK, like any producer: new GUIDs, every PUT ACKed or
 counted as failed with its code. Payloads travel as stored (a compressed
 payload stays compressed and keeps its compression flag) with their typed
@@ -91,11 +92,17 @@ def select_history(spark, data_dir: str, partitions: int, source: str, *, since:
         raise ReplayError(f"--from {source!r}: {uri}")
     if version is not None and (since or until):
         raise ReplayError("give --version or --since/--until, not both")
-    path = tables.PartitionPaths(data_dir, partition_of(uri, partitions)).delivery
+    paths = tables.PartitionPaths(data_dir, partition_of(uri, partitions))
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    df = reader.load(path).where((F.col("domain") == uri.domain) & (F.col("queue") == uri.queue))
+    # The delivery log says which messages (duplicates already dropped); the
+    # PUT log, joined on seq, has their payloads and properties.
+    delivered = (reader.load(paths.delivery)
+                 .where((F.col("domain") == uri.domain) & (F.col("queue") == uri.queue))
+                 .select("seq", "delivered_time", "batch_id", "apps"))
+    puts = spark.read.format("delta").load(paths.puts).drop("domain", "queue")
+    df = delivered.join(puts, "seq").withColumn("domain", F.lit(uri.domain)).withColumn("queue", F.lit(uri.queue))
     for bound, op in ((since, ">="), (until, "<")):
         if bound:
             df = df.where(f"put_time {op} to_timestamp({sql_string(bound)})")

@@ -24,7 +24,6 @@ from storage.leases import LeaseTable
 from storage import spark as spark_factory
 
 log = logging.getLogger(__name__)
-DEFAULT_HISTORY_WINDOW_MS = 300_000
 
 
 class DeliveryNotifier:
@@ -71,13 +70,6 @@ class DeliveryNotifier:
         except grpc.RpcError as exc:
             self._leases.pop(partition, None)  # perhaps a failover: look the primary up again
             log.debug("delivery notice for partition %d not delivered: %s", partition, exc.code())
-
-
-def history_window_ms(config: conf.ClusterConfig) -> int:
-    """One query serves every domain of a partition, so it keeps the longest
-    window: a domain with a shorter window gets more dedup, never less."""
-    windows = [d.dedup_history_window_ms for d in config.domains.values()]
-    return max(windows) if windows else DEFAULT_HISTORY_WINDOW_MS
 
 
 def wait_for_table(path: str, stop: threading.Event, timeout_s: float = 600) -> bool:
@@ -157,7 +149,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
             signal.signal(sig, lambda *_: stop.set())
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
-    window = history_window_ms(config)
+    window = config.history_window_ms
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     if warm:
         log.info("pipeline warmed up in %.1f s", warm_up(spark, window))

@@ -1,21 +1,36 @@
 """One storage partition on its primary: the PUT and confirm logs (delta-rs
-writers), the queues mapped to it, and the tail of its delivery log.
+writers), the queues mapped to it, the express lane, and the tail of its
+delivery log.
+
+Data path: a PUT group is committed to the PUT log, ACKed, and then routed at
+once by the express lane (`express.py`: the partition's GUID history and the
+domains' app subscriptions). The pipeline, the authority, later writes its
+own decision for each row to the delivery log; the tailer reconciles the two
+(pushes what only the pipeline kept, records every disagreement) and, for
+`delivery = "pipeline"` domains, pushes only then. The delivery log holds no
+payload: messages are read from the PUT log by seq when needed.
 
 Threads: one group-commit thread for PUTs, one for CONFIRMs, one tailer for
-the delivery log, and one compactor per owned table (`maintenance.py`). Routing state (`QueueState.dispatcher`) is guarded by
-`Partition.lock`; links are only ever written through `Link.send`, which is
-thread safe.
+the delivery log, and one compactor per owned table (`maintenance.py`).
+Routing state (`QueueState.dispatcher`) is guarded by `Partition.lock`; the
+express decisions by `Partition._decisions_lock`, which the PUT commit holds
+from before its Delta commit until its decisions are recorded, so the tailer
+never sees a delivery row before the express decision for it. Links are only
+ever written through `Link.send`, which is thread safe.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
@@ -24,6 +39,7 @@ from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.dispatcher import QueueDispatcher, StoredMessage
+from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.maintenance import Compactor
 from primary.quota import DomainQuota
@@ -42,6 +58,10 @@ log = logging.getLogger(__name__)
 PUSH_FRAME_MESSAGES_MAX = 1000
 TTL_SWEEP_INTERVAL_S = 0.5
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
+DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has every one
+MESSAGE_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
+                   "put_time", "compression"]
+DELIVERY_COLUMNS = ["domain", "queue", "guid", "seq", "apps"]
 
 
 @dataclass(eq=False)  # identity: used as a dict key
@@ -54,6 +74,7 @@ class QueueState:
     dispatchers: dict[str, QueueDispatcher] = field(default_factory=dict)
     consumers: int = 0
     producers: int = 0
+    _rules: tuple[DomainConfig, AppRules] | None = None
 
     def dispatcher(self, app: str = "") -> QueueDispatcher:
         d = self.dispatchers.get(app)
@@ -66,6 +87,18 @@ class QueueState:
         self.domain, self.quota = domain, quota
         for d in self.dispatchers.values():
             d.max_delivery_attempts = domain.max_delivery_attempts
+
+    @property
+    def express(self) -> bool:
+        return self.domain.delivery == "express"
+
+    @property
+    def rules(self) -> AppRules:
+        """The domain's app subscriptions, compiled once per domain configuration."""
+        cached = self._rules
+        if cached is None or cached[0] is not self.domain:
+            cached = self._rules = (self.domain, AppRules(self.domain.apps, self.domain.subscriptions))
+        return cached[1]
 
 
 @dataclass
@@ -154,6 +187,17 @@ class Partition:
         self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA, epoch=epoch)
         self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA, epoch=epoch)
         self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA, epoch=epoch)
+        self._disagreements = deltars.Appender(self.paths.disagreements, tables.DISAGREEMENTS_SCHEMA, epoch=epoch)
+        # The tailer's own handle on the PUT log, to read messages by seq
+        # (an Appender belongs to its commit thread).
+        self._puts_reader = DeltaTable(self.paths.puts)
+        # Express lane (`express.py`).
+        self._history = GuidHistory(config.history_window_ms * 1000)
+        self._reconciler = Reconciler()
+        self._decisions_lock = threading.Lock()
+        self._judged_seq = -1       # every PUT row up to this seq has been judged by the pipeline
+        self._commit_seqs: deque[tuple[int, int]] = deque()   # (PUT-log version, last seq) of this primary's commits
+        self.disagreements_total = 0
         self._next_seq = self._max_column("seq") + 1
         # put_time never goes backwards within a partition: the pipeline uses it
         # as its watermark, and a row older than the watermark would be dropped.
@@ -243,29 +287,101 @@ class Partition:
         return _max_stat(self._puts.table, column)
 
     def _recover(self) -> None:
-        """Rebuild what is unconfirmed: every (delivery row, app) with no confirm
-        and no dead letter. PUTs not yet delivered count against quotas."""
-        done: set[tuple[bytes, str]] = set()
-        for table in (self._confirms.table, self._dead.table):
-            rows = table.to_pyarrow_table(columns=["guid", "app_id"])
-            done.update(zip(rows["guid"].to_pylist(), rows["app_id"].to_pylist()))
-        self._catch_up(skip=done)
-        self._recover_undelivered_quota()
-        log.info("partition %d recovered: next seq %d, delivery version %d, %d confirms and dead letters",
-                 self.index, self._next_seq, self._delivery_version, len(done))
+        """Rebuild what is unconfirmed, with Arrow joins rather than Python
+        sets of every confirmed GUID:
 
-    def _recover_undelivered_quota(self) -> None:
-        quotas = {name: self.quota_for(name) for name in self.config.domains}
-        if not any(quotas.values()):
-            return
-        last_delivered = -1 if self._delivery_table is None else _max_stat(self._delivery_table, "seq")
-        rows = self._puts.table.to_pyarrow_table(
-            columns=["domain", "queue", "guid", "payload"], filters=[("seq", ">", last_delivered)])
-        for domain, queue, guid, payload in zip(*(rows[c].to_pylist() for c in ("domain", "queue", "guid",
-                                                                                  "payload"))):
-            quota = quotas.get(domain)
-            if quota is not None:
-                quota.admit(queue, guid, len(payload))
+            (delivery rows, plus the express lane's decisions for the PUT rows
+             past the last PUT version the pipeline judged), per app,
+            minus confirms and dead letters.
+
+        The GUID history is rebuilt from the PUT log's window first, so the
+        express decisions for the unjudged rows (and for every PUT from now
+        on) see every GUID committed within it, by any earlier primary."""
+        now_us = wall_time_us()
+        delivery = self._delivery_table = deltars.try_open(self.paths.delivery)
+        if delivery is not None:
+            self._delivery_version, delivered = deltars.read_snapshot(delivery, DELIVERY_COLUMNS)
+            judged = self._judged_bound(-1, self._delivery_version)
+        else:
+            delivered, judged = pa.table({c: pa.array([], t) for c, t in (
+                ("domain", pa.string()), ("queue", pa.string()), ("guid", pa.binary()), ("seq", pa.int64()),
+                ("apps", pa.list_(pa.string())))}), None
+        if judged is None:  # no commit says (an older release): trust the delivery rows
+            judged = _max_of(delivered["seq"])
+        self._judged_seq = judged
+        # 1. The GUID history, from the window's PUT rows, and the rows past the judged seq.
+        horizon = pa.scalar(now_us - self._history.window_us, pa.int64()).cast(tables.TIMESTAMP)
+        ds = self._puts.table.to_pyarrow_dataset()
+        window = deltars.without_views(ds.to_table(
+            columns=["guid", "seq", "put_time"],
+            filter=(pc.field("put_time") >= horizon) | (pc.field("seq") > judged))).sort_by("seq")
+        guids = window["guid"].to_pylist()
+        seqs = window["seq"].to_pylist()
+        times = window["put_time"].cast(pa.int64()).to_pylist()
+        duplicate: dict[int, bool] = {}
+        start = 0
+        for end in range(1, len(seqs) + 1):  # one history commit per PUT commit (one put_time)
+            if end == len(seqs) or times[end] != times[start]:
+                for seq, dup in zip(seqs[start:end], self._history.commit(guids[start:end], times[start])):
+                    if seq > judged:
+                        duplicate[seq] = dup
+                start = end
+        self._history.expire(now_us)
+        # 2. Express decisions for the unjudged rows the pipeline has not delivered.
+        delivered_seqs = set(delivered["seq"].to_pylist()) if duplicate else set()
+        unjudged = [seq for seq in duplicate if seq not in delivered_seqs]
+        express_rows = self._put_rows(self._puts.table, unjudged) if unjudged else None
+        targets = [delivered.select(["domain", "queue", "guid", "seq", "apps"])]
+        if express_rows is not None and express_rows.num_rows:
+            apps = self._express_apps(express_rows, [duplicate[s] for s in express_rows["seq"].to_pylist()])
+            targets.append(express_rows.select(["domain", "queue", "guid", "seq"]).append_column(
+                "apps", pa.array(apps, pa.list_(pa.string()))))
+        targets_table = pa.concat_tables(targets, promote_options="permissive")
+        # 3. Per app, minus what is confirmed or dead-lettered.
+        waiting = _unfinished(_per_app(targets_table, self.config.domains),
+                              [t.to_pyarrow_table(columns=["guid", "app_id"]) for t in (self._confirms.table,
+                                                                                           self._dead.table)])
+        routed = 0
+        if waiting.num_rows:
+            messages = self._put_rows(self._puts.table, pc.unique(waiting["seq"]).to_pylist())
+            routed = self._route_waiting(messages, waiting)
+        log.info("partition %d recovered: next seq %d, delivery version %d, pipeline judged through seq %d, "
+                 "%d express decisions re-made, %d (message, app) pairs unconfirmed, GUID history %d",
+                 self.index, self._next_seq, self._delivery_version, judged, len(duplicate), routed,
+                 len(self._history))
+
+    def _express_apps(self, rows: pa.Table, duplicates: list[bool]) -> list[list[str] | None]:
+        """Re-make the express decisions for PUT rows (recovery), recording
+        them for reconciliation: the apps, or None for a duplicate or a
+        `pipeline` domain's row (its delivery row decides)."""
+        result: list[list[str] | None] = []
+        columns = {name: rows[name].to_pylist() for name in ("domain", "queue", "guid", "seq", "properties",
+                                                            "property_types")}
+        for i, dup in enumerate(duplicates):
+            state = self._state_for(columns["domain"][i], columns["queue"][i])
+            if state is None or not state.express:
+                result.append([])  # a `pipeline` domain: its delivery row decides
+                continue
+            guid, seq = columns["guid"][i], columns["seq"][i]
+            if dup:
+                self._reconciler.decided(seq, state, guid, None)
+                result.append([])
+                continue
+            message = StoredMessage(guid, seq, b"", maps=(columns["properties"][i], columns["property_types"][i]))
+            apps = state.rules.target_apps(lambda: message.typed_properties)
+            self._reconciler.decided(seq, state, guid, apps)
+            result.append(list(apps))
+        return result
+
+    def _state_for(self, domain: str, queue: str) -> QueueState | None:
+        state = self.queues.get((domain, queue))
+        if state is None:
+            domain_config = self.config.domains.get(domain)
+            if domain_config is None:
+                log.error("partition %d: message for unknown domain %r: kept in storage only", self.index, domain)
+                return None
+            state = self.queue_state(QueueUri(domain, queue), domain_config)
+        return state
 
     # -- PUT path -----------------------------------------------------------
     def _commit_puts(self, items: list) -> None:
@@ -292,34 +408,96 @@ class Partition:
         count = batch.num_rows
         code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
-        try:
-            self._puts.append(batch)
-            self.compactors[0].on_commit()
-        except Fenced as exc:
-            # A newer primary has the partition: nothing was written. No ACK:
-            # the node ends these links and the hops below resend the PUTs to
-            # the new primary from their retransmission buffers.
-            log.warning("partition %d: fenced, %d PUTs left to the new primary: %s", self.index, count, exc)
-            self.on_fenced()
-            return
-        except Exception as exc:
-            log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
-            code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
-            for i in singles:
-                if i.queue.quota is not None:
-                    i.queue.quota.unadmit(i.message.guid)
-            for b in bulks:
-                if b.queue.quota is not None:
-                    for guid in b.table["guid"].to_pylist():
-                        b.queue.quota.unadmit(guid)
+        targets: dict = {}
+        # Held from before the commit until its express decisions are
+        # recorded: a delivery row for these seqs cannot be reconciled before.
+        with self._decisions_lock:
+            try:
+                version = self._puts.append(batch)
+                self.compactors[0].on_commit()
+            except Fenced as exc:
+                # A newer primary has the partition: nothing was written. No ACK:
+                # the node ends these links and the hops below resend the PUTs to
+                # the new primary from their retransmission buffers.
+                log.warning("partition %d: fenced, %d PUTs left to the new primary: %s", self.index, count, exc)
+                self.on_fenced()
+                return
+            except Exception as exc:
+                log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
+                code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
+                for i in singles:
+                    if i.queue.quota is not None:
+                        i.queue.quota.unadmit(i.message.guid)
+                for b in bulks:
+                    if b.queue.quota is not None:
+                        for guid in b.table["guid"].to_pylist():
+                            b.queue.quota.unadmit(guid)
+            else:
+                self._commit_seqs.append((version, self._next_seq - 1))
+                targets = self._express(batch, singles, bulks, now_us)
         send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
                                           message=text)) for i in singles])
         for b in bulks:
             b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
                                                            message=text)))
+        if targets:
+            self._route_targets(targets)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
+
+    def _express(self, batch: pa.Table, singles: list[PendingPut], bulks: list[PendingColumns],
+                 now_us: int) -> dict[tuple[QueueState, str], list[StoredMessage]]:
+        """The express lane, right after the commit: the GUID history decides
+        duplicates (ACKed, never pushed), the app subscriptions the targets.
+        Rows are in `batch` order: the singles, then each bulk's rows."""
+        duplicates = self._history.commit(batch["guid"].to_pylist(), now_us)
+        first_seq = batch["seq"][0].as_py()
+        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        reconciler = self._reconciler
+        row = 0
+        for i in singles:
+            state, m = i.queue, i.message
+            if state.express:
+                seq = first_seq + row
+                if duplicates[row]:
+                    reconciler.decided(seq, state, m.guid, None)
+                else:
+                    ttl_ms = state.domain.message_ttl_ms
+                    message = StoredMessage(m.guid, seq, m.payload, list(m.properties), m.put_time_us,
+                                            expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                            compression=m.compression)
+                    self._target(targets, state, message, reconciler)
+            row += 1
+        for b in bulks:
+            state = b.queue
+            if state.express:
+                t = b.table
+                ttl_ms = state.domain.message_ttl_ms
+                for guid, payload, values, types, compression in zip(*(t[c].to_pylist() for c in (
+                        "guid", "payload", "properties", "property_types", "compression"))):
+                    seq = first_seq + row
+                    if duplicates[row]:
+                        reconciler.decided(seq, state, guid, None)
+                    else:
+                        message = StoredMessage(guid, seq, payload, None, 0,
+                                                expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                                compression=COMPRESSION_CODES.get(compression or "", 0),
+                                                maps=(values, types) if values else None)
+                        self._target(targets, state, message, reconciler)
+                    row += 1
+            else:
+                row += b.table.num_rows
+        return targets
+
+    @staticmethod
+    def _target(targets: dict, state: QueueState, message: StoredMessage, reconciler: Reconciler) -> None:
+        apps = state.rules.target_apps(lambda: message.typed_properties)
+        reconciler.decided(message.seq, state, message.guid, apps)
+        if state.quota is not None:
+            state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
+        for n, app in enumerate(apps):
+            targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
 
     def _rows(self, queues: list[QueueState], guid, payload, properties, property_types, producer_us,
               compression, now_us: int) -> pa.Table:
@@ -399,7 +577,9 @@ class Partition:
             except Exception:
                 log.exception("partition %d: reading the delivery log failed; retrying", self.index)
 
-    def _catch_up(self, skip: set[tuple[bytes, str]] | None = None) -> None:
+    def _catch_up(self) -> None:
+        """Reconcile new delivery rows with the express lane's decisions, and
+        push what only the pipeline decided (`express.Reconciler`)."""
         # One handle for the life of the partition: read_since refreshes it
         # incrementally (~1 ms when nothing changed); reopening would replay
         # the whole log on every poll.
@@ -407,67 +587,95 @@ class Partition:
             self._delivery_table = deltars.try_open(self.paths.delivery)
             if self._delivery_table is None:
                 return  # the pipeline has not created it yet
-        columns = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
-                   "put_time", "compression", "apps"]
-        if self._delivery_version < 0:
-            # First read (recovery): the current snapshot, not the change feed
-            # from version 0, whose files retention may have vacuumed.
-            latest, rows = deltars.read_snapshot(self._delivery_table, columns)
-        else:
-            latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=columns)
+            self._delivery_version = -1
+        latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=DELIVERY_COLUMNS)
+        if latest <= self._delivery_version:
+            return
+        judged = self._judged_bound(self._delivery_version, latest)
+        pushes: list[tuple[QueueState, int, tuple[str, ...]]] = []
+        disagreements: list[Disagreement] = []
         if rows.num_rows:
-            self._route_delivered(rows.sort_by([("seq", "ascending")]), skip)
-        self._delivery_version = latest
-
-    def _route_delivered(self, rows: pa.Table, skip: set[tuple[bytes, str]] | None) -> None:
-        """Hand new delivery rows to each target app's dispatcher, in seq order,
-        a chunk at a time so a large batch does not hold the lock for long."""
-        for start in range(0, rows.num_rows, ROUTE_CHUNK_ROWS):
-            self._route_chunk(rows.slice(start, ROUTE_CHUNK_ROWS), skip)
-
-    def _route_chunk(self, rows: pa.Table, skip: set[tuple[bytes, str]] | None) -> None:
-        domains, queues, guids, seqs, payloads, values, types, compressions, apps_of = (
-            rows[name].to_pylist() for name in ("domain", "queue", "guid", "seq", "payload", "properties",
-                                                "property_types", "compression", "apps"))
-        producer = rows["producer_time"].cast(pa.int64()).to_pylist()
-        put_time = rows["put_time"].cast(pa.int64()).to_pylist()
-        by_target: dict[tuple[QueueState, str], list[StoredMessage]] = {}
-        key = state = None
-        with self.lock:
-            for i in range(rows.num_rows):
-                if (domains[i], queues[i]) != key:
-                    key = (domains[i], queues[i])
-                    state = self.queues.get(key)
-                    if state is None:
-                        domain_config = self.config.domains.get(domains[i])
-                        if domain_config is None:
-                            log.error("delivery row for unknown domain %r: kept in storage only", domains[i])
-                            key = None
-                            continue
-                        state = self.queue_state(QueueUri(domains[i], queues[i]), domain_config)
-                assert state is not None
-                guid, apps = guids[i], apps_of[i]
-                if apps is None:
-                    apps = list(state.domain.apps)  # rows from before fanout existed
-                if skip:
-                    apps = [a for a in apps if (guid, a) not in skip]
-                payload = payloads[i]
-                if state.quota is not None:
-                    state.quota.delivered(queues[i], guid, len(payload), set(apps))
-                if not apps:
+            rows = rows.sort_by("seq")
+            with self.lock:
+                states = [self._state_for(d, q) for d, q in zip(rows["domain"].to_pylist(),
+                                                                 rows["queue"].to_pylist())]
+            seqs, apps_of = rows["seq"].to_pylist(), rows["apps"].to_pylist()
+        else:
+            states, seqs, apps_of = [], [], []
+        with self._decisions_lock:
+            for state, seq, apps in zip(states, seqs, apps_of):
+                if state is None:
                     continue
-                ttl_ms = state.domain.message_ttl_ms
-                base = StoredMessage(guid, seqs[i], payload, None, producer[i] or 0,
-                                     expires_us=put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
-                                     compression=COMPRESSION_CODES.get(compressions[i] or "", 0),
-                                     maps=(values[i], types[i]) if values[i] else None)
-                for n, app in enumerate(apps):
-                    by_target.setdefault((state, app), []).append(base if n == 0 else base.for_app())
-        # Route every app, then send the pushes together, merged by sequence
-        # number (each app's own order kept): a message going to several apps
-        # below one link then goes down that link once (`send_pushes`).
+                if apps is None:
+                    apps = state.domain.apps   # rows from before fanout existed
+                outcome = self._reconciler.delivered(seq, apps, state.express)
+                if outcome.push_apps:
+                    pushes.append((state, seq, outcome.push_apps))
+                if outcome.disagreement is not None:
+                    disagreements.append(outcome.disagreement)
+            if judged is not None and judged > self._judged_seq:
+                self._judged_seq = judged
+                disagreements.extend(self._reconciler.judged_through(judged))
+        for start in range(0, len(pushes), ROUTE_CHUNK_ROWS):
+            self._push_delivered(pushes[start:start + ROUTE_CHUNK_ROWS])
+        self._delivery_version = latest
+        if disagreements:
+            self._record(disagreements)
+
+    def _push_delivered(self, pushes: list[tuple[QueueState, int, tuple[str, ...]]]) -> None:
+        """Push delivery rows the express lane did not: their messages come
+        from the PUT log, by seq."""
+        self._puts_reader.update_incremental()
+        messages = self._put_rows(self._puts_reader, [seq for _, seq, _ in pushes])
+        by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
+        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        built = _MessageBuilder(messages)
+        for state, seq, apps in pushes:
+            i = by_seq.get(seq)
+            if i is None:
+                log.error("partition %d: delivery row seq %d has no PUT row: not pushed", self.index, seq)
+                continue
+            message = built.message(i, state.domain.message_ttl_ms)
+            if state.quota is not None:
+                state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
+            for n, app in enumerate(apps):
+                targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
+        self._route_targets(targets)
+
+    def _route_waiting(self, messages: pa.Table, waiting: pa.Table) -> int:
+        """Recovery: route each (message, app) still unconfirmed. Returns the pair count."""
+        by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
+        built = _MessageBuilder(messages)
+        shared: dict[int, tuple[QueueState, StoredMessage, set[str]]] = {}
+        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        count = 0
+        for domain, queue, seq, app in zip(*(waiting[c].to_pylist() for c in ("domain", "queue", "seq", "app_id"))):
+            i = by_seq.get(seq)
+            state = self._state_for(domain, queue)
+            if i is None or state is None:
+                continue
+            first = shared.get(seq)
+            if first is None:
+                message = built.message(i, state.domain.message_ttl_ms)
+                shared[seq] = (state, message, {app})
+            else:
+                message = first[1].for_app()
+                first[2].add(app)
+            targets.setdefault((state, app), []).append(message)
+            count += 1
+        for state, message, apps in shared.values():
+            if state.quota is not None:
+                state.quota.delivered(state.uri.queue, message.guid, message.size, apps)
+        self._route_targets(targets)
+        return count
+
+    def _route_targets(self, targets: dict[tuple[QueueState, str], list[StoredMessage]]) -> None:
+        """Hand messages to each target app's dispatcher (each list in seq
+        order), then send the pushes together, merged by sequence number (each
+        app's own order kept): a message going to several apps below one link
+        then goes down that link once (`send_pushes`)."""
         routed = [self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages),
-                             send=False) for (state, app), messages in by_target.items()]
+                             send=False) for (state, app), messages in targets.items()]
         routed = [pushes for pushes in routed if pushes]
         if len(routed) == 1:
             self.on_pushes(routed[0])
@@ -476,6 +684,135 @@ class Partition:
             # apps' order), in C: heapq.merge over 10,000 queues' lists was 17%
             # of a node's Python time.
             self.on_pushes(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
+
+    def _put_rows(self, table: DeltaTable, seqs: list[int]) -> pa.Table:
+        """PUT-log rows by seq (the delivery log has no payloads). The seq
+        range prunes files by their statistics before the exact match."""
+        if not seqs:
+            return pa.table({c: pa.array([], tables.PUTS_SCHEMA.field(c).type) for c in MESSAGE_COLUMNS})
+        wanted = pa.array(sorted(set(seqs)), pa.int64())
+        condition = ((pc.field("seq") >= wanted[0]) & (pc.field("seq") <= wanted[-1])
+                     & pc.field("seq").isin(wanted))
+        rows = table.to_pyarrow_dataset().to_table(columns=MESSAGE_COLUMNS, filter=condition)
+        return deltars.without_views(rows).sort_by("seq")
+
+    def _judged_bound(self, after_version: int, latest: int) -> int | None:
+        """The highest PUT seq the pipeline has judged, from the newest
+        delivery commit after `after_version` that records its PUT version
+        (`pipelines/dedup.py`); None when none does."""
+        assert self._delivery_table is not None
+        puts_version = None
+        for commit in self._delivery_table.history(limit=max(1, latest - after_version)):
+            if commit.get("version", -1) <= after_version:
+                break
+            meta = commit.get("userMetadata")
+            if not meta:
+                continue
+            try:
+                value = json.loads(meta).get(tables.DELIVERY_PUTS_VERSION_KEY)
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(value, int):
+                puts_version = value if puts_version is None else max(puts_version, value)
+        if puts_version is None:
+            return None
+        return self._seq_at(puts_version)
+
+    def _seq_at(self, puts_version: int) -> int:
+        """The last seq committed at or before a PUT-log version: this
+        primary's own commits are remembered (under `_decisions_lock`); older
+        ones are read from the log's file statistics at that version."""
+        with self._decisions_lock:
+            commits = self._commit_seqs
+            if commits and commits[0][0] <= puts_version:
+                i = bisect.bisect_right(commits, (puts_version, float("inf"))) - 1
+                seq = commits[i][1]
+                for _ in range(i):  # the pipeline moves forward: drop what it has passed
+                    commits.popleft()
+                return seq
+        try:
+            return _max_stat(DeltaTable(self.paths.puts, version=puts_version), "seq")
+        except Exception:
+            log.warning("partition %d: PUT log version %d not readable; judged seq unknown for now",
+                        self.index, puts_version, exc_info=True)
+            return self._judged_seq
+
+    def _record(self, disagreements: list[Disagreement]) -> None:
+        """Log each disagreement with both decisions and write them to the
+        partition's disagreements table (`taproot_disagreements`)."""
+        self.disagreements_total += len(disagreements)
+        for d in disagreements[:DISAGREEMENTS_LOGGED_MAX]:
+            state = d.key
+            log.warning("partition %d: express lane and pipeline disagree (%s) on taproot://%s/%s %s",
+                        self.index, d.kind, state.uri.domain, state.uri.queue, d.describe())
+        if len(disagreements) > DISAGREEMENTS_LOGGED_MAX:
+            log.warning("partition %d: %d more disagreements (see taproot_disagreements)", self.index,
+                        len(disagreements) - DISAGREEMENTS_LOGGED_MAX)
+        now = datetime.now(timezone.utc)
+
+        def apps(values) -> pa.Array:
+            return pa.array([None if v is None else list(v) for v in values], pa.list_(pa.string()))
+        batch = pa.table({
+            "domain": pa.array([d.key.uri.domain for d in disagreements], pa.string()),
+            "queue": pa.array([d.key.uri.queue for d in disagreements], pa.string()),
+            "guid": pa.array([d.guid for d in disagreements], pa.binary()),
+            "seq": pa.array([d.seq for d in disagreements], pa.int64()),
+            "express_apps": apps(d.express_apps for d in disagreements),
+            "pipeline_apps": apps(d.pipeline_apps for d in disagreements),
+            "late_apps": apps(d.late_apps for d in disagreements),
+            "kind": pa.array([d.kind for d in disagreements], pa.string()),
+            "epoch": pa.array([self.epoch] * len(disagreements), pa.int64()),
+            "detected_time": pa.array([now] * len(disagreements), tables.TIMESTAMP),
+        }, schema=tables.DISAGREEMENTS_SCHEMA)
+        try:
+            self._disagreements.append(batch)
+        except Fenced:
+            self.on_fenced()
+        except Exception:
+            log.exception("partition %d: writing %d disagreements failed (they were logged)", self.index,
+                          len(disagreements))
+
+
+class _MessageBuilder:
+    """StoredMessages from PUT-log rows (columns as `MESSAGE_COLUMNS`)."""
+
+    def __init__(self, rows: pa.Table):
+        self.guid, self.seq, self.payload, self.values, self.types, self.compression = (
+            rows[c].to_pylist() for c in ("guid", "seq", "payload", "properties", "property_types", "compression"))
+        self.producer = rows["producer_time"].cast(pa.int64()).to_pylist()
+        self.put_time = rows["put_time"].cast(pa.int64()).to_pylist()
+
+    def message(self, i: int, ttl_ms: int) -> StoredMessage:
+        return StoredMessage(self.guid[i], self.seq[i], self.payload[i], None, self.producer[i] or 0,
+                             expires_us=self.put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
+                             compression=COMPRESSION_CODES.get(self.compression[i] or "", 0),
+                             maps=(self.values[i], self.types[i]) if self.values[i] else None)
+
+
+def _max_of(values: pa.ChunkedArray) -> int:
+    value = pc.max(values).as_py() if len(values) else None
+    return -1 if value is None else int(value)
+
+
+def _per_app(targets: pa.Table, domains) -> pa.Table:
+    """(domain, queue, guid, seq, apps) -> one row per (message, app). A null
+    `apps` (a row from before fanout existed) means every app of its domain."""
+    apps = targets["apps"]
+    if apps.null_count:
+        filled = [a if a is not None else list(domains[d].apps) if d in domains else [""]
+                  for d, a in zip(targets["domain"].to_pylist(), apps.to_pylist())]
+        apps = pa.chunked_array([pa.array(filled, pa.list_(pa.string()))])
+    flat = apps.combine_chunks() if isinstance(apps, pa.ChunkedArray) else apps
+    exploded = targets.select(["domain", "queue", "guid", "seq"]).take(pc.list_parent_indices(flat))
+    return exploded.append_column("app_id", pc.list_flatten(flat))
+
+
+def _unfinished(per_app: pa.Table, done: list[pa.Table]) -> pa.Table:
+    """`per_app` minus every (guid, app_id) in `done` (confirms, dead letters): an Arrow anti-join."""
+    for table in done:
+        if table.num_rows and per_app.num_rows:
+            per_app = per_app.join(deltars.without_views(table), keys=["guid", "app_id"], join_type="left anti")
+    return per_app.sort_by("seq")
 
 
 def _expire(dispatcher: QueueDispatcher) -> list:

@@ -102,8 +102,9 @@ class DomainQuota:
                 self._change(self._queues[entry[0]], -1, -entry[1])
 
     def delivered(self, queue: str, guid: bytes, size: int, apps: set[str]) -> None:
-        """The pipeline delivered it to `apps` (those still to confirm). Also
-        used on recovery, where the PUT was admitted by an earlier process."""
+        """It was routed to `apps` (those still to confirm), by the express
+        lane or from the delivery log. Also used on recovery, where the PUT
+        was admitted by an earlier process."""
         with self._lock:
             entry = self._outstanding.get(guid)
             if entry is None:
@@ -114,7 +115,9 @@ class DomainQuota:
                     level = self._queues[queue] = _Level(f"queue taproot://{self.domain.name}/{queue}")
                 entry = self._outstanding[guid] = [queue, size, None]
                 self._change(level, 1, size)
-            entry[2] = set(apps)
+            # The express lane and then the pipeline (for apps it kept that
+            # the express lane did not) may each deliver to some apps.
+            entry[2] = set(apps) if entry[2] is None else entry[2] | set(apps)
             if not entry[2]:
                 self._finish(guid)
 

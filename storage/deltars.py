@@ -108,7 +108,7 @@ def read_since(table: DeltaTable, after_version: int, columns: list[str] | None 
     cdf_columns = None if columns is None else [*(c for c in columns if c in present),
                                                 "_change_type", "_commit_version"]
     reader = table.load_cdf(starting_version=after_version + 1, ending_version=latest, columns=cdf_columns)
-    rows = _without_views(pa.RecordBatchReader.from_stream(reader).read_all())
+    rows = without_views(pa.RecordBatchReader.from_stream(reader).read_all())
     rows = rows.filter(pc.equal(rows["_change_type"], "insert"))
     keep = [c for c in rows.column_names if c not in ("_change_type", "_commit_timestamp")]
     rows = rows.select(keep)
@@ -123,7 +123,7 @@ def read_snapshot(table: DeltaTable, columns: list[str]) -> tuple[int, pa.Table]
     it works after retention has vacuumed older ones."""
     table.update_incremental()
     present = set(table.schema().to_arrow().names)
-    rows = _without_views(table.to_pyarrow_table(columns=[c for c in columns if c in present]))
+    rows = without_views(table.to_pyarrow_table(columns=[c for c in columns if c in present]))
     for name in columns:
         if name not in present:
             rows = rows.append_column(name, pa.nulls(rows.num_rows))
@@ -140,7 +140,7 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _without_views(table: pa.Table) -> pa.Table:
+def without_views(table: pa.Table) -> pa.Table:
     """delta-rs's change feed returns string_view/binary_view columns, which many
     pyarrow kernels (take, filter) do not handle yet: cast to the plain types."""
     schema = pa.schema([f.with_type(_plain_type(f.type)) for f in table.schema])

@@ -6,6 +6,7 @@ Layout under the cluster's data directory (a local path or an object-store URI):
     <data>/partition-NNN/delivery   delivery log      writer: pipeline (Spark)
     <data>/partition-NNN/confirms   confirm log       writer: primary (delta-rs)
     <data>/partition-NNN/dead_letters  dead letters   writer: primary (delta-rs)
+    <data>/partition-NNN/disagreements express vs pipeline   writer: primary (delta-rs)
     <data>/_checkpoints/...         Spark checkpoints (dedup state lives here)
 
 One writer engine per table (see shared design): Spark's and delta-rs's commit
@@ -41,14 +42,45 @@ PUTS_SCHEMA = pa.schema([
     pa.field("compression", pa.string()),                  # null, "zlib" or "zstd" (done by the SDK)
 ])
 
-# Columns the pipeline adds; the rest are copied from the PUT log.
-DELIVERY_SCHEMA = pa.schema(list(PUTS_SCHEMA) + [
+# The delivery log identifies and routes; it copies no payload or properties
+# (the payload is stored once, in the PUT log: join on (partition, seq)).
+DELIVERY_SCHEMA = pa.schema([
+    pa.field("partition", pa.int64()),                      # the storage partition (also in the path)
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("queue", pa.string(), nullable=False),
+    pa.field("guid", pa.binary(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),            # the PUT row's seq in the same partition
+    pa.field("producer_time", TIMESTAMP),
+    pa.field("put_time", TIMESTAMP, nullable=False),
     pa.field("delivered_time", TIMESTAMP, nullable=False),  # when the pipeline appended it
     pa.field("batch_id", pa.int64(), nullable=False),       # pipeline micro-batch id
     # The apps the message goes to: every fanout app whose subscription matches
     # ([""] in a priority domain). An app left out auto-confirmed the message.
-    # One row per message whatever the number of apps: the payload is stored once.
+    # One row per message whatever the number of apps.
     pa.field("apps", pa.list_(pa.string())),
+])
+# Columns a delivery log made by Taproot 0.x (before the express lane) also
+# has: copies of the PUT row. The pipeline keeps filling them in such a table
+# (they are NOT NULL there); readers take them from the PUT log.
+DELIVERY_LEGACY_COLUMNS = ("payload", "properties", "property_types", "epoch", "compression")
+# Each delivery commit records, in its commitInfo.userMetadata, the last PUT-log
+# version the pipeline has judged (every row up to it is either in the delivery
+# log or was dropped as a duplicate): {"puts_version": N}.
+DELIVERY_PUTS_VERSION_KEY = "puts_version"
+
+# What the express lane and the pipeline decided differently for a message
+# (primary/express.py). Written by the primary (delta-rs).
+DISAGREEMENTS_SCHEMA = pa.schema([
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("queue", pa.string(), nullable=False),
+    pa.field("guid", pa.binary(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("express_apps", pa.list_(pa.string())),    # what the primary pushed to; null: judged a duplicate
+    pa.field("pipeline_apps", pa.list_(pa.string())),   # the delivery row's apps; null: no row (a duplicate)
+    pa.field("late_apps", pa.list_(pa.string())),       # pushed when the delivery row came
+    pa.field("kind", pa.string(), nullable=False),      # dedup | apps
+    pa.field("epoch", pa.int64(), nullable=False),      # the primary's lease epoch
+    pa.field("detected_time", TIMESTAMP, nullable=False),
 ])
 
 # Messages taken out of delivery: poison pills (`max_delivery_attempts`) and
@@ -139,6 +171,10 @@ class PartitionPaths:
     @property
     def dead_letters(self) -> str:
         return join(self.root, "dead_letters")
+
+    @property
+    def disagreements(self) -> str:
+        return join(self.root, "disagreements")
 
     @property
     def dedup_checkpoint(self) -> str:

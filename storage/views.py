@@ -13,6 +13,12 @@ Views (temporary, on the given session; each is a union over the partitions):
   message agrees on the type, else text), and `delivered_time` once the
   pipeline has delivered it. Fresh at ACK time, like `taproot_puts`.
 - `taproot_delivery`, `taproot_confirms`, `taproot_dead_letters`: the tables.
+  The delivery log identifies and routes (partition, seq, guid, apps, times);
+  join it to `taproot_puts` on (partition, seq) for payloads and properties.
+  Every table view has a `partition` column.
+- `taproot_disagreements`: messages the primary's express lane and the
+  pipeline (the authority) decided differently: a duplicate one side kept, or
+  other apps. Empty while they agree.
 - `taproot_backlog`: per domain, queue and app: messages delivered, confirmed,
   dead-lettered, and the backlog (delivered minus confirmed minus dead-lettered),
   with the oldest waiting message's put time.
@@ -34,7 +40,7 @@ from protocol.expression import sql_string
 from storage import tables
 
 VIEWS = ("taproot_puts", "taproot_messages", "taproot_delivery", "taproot_confirms", "taproot_dead_letters",
-         "taproot_backlog", "taproot_latency", "taproot_rates")
+         "taproot_disagreements", "taproot_backlog", "taproot_latency", "taproot_rates")
 
 _SQL_TYPES = {"int32": "BIGINT", "int64": "BIGINT", "bool": "BOOLEAN", "string": "STRING"}
 
@@ -46,24 +52,26 @@ def partitions_of(data_dir: str) -> list[int]:
     return found or [0]
 
 
-def _union_sql(spark, paths: list[str], schema) -> str:
+def _union_sql(spark, paths: list[tuple[int, str]], schema) -> str:
     """SQL reading the latest version of each table on every query (a view over
-    `delta.`path`` is not pinned to a snapshot). Columns an older table lacks
-    read as NULL; a table not created yet contributes no rows."""
+    `delta.`path`` is not pinned to a snapshot), with its partition number.
+    Columns an older table lacks read as NULL; a table not created yet
+    contributes no rows."""
     from pyspark.sql.utils import AnalysisException
 
     selects = []
-    for path in paths:
+    fields = [f for f in schema if f.name != "partition"]
+    for partition, path in paths:
         try:
             present = set(spark.read.format("delta").load(path).columns)
         except AnalysisException:
             continue  # not created yet
         cols = [_quote(f.name) if f.name in present else f"CAST(NULL AS {_sql_type(f)}) AS {_quote(f.name)}"
-                for f in schema]
-        selects.append(f"SELECT {', '.join(cols)} FROM delta.`{path}`")
+                for f in fields]
+        selects.append(f"SELECT CAST({partition} AS BIGINT) AS `partition`, {', '.join(cols)} FROM delta.`{path}`")
     if not selects:
-        nulls = ", ".join(f"CAST(NULL AS {_sql_type(f)}) AS {_quote(f.name)}" for f in schema)
-        return f"SELECT {nulls} WHERE FALSE"
+        nulls = ", ".join(f"CAST(NULL AS {_sql_type(f)}) AS {_quote(f.name)}" for f in fields)
+        return f"SELECT CAST(NULL AS BIGINT) AS `partition`, {nulls} WHERE FALSE"
     return " UNION ALL ".join(selects)
 
 
@@ -82,14 +90,16 @@ def register_views(spark, data_dir: str = "data", partitions: list[int] | None =
     for name, attr, schema in (("taproot_puts", "puts", tables.PUTS_SCHEMA),
                                ("taproot_delivery", "delivery", tables.DELIVERY_SCHEMA),
                                ("taproot_confirms", "confirms", tables.CONFIRMS_SCHEMA),
-                               ("taproot_dead_letters", "dead_letters", tables.DEAD_LETTERS_SCHEMA)):
-        spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS {_union_sql(spark, [getattr(p, attr) for p in parts], schema)}")
+                               ("taproot_dead_letters", "dead_letters", tables.DEAD_LETTERS_SCHEMA),
+                               ("taproot_disagreements", "disagreements", tables.DISAGREEMENTS_SCHEMA)):
+        union = _union_sql(spark, [(p.partition, getattr(p, attr)) for p in parts], schema)
+        spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS {union}")
 
     # Properties as columns: one per property name; typed when all messages agree.
     kinds = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM "
                       "(SELECT property_types, explode(map_keys(properties)) AS k FROM taproot_puts) GROUP BY k"
                       ).collect()
-    base = {f.name for f in tables.PUTS_SCHEMA} | {"guid_hex", "delivered_time", "apps"}
+    base = {f.name for f in tables.PUTS_SCHEMA} | {"partition", "guid_hex", "delivered_time", "apps"}
     columns = []
     for row in sorted(kinds, key=lambda r: r.k):
         name = row.k if row.k not in base else f"property_{row.k}"
@@ -102,13 +112,14 @@ def register_views(spark, data_dir: str = "data", partitions: list[int] | None =
         columns.append(f"{value} AS {_quote(name)}")
     extra = "".join(f", {c}" for c in columns)
     spark.sql(f"""CREATE OR REPLACE TEMP VIEW taproot_messages AS
-        SELECT p.domain, p.queue, upper(hex(p.guid)) AS guid_hex, p.guid, p.seq, p.payload, p.compression,
-               p.properties, p.property_types, p.producer_time, p.put_time{extra},
+        SELECT p.partition, p.domain, p.queue, upper(hex(p.guid)) AS guid_hex, p.guid, p.seq, p.payload,
+               p.compression, p.properties, p.property_types, p.producer_time, p.put_time{extra},
                d.delivered_time, d.apps
         FROM (SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY guid ORDER BY seq) AS _n
                              FROM taproot_puts) WHERE _n = 1) p
-        LEFT JOIN (SELECT guid, min(delivered_time) AS delivered_time, first(apps) AS apps
-                   FROM taproot_delivery GROUP BY guid) d ON p.guid = d.guid""")
+        LEFT JOIN (SELECT partition, guid, min(delivered_time) AS delivered_time, first(apps) AS apps
+                   FROM taproot_delivery GROUP BY partition, guid) d
+               ON p.partition = d.partition AND p.guid = d.guid""")
 
     spark.sql("""CREATE OR REPLACE TEMP VIEW taproot__targets AS
         SELECT domain, queue, guid, seq, put_time, delivered_time, explode(coalesce(apps, array(''))) AS app_id

@@ -79,10 +79,12 @@ def show_tables(data_dir: str) -> None:
 
     spark = spark_factory.session("taproot-demo-reader")
     try:
-        path = PartitionPaths(data_dir, 0).delivery
-        delivery = spark.read.format("delta").load(path)
-        _say(f"   spark.read.format('delta').load('{path}')  ->  {delivery.count()} rows")
-        (delivery.orderBy(F.col("seq").desc())
+        paths = PartitionPaths(data_dir, 0)
+        puts = spark.read.format("delta").load(paths.puts)
+        delivery = spark.read.format("delta").load(paths.delivery).select("seq", "apps", "delivered_time")
+        _say(f"   spark.read.format('delta').load('{paths.puts}')  ->  {puts.count()} rows; joined on seq "
+             f"with the delivery log (what the pipeline decided)")
+        (puts.join(delivery, "seq", "left").orderBy(F.col("seq").desc())
          .select(F.upper(F.hex("guid")).alias("guid"), "seq", "domain", "queue",
                  F.col("properties")["region"].alias("region"), F.length("payload").alias("bytes"),
                  "apps", "put_time", "delivered_time")

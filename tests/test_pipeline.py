@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from pipelines.dedup import to_delivery_rows, write_delivery_batch
+from pipelines.dedup import judged_puts_version, legacy_delivery_columns, to_delivery_rows, write_delivery_batch
 from pipelines.runner import create_delivery_table
 from storage.tables import DELIVERY_SCHEMA, PUTS_SCHEMA, spark_ddl
 
@@ -21,10 +22,19 @@ def puts_df(spark, guids, domain="d", props=lambda i: ({}, {})):
     return spark.createDataFrame(rows, spark_ddl(PUTS_SCHEMA).replace(" NOT NULL", ""))
 
 
-def test_delivery_rows_keep_put_columns_and_add_batch_columns(spark):
-    out = to_delivery_rows(puts_df(spark, [b"a" * 16]), 7)
+def test_delivery_rows_identify_and_route_without_copying_the_payload(spark):
+    out = to_delivery_rows(puts_df(spark, [b"a" * 16]), 7, partition=3)
     assert out.columns == [f.name for f in DELIVERY_SCHEMA]
-    assert out.select("batch_id").first()[0] == 7
+    assert "payload" not in out.columns and "properties" not in out.columns
+    assert out.select("batch_id", "partition").first() == (7, 3)
+
+
+def test_delivery_commit_records_the_judged_puts_version(spark, tmp_path):
+    from deltalake import DeltaTable
+    path = str(tmp_path / "delivery")
+    create_delivery_table(spark, path)
+    write_delivery_batch(puts_df(spark, [b"a" * 16]), 0, path, "app-1", puts_version=12)
+    assert json.loads(DeltaTable(path).history(1)[0]["userMetadata"]) == {"puts_version": 12}
 
 
 def test_replayed_batch_adds_no_duplicates(spark, tmp_path):
@@ -63,11 +73,33 @@ def test_fanout_targets_apps_by_their_subscriptions_in_spark_sql(spark):
 
 
 def test_delivery_table_from_an_older_release_gains_the_new_columns(spark, tmp_path):
+    """A delivery log made before the express lane copied the PUT row (payload
+    NOT NULL) and had no apps or partition: it gains the new columns and keeps
+    getting its old ones filled."""
     path = str(tmp_path / "old")
-    old_columns = [f for f in DELIVERY_SCHEMA if f.name not in ("apps", "compression")]
+    old_columns = [f for f in PUTS_SCHEMA if f.name != "compression"] + [
+        f for f in DELIVERY_SCHEMA if f.name in ("delivered_time", "batch_id")]
     import pyarrow as pa
     spark.sql(f"CREATE TABLE delta.`{path}` ({spark_ddl(pa.schema(old_columns))}) USING DELTA")
     create_delivery_table(spark, path)
-    assert set(spark.read.format("delta").load(path).columns) == {f.name for f in DELIVERY_SCHEMA}
-    write_delivery_batch(puts_df(spark, [b"a" * 16]), 0, path, "app-1")
-    assert spark.read.format("delta").load(path).first().apps == [""]
+    assert {f.name for f in DELIVERY_SCHEMA} <= set(spark.read.format("delta").load(path).columns)
+    legacy = legacy_delivery_columns(spark, path)
+    assert "payload" in legacy
+    write_delivery_batch(puts_df(spark, [b"a" * 16]), 0, path, "app-1", legacy_columns=legacy)
+    row = spark.read.format("delta").load(path).first()
+    assert row.apps == [""] and row.payload == b"p"
+
+
+def test_judged_puts_version_reads_the_offset_log(tmp_path):
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    head = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
+    (offsets / "4").write_text(head + '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":9,"index":-1,'
+                               '"isStartingVersion":false}')
+    (offsets / "5").write_text(head + '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":3,"index":2,'
+                               '"isStartingVersion":true}')
+    (offsets / "6").write_text("garbage")
+    assert judged_puts_version(str(tmp_path), 4) == 8
+    assert judged_puts_version(str(tmp_path), 5) is None      # inside the initial snapshot
+    assert judged_puts_version(str(tmp_path), 6) is None
+    assert judged_puts_version(str(tmp_path), 7) is None      # missing
