@@ -19,7 +19,8 @@ def _say(text: str) -> None:
         pass  # the terminal or pipe went away (Ctrl-C on `make run | tee`): keep shutting down
 
 
-def run_demo_traffic(address: str, count: int) -> loadgen.ProduceResult:
+def run_demo_traffic(address: str, count: int, data_dir: str | None = None,
+                     partitions: int = 1) -> loadgen.ProduceResult:
     _say(f"\n== demo traffic: {count} messages of 1 KiB to {DEMO_URI} through {address}")
     ready = threading.Event()
     consumed: dict[str, loadgen.ConsumeResult] = {}
@@ -27,6 +28,7 @@ def run_demo_traffic(address: str, count: int) -> loadgen.ProduceResult:
         "result", loadgen.consume(address, DEMO_URI, count, idle_timeout_s=120, ready=ready)), daemon=True)
     consumer.start()
     ready.wait(30)
+    started = time.time()
     produced = loadgen.produce(address, DEMO_URI, count, size=1024, rate=1000,
                                properties={"source": "demo", "region": "EU"})
     consumer.join(300)
@@ -37,6 +39,17 @@ def run_demo_traffic(address: str, count: int) -> loadgen.ProduceResult:
     _say(f"   PUT->PUSH {loadgen.summary_ms(result.push_latency_ms)}")
     in_order = result.guids == produced.guids[: len(result.guids)]
     _say(f"   pushed in PUT order: {'yes' if in_order else 'no'}")
+    if data_dir is not None:
+        # Pushed by the primary's express lane; the pipeline decides again, as the authority.
+        from taproot.bench.authority import authority_lag
+        _say("   waiting for the pipeline's decisions (the delivery log)...")
+        authority = authority_lag(data_dir, partitions, "demo", started, produced.acked, timeout_s=180,
+                                  progress=False)
+        lag = authority["lag_ms"]
+        _say(f"   the pipeline wrote {authority['rows']} delivery rows, "
+             + (f"p50 {lag['p50']:,.0f} ms / p99 {lag['p99']:,.0f} ms after each PUT commit; "
+                if lag["p50"] is not None else "")
+             + f"disagreements with the express lane: {authority['disagreements']}")
     return produced
 
 
@@ -116,7 +129,7 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         if demo_messages > 0:
-            run_demo_traffic(cluster.client_address, demo_messages)
+            run_demo_traffic(cluster.client_address, demo_messages, cluster.data_dir, cluster.config.partitions)
             run_fanout_demo(cluster.client_address)
             show_tables(cluster.data_dir)
         _say("\n== serving; from another terminal try:")

@@ -10,7 +10,7 @@ import os
 import sys
 
 data_dir, jars_dir = sys.argv[1], sys.argv[2]
-tables = ["puts", "delivery", "confirms", "dead_letters"]
+tables = ["puts", "delivery", "confirms", "dead_letters", "disagreements"]
 paths = {t: os.path.join(data_dir, "partition-000", t) for t in tables}
 out: dict = {}
 
@@ -33,8 +33,10 @@ ext = glob.glob(os.path.join(duckdb_extension_delta.__path__[0], "extensions", "
 con = duckdb.connect()
 con.load_extension(ext)
 out["duckdb"] = {t: con.sql(f"SELECT count(*) FROM delta_scan('{p}')").fetchone()[0] for t, p in paths.items()}
-out["duckdb_eu"] = con.sql(f"SELECT count(*) FROM delta_scan('{paths['delivery']}') "
-                           "WHERE properties['region'] = 'EU'").fetchone()[0]
+# The delivery log routes; payloads and properties are in the PUT log, joined on seq.
+out["duckdb_eu"] = con.sql(f"SELECT count(*) FROM delta_scan('{paths['delivery']}') d "
+                           f"JOIN delta_scan('{paths['puts']}') p ON d.seq = p.seq "
+                           "WHERE p.properties['region'] = 'EU'").fetchone()[0]
 
 # Spark with Delta, configured the plain way (the jars Delta's pip package names, from a local cache)
 from pyspark.sql import SparkSession  # noqa: E402

@@ -39,6 +39,9 @@ def test_10k_messages_through_the_proxy_are_delivered_once_in_put_order(cluster,
     assert received.guids == produced.guids  # pushed once each, in PUT order
     assert received.redelivered == 0
 
+    # The express lane pushed them before the pipeline decided: wait for the authority's rows.
+    wait_until(lambda: delivery(spark, cluster).filter(F.col("queue") == "e2e").count() >= MESSAGES, 300,
+               interval_s=1, what="the pipeline's delivery rows")
     actual = (delivery(spark, cluster).filter(F.col("queue") == "e2e").orderBy("seq").select("guid"))
     expected = spark.createDataFrame([(g,) for g in produced.guids], "guid binary")
     assert_df_equality(actual, expected, ignore_nullable=True)
@@ -63,6 +66,9 @@ def test_retransmitted_put_is_acked_twice_and_delivered_once(cluster, spark):
     wait_until(lambda: pushed.extend(consumer.recv("push", timeout_s=120).push.messages) or
                any(m.guid == b"\x08" * 16 for m in pushed), 180, what="the marker message")
     assert [m.guid for m in pushed] == [guid, b"\x08" * 16]
+    # The pipeline, the authority, keeps it once too (once its batch with the marker is written).
+    wait_until(lambda: delivery(spark, cluster).filter(F.col("guid") == F.lit(b"\x08" * 16)).count(), 120,
+               interval_s=0.5, what="the marker's delivery row")
     rows = delivery(spark, cluster).filter(F.col("guid") == F.lit(guid)).count()
     assert rows == 1
     producer.close()

@@ -138,6 +138,9 @@ def test_fanout_every_app_gets_every_message_except_what_its_subscription_reject
     assert [m.payload for m in got["eu"]] == [b"o0", b"o1", b"o2"]
 
     paths = PartitionPaths(cluster.data_dir, 0)
+    # Pushed by the express lane; the pipeline, the authority, decides the same a little later.
+    wait_until(lambda: len(table_rows(paths.delivery, domain="fan")) >= 6, 120, interval_s=0.5,
+               what="the pipeline's delivery rows")
     delivery = spark.read.format("delta").load(paths.delivery).filter("domain = 'fan'").orderBy("seq")
     rows = delivery.select("guid", "apps").collect()
     assert [r.guid for r in rows] == guids                      # stored once, not once per app
@@ -145,6 +148,7 @@ def test_fanout_every_app_gets_every_message_except_what_its_subscription_reject
     wait_until(lambda: len(table_rows(paths.confirms, domain="fan")) == 15, 30, what="15 per-app confirms")
     confirms = {(r["guid"], r["app_id"]) for r in table_rows(paths.confirms, domain="fan")}
     assert confirms == {(g, a) for g in guids for a in ("billing", "audit")} | {(g, "eu") for g in guids[:3]}
+    assert table_rows(paths.disagreements, domain="fan") == []   # the express lane decided as Spark did
 
     with Session([cluster.proxy_address]) as session:
         with pytest.raises(TaprootError, match="unknown app id"):
@@ -265,3 +269,21 @@ def test_domains_reload_without_restart_and_a_bad_file_is_rejected_naming_the_fi
     # The last good configuration stays in force.
     assert isinstance(post(cluster.proxy_address, "taproot://late/q", [b"3"])[0].exception(), AckError)
     os.remove(domains / "late.toml")
+
+
+# -- delivery = "pipeline" ---------------------------------------------------------------
+def test_pipeline_delivery_pushes_only_messages_whose_delivery_row_exists(cluster):
+    uri = "taproot://authority/orders"
+    paths = PartitionPaths(cluster.data_dir, 0)
+    with Session([cluster.proxy_address]) as session:
+        consumer = session.open_queue(uri, read=True)
+        guids = [f.result().guid for f in post(cluster.proxy_address, uri, [b"a%d" % i for i in range(5)])]
+        got = []
+        while len(got) < 5:
+            message = consumer.get(timeout_s=120)
+            assert message is not None, "not delivered within 120 s"
+            # Read right after each push: its row must already be in the delivery log.
+            assert message.guid in {r["guid"] for r in table_rows(paths.delivery, domain="authority")}
+            got.append(message)
+            consumer.confirm(message)
+    assert [m.guid for m in got] == guids

@@ -59,6 +59,7 @@ def test_every_table_opens_with_spark_delta_rs_and_duckdb_without_taproot_code(c
     consume(cluster.proxy_address, "taproot://keep/readers", 5)
     paths = PartitionPaths(cluster.data_dir, 0)
     wait_until(lambda: set(guids) <= guids_in(paths.confirms), 30, what="the confirms")
+    wait_until(lambda: set(guids) <= guids_in(paths.delivery), 120, interval_s=0.5, what="the delivery rows")
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "plain_readers.py"), cluster.data_dir,
                              str(cache_dir() / "ivy" / "jars")], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300)
@@ -66,9 +67,10 @@ def test_every_table_opens_with_spark_delta_rs_and_duckdb_without_taproot_code(c
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["taproot_modules"] == []
     expected = {t: len(deltars.try_open(getattr(paths, t)).to_pyarrow_table(columns=["guid"]))
-                for t in ("puts", "delivery", "confirms", "dead_letters")}
+                for t in ("puts", "delivery", "confirms", "dead_letters", "disagreements")}
     assert expected["puts"] >= 5 and expected["confirms"] >= 5
     assert seen["deltars"] == seen["duckdb"] == seen["spark"] == expected
+    assert expected["disagreements"] == 0
     assert seen["duckdb_eu"] >= 5
     assert seen["deltars_time_travel_v0"] == seen["spark_time_travel_v0"] == 0  # version 0: the empty table
     assert seen["deltars_cdf_inserts"] == expected["puts"]      # the change feed of an append-only log
@@ -77,11 +79,13 @@ def test_every_table_opens_with_spark_delta_rs_and_duckdb_without_taproot_code(c
 
 def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
     uri = "taproot://keep/views"
-    post(cluster.proxy_address, uri, [b"v%d" % i for i in range(6)], {"region": "US"})
+    guids = set(post(cluster.proxy_address, uri, [b"v%d" % i for i in range(6)], {"region": "US"}))
     got = consume(cluster.proxy_address, uri, 4)  # 4 confirmed, 2 left: the session closes, they go back
     assert len(got) >= 4
     paths = PartitionPaths(cluster.data_dir, 0)
     wait_until(lambda: len(guids_in(paths.confirms) & {m.guid for m in got}) == len(got), 30, what="confirms")
+    wait_until(lambda: len(guids_in(paths.delivery) & guids) == 6, 120, interval_s=0.5,
+               what="the pipeline's delivery rows")
     register_views(spark, cluster.data_dir, [0])
     backlog = spark.sql("SELECT delivered, confirmed, backlog FROM taproot_backlog "
                         "WHERE domain = 'keep' AND queue = 'views'").collect()

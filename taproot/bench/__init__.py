@@ -72,13 +72,30 @@ def print_result(r: dict) -> None:
           f"received {r['received']:,} of {r['expected_received']:,}")
     print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
     print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
+    minutes = r.get("minutes", {}).get("push", {})
+    if len(minutes.get("t", [])) > 1:
+        print("         PUT->PUSH per minute (p50/p99 ms): " + ", ".join(
+            f"{t / 60:.0f}: {p50:,.0f}/{p99:,.0f}" for t, p50, p99 in zip(minutes["t"], minutes["p50"],
+                                                                         minutes["p99"])))
     if r.get("cpu_s"):
         parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in r["cpu_s"].items())
         print(f"         server CPU {parts}: {r['cpu_us_per_msg']:,.0f} us per message", flush=True)
+    if r.get("rss_mb"):
+        parts = ", ".join(f"{name} {min(mb for _, mb in s):,.0f}-{max(mb for _, mb in s):,.0f} (end "
+                          f"{s[-1][1]:,.0f})" for name, s in r["rss_mb"].items() if s)
+        print(f"         server memory, MiB resident over the run: {parts}", flush=True)
+    authority = r.get("authority")
+    if authority:
+        lag = authority["lag_ms"]
+        print(f"         authority lag (PUT commit -> delivery row) {fmt_ms(lag)}; {authority['rows']:,} of "
+              f"{authority['expected']:,} rows after {authority['waited_s']:.0f} s; "
+              f"disagreements {authority['disagreements']}", flush=True)
 
 
 def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None,
-               cpu_probe=None) -> list[dict]:
+               cpu_probe=None, memory_probe=None, cluster=None) -> list[dict]:
+    """Each scenario on one system. With `cluster` (Taproot's embedded one),
+    also the authority's lag and disagreements, from its tables."""
     from taproot.bench.runner import run
 
     results = []
@@ -88,7 +105,12 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
               flush=True)
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
-                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe)
+                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe)
+        if cluster is not None and scenario.mode != "broadcast":
+            from taproot.bench.authority import authority_lag
+            from taproot.bench.taproot_driver import domain_name
+            result["authority"] = authority_lag(cluster.data_dir, cluster.config.partitions,
+                                                domain_name(scenario), result["start_s"], result["acked"])
         print_result(result)
         if out_dir is not None:
             png = out_dir / f"{system}-{scenario.name}.png"
@@ -146,11 +168,13 @@ def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[
     print(f"starting an embedded cluster in {data_dir} ...", flush=True)
     with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
         _warm_up(cluster.client_address, scenarios, args)
-        from taproot.bench.cpu import tree_cpu_seconds
+        from taproot.bench.cpu import tree_cpu_seconds, tree_rss_mb
 
-        def cpu_probe() -> dict[str, float]:
-            return tree_cpu_seconds({name: p.popen.pid for name, p in cluster.processes.items()})
-        return run_system("taproot", cluster.client_address, scenarios, args, out_dir, cpu_probe)
+        def pids() -> dict[str, int]:
+            return {name: p.popen.pid for name, p in cluster.processes.items()}
+
+        return run_system("taproot", cluster.client_address, scenarios, args, out_dir,
+                          lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
 
 
 def _warm_up(address: str, scenarios: list[Scenario], args) -> None:

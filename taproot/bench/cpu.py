@@ -1,8 +1,10 @@
-"""CPU time of the cluster's processes, for per-message cost.
+"""CPU time and memory of the cluster's processes: per-message cost, and
+whether a process's memory stays flat over a long run.
 
-Reads `/proc` (Linux): the user + system time of each named process and of
-every process below it (the pipeline's JVM is a child of its Python
-process). Elsewhere it reports nothing rather than a wrong number.
+Reads `/proc` (Linux): the user + system time, and the resident memory, of
+each named process and of every process below it (the pipeline's JVM is a
+child of its Python process). Elsewhere it reports nothing rather than a
+wrong number.
 """
 
 from __future__ import annotations
@@ -31,23 +33,46 @@ def _table() -> dict[int, tuple[int, float]]:
     return out
 
 
-def tree_cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
-    """name -> CPU seconds of that process and its descendants."""
-    table = _table()
+def _trees(roots: dict[str, int], table: dict[int, tuple[int, float]]) -> dict[str, list[int]]:
+    """name -> the pids of that process and its descendants."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    totals: dict[str, float] = {}
+    trees: dict[str, list[int]] = {}
     for name, root in roots.items():
         if root not in table:
             continue
-        total, stack = 0.0, [root]
+        pids, stack = [], [root]
         while stack:
             pid = stack.pop()
-            total += table[pid][1]
+            pids.append(pid)
             stack.extend(children.get(pid, ()))
-        totals[name] = total
-    return totals
+        trees[name] = pids
+    return trees
+
+
+def tree_cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
+    """name -> CPU seconds of that process and its descendants."""
+    table = _table()
+    return {name: sum(table[pid][1] for pid in pids) for name, pids in _trees(roots, table).items()}
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def tree_rss_mb(roots: dict[str, int]) -> dict[str, float]:
+    """name -> resident memory (MiB) of that process and its descendants."""
+    out: dict[str, float] = {}
+    for name, pids in _trees(roots, _table()).items():
+        total = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as fh:
+                    total += int(fh.read().split()[1]) * _PAGE
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+        out[name] = total / (1 << 20)
+    return out
 
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -74,6 +74,8 @@ def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int
         "ack_ms": percentiles(acks.latency_ms),
         "push_ms": percentiles(pushes.latency_ms),
         "series": {"ack": time_series(acks, start_s), "push": time_series(pushes, start_s)},
+        # Per minute: does a long run hold its latency from the first minute to the last?
+        "minutes": {"ack": time_series(acks, start_s, 60.0), "push": time_series(pushes, start_s, 60.0)},
     }
 
 

@@ -144,10 +144,12 @@ def _spread(items: list, parts: int) -> list[list]:
 
 
 def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
-        progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None) -> dict:
+        progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None,
+        memory_probe: Callable[[], dict[str, float]] | None = None) -> dict:
     """One scenario. `cpu_probe` gives the server processes' CPU seconds so
     far (by name); with it the result has each one's CPU time over the run
-    and the CPU cost per message."""
+    and the CPU cost per message. `memory_probe` gives their resident MiB,
+    sampled every second into `rss_mb`."""
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
@@ -189,7 +191,13 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         producer_results = consumer_results = 0
         last_print = 0.0
         per_queue = [0] * scenario.queues
+        rss: dict[str, list[tuple[float, float]]] = {}
+        last_sample = 0.0
         while producer_results + consumer_results < len(procs):
+            if memory_probe and time.monotonic() - last_sample >= 1.0:
+                last_sample = time.monotonic()
+                for name, mb in memory_probe().items():
+                    rss.setdefault(name, []).append((round(time.time() - start, 1), round(mb, 1)))
             if cpu_probe and not cpu_after and shared.producers_done.is_set() and \
                     shared.progress[1] >= sum(per_queue) * scenario.copies:
                 cpu_after = cpu_probe()  # everything delivered: before the clients close their queues
@@ -231,6 +239,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 p.kill()
     result = summarize(acks, pushes, posted, failed, start)
     result["expected_received"] = sum(per_queue) * scenario.copies
+    result["start_s"] = start
+    if memory_probe:
+        result["rss_mb"] = rss
     if cpu_probe:
         from taproot.bench.cpu import delta
         cpu_s = delta(cpu_before, cpu_after)

@@ -1,0 +1,67 @@
+"""The authority's lag: from a PUT's commit to its row in the pipeline's
+delivery log, read from the tables after a run (delta-rs, no JVM).
+
+With the express lane, consumers get a message right after its commit; the
+pipeline, which stays the authority on dedup and fanout, writes its decision
+seconds later. This is how much later: per delivery row, `delivered_time -
+put_time` (both stamped on this machine: `put_time` by the primary as it
+builds the commit, `delivered_time` by Spark as it writes the batch). Also
+counted: the disagreements the primaries recorded over the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage import deltars, tables
+
+
+def _rows(data_dir: str, partitions: int, domain: str, since: datetime, path_of, columns: list[str],
+          time_column: str) -> pa.Table:
+    parts = []
+    for p in range(partitions):
+        table = deltars.try_open(path_of(tables.PartitionPaths(data_dir, p)))
+        if table is None:
+            continue
+        rows = deltars.without_views(table.to_pyarrow_table(columns=columns, filters=[
+            ("domain", "=", domain), (time_column, ">=", since)]))
+        parts.append(rows)
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def authority_lag(data_dir: str, partitions: int, domain: str, since_s: float, expected: int,
+                  timeout_s: float = 600.0, idle_s: float = 60.0, progress: bool = True) -> dict:
+    """Wait (up to `timeout_s`, or `idle_s` without a new row) until the
+    delivery log has `expected` rows of `domain` put since `since_s`, then
+    return the lag's percentiles, the rows seen, the wait, and the
+    disagreements recorded for those PUTs."""
+    since = datetime.fromtimestamp(since_s, timezone.utc)
+    started = last_change = time.monotonic()
+    rows, seen = pa.table({}), -1
+    while True:
+        rows = _rows(data_dir, partitions, domain, since, lambda p: p.delivery, ["put_time", "delivered_time"],
+                     "put_time")
+        if rows.num_rows != seen:
+            seen, last_change = rows.num_rows, time.monotonic()
+        now = time.monotonic()
+        if seen >= expected or now - started > timeout_s or now - last_change > idle_s:
+            break
+        if progress:
+            print(f"\r  waiting for the pipeline: {seen:,} of {expected:,} delivery rows "
+                  f"({now - started:.0f} s)   ", end="", flush=True)
+        time.sleep(1.0)
+    if progress:
+        print("\r" + " " * 72 + "\r", end="", flush=True)
+    lag: dict[str, float | None] = {"p50": None, "p99": None, "max": None}
+    if rows.num_rows:
+        ms = pc.divide(pc.subtract(rows["delivered_time"].cast(pa.int64()), rows["put_time"].cast(pa.int64())),
+                       1000.0).to_numpy()
+        lag = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "max": float(ms.max())}
+    disagreements = _rows(data_dir, partitions, domain, since, lambda p: p.disagreements, ["seq"], "detected_time")
+    return {"lag_ms": lag, "rows": seen, "expected": expected, "waited_s": time.monotonic() - started,
+            "disagreements": disagreements.num_rows}
