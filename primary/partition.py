@@ -434,12 +434,15 @@ class Partition:
                             b.queue.quota.unadmit(guid)
             else:
                 self._commit_seqs.append((version, self._next_seq - 1))
+            # The ACKs first: the producers wait for them; the express
+            # decisions come next, still before any delivery row is reconciled.
+            send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
+                                              message=text)) for i in singles])
+            for b in bulks:
+                b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids,
+                                                               code=wire(code), message=text)))
+            if code == ResultCode.SUCCESS:
                 targets = self._express(batch, singles, bulks, now_us)
-        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
-                                          message=text)) for i in singles])
-        for b in bulks:
-            b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
-                                                           message=text)))
         if targets:
             self._route_targets(targets)
         if log.isEnabledFor(logging.DEBUG):
@@ -594,21 +597,28 @@ class Partition:
         judged = self._judged_bound(self._delivery_version, latest)
         pushes: list[tuple[QueueState, int, tuple[str, ...]]] = []
         disagreements: list[Disagreement] = []
+        states: list[QueueState | None] = []
         if rows.num_rows:
             rows = rows.sort_by("seq")
+            cache: dict[tuple[str, str], QueueState | None] = {}
             with self.lock:
-                states = [self._state_for(d, q) for d, q in zip(rows["domain"].to_pylist(),
-                                                                 rows["queue"].to_pylist())]
+                for key in zip(rows["domain"].to_pylist(), rows["queue"].to_pylist()):
+                    if key not in cache:
+                        cache[key] = self._state_for(*key)
+                    states.append(cache[key])
             seqs, apps_of = rows["seq"].to_pylist(), rows["apps"].to_pylist()
         else:
-            states, seqs, apps_of = [], [], []
+            seqs, apps_of = [], []
         with self._decisions_lock:
+            delivered = self._reconciler.delivered
             for state, seq, apps in zip(states, seqs, apps_of):
                 if state is None:
                     continue
                 if apps is None:
                     apps = state.domain.apps   # rows from before fanout existed
-                outcome = self._reconciler.delivered(seq, apps, state.express)
+                outcome = delivered(seq, apps, state.express)
+                if outcome is None:
+                    continue
                 if outcome.push_apps:
                     pushes.append((state, seq, outcome.push_apps))
                 if outcome.disagreement is not None:

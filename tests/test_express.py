@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from primary.express import KIND_APPS, KIND_DEDUP, AppRules, GuidHistory, Reconciler
+from primary.express import KIND_APPS, KIND_DEDUP, AppRules, Delivered, GuidHistory, Reconciler
 
 G = [bytes([i]) * 16 for i in range(10)]
 S = 1_000_000  # one second in microseconds
@@ -54,8 +54,7 @@ def test_app_rules_without_subscriptions_never_read_properties():
 def test_a_delivery_row_that_agrees_pushes_nothing_more():
     r = Reconciler()
     r.decided(1, "q", G[1], ("a", "b"))
-    outcome = r.delivered(1, ["b", "a"], express_domain=True)
-    assert outcome.push_apps == () and outcome.disagreement is None
+    assert r.delivered(1, ["b", "a"], express_domain=True) is None
     assert r.judged_through(1) == [] and (r.agreed, r.disagreed) == (1, 0)
 
 
@@ -63,7 +62,7 @@ def test_a_row_the_express_lane_judged_a_duplicate_is_pushed_when_the_pipeline_k
     r = Reconciler()
     r.decided(1, "q", G[1], None)
     outcome = r.delivered(1, [""], express_domain=True)
-    assert outcome.push_apps == ("",)
+    assert outcome is not None and outcome.push_apps == ("",)
     d = outcome.disagreement
     assert d is not None and d.kind == KIND_DEDUP and d.express_apps is None and d.late_apps == ("",)
 
@@ -83,15 +82,15 @@ def test_different_apps_push_the_missing_ones_and_record_the_extra_ones():
     r = Reconciler()
     r.decided(5, "q", G[5], ("a", "b"))
     outcome = r.delivered(5, ["b", "c"], express_domain=True)
-    assert outcome.push_apps == ("c",)
+    assert outcome is not None and outcome.push_apps == ("c",)
     d = outcome.disagreement
     assert d is not None and d.kind == KIND_APPS and d.pipeline_apps == ("b", "c") and "express apps" in d.describe()
 
 
 def test_rows_never_decided_are_the_pipelines_to_push():
     r = Reconciler()
-    assert r.delivered(7, ["x"], express_domain=False).push_apps == ("x",)
-    assert r.delivered(8, ["x"], express_domain=True).push_apps == ("x",)   # e.g. before a takeover
+    assert r.delivered(7, ["x"], express_domain=False) == Delivered(7, ("x",), None)
+    assert r.delivered(8, ["x"], express_domain=True) == Delivered(8, ("x",), None)   # e.g. before a takeover
 
 
 def test_decisions_are_bounded_and_forgotten_ones_are_taken_as_pushed():
@@ -99,6 +98,6 @@ def test_decisions_are_bounded_and_forgotten_ones_are_taken_as_pushed():
     for seq in range(6):
         r.decided(seq, "q", G[seq], ("",))
     assert len(r) == 3 and r.forgotten == 3 and r.forgotten_through == 2
-    assert r.delivered(1, [""], express_domain=True).push_apps == ()        # forgotten: already pushed
-    assert r.delivered(1, [""], express_domain=False).push_apps == ("",)    # a pipeline domain's row
-    assert r.delivered(4, [""], express_domain=True).disagreement is None
+    assert r.delivered(1, [""], express_domain=True) is None                # forgotten: already pushed
+    assert r.delivered(1, [""], express_domain=False) == Delivered(1, ("",), None)   # a pipeline domain's row
+    assert r.delivered(4, [""], express_domain=True) is None
