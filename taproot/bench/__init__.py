@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from taproot.bench.report import fmt_ms, plot
-from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
+from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 
 
 def scenarios_from(args) -> list[Scenario]:
@@ -34,7 +34,7 @@ def scenarios_from(args) -> list[Scenario]:
     for name in names:
         expanded += list(SCENARIOS) if name == "all" else list(QUEUE_SWEEP) if name == "queues" else [name]
     names = list(dict.fromkeys(expanded))
-    known = {**SCENARIOS, **QUEUE_SWEEP}
+    known = {**SCENARIOS, **QUEUE_SWEEP, **TAPROOT_ONLY}
     overrides = {k: v for k, v in (("size", args.size), ("rate", args.rate), ("duration_s", args.duration),
                                    ("batch", args.batch), ("window", args.window)) if v is not None}
     custom = {k: v for k, v in (("mode", args.mode), ("queues", args.queues), ("producers", args.producers),
@@ -72,6 +72,9 @@ def print_result(r: dict) -> None:
           f"received {r['received']:,} of {r['expected_received']:,}")
     print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
     print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
+    if r.get("apps"):
+        print("         per app (received/expected, not matching its subscription): " + ", ".join(
+            f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']})" for app, e in r["apps"].items()))
     minutes = r.get("minutes", {}).get("push", {})
     if len(minutes.get("t", [])) > 1:
         print("         PUT->PUSH per minute (p50/p99 ms): " + ", ".join(
@@ -90,6 +93,10 @@ def print_result(r: dict) -> None:
         print(f"         authority lag (PUT commit -> delivery row) {fmt_ms(lag)}; {authority['rows']:,} of "
               f"{authority['expected']:,} rows after {authority['waited_s']:.0f} s; "
               f"disagreements {authority['disagreements']}", flush=True)
+        if authority.get("cpu_s"):
+            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in authority["cpu_s"].items())
+            print(f"         server CPU until the authority caught up: {parts}: "
+                  f"{authority['cpu_us_per_msg']:,.0f} us per message", flush=True)
 
 
 def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None,
@@ -111,6 +118,11 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
             from taproot.bench.taproot_driver import domain_name
             result["authority"] = authority_lag(cluster.data_dir, cluster.config.partitions,
                                                 domain_name(scenario), result["start_s"], result["acked"])
+            if cpu_probe is not None:
+                from taproot.bench.cpu import delta
+                total = delta(result["cpu_before"], cpu_probe())
+                result["authority"]["cpu_s"] = total
+                result["authority"]["cpu_us_per_msg"] = sum(total.values()) * 1e6 / max(1, result["acked"])
         print_result(result)
         if out_dir is not None:
             png = out_dir / f"{system}-{scenario.name}.png"
@@ -139,6 +151,10 @@ def main(args) -> int:
     if systems != ["taproot"] and any(s.queues_per_client > 1 for s in scenarios):
         print("error: several queues per client is Taproot-only (the peers' drivers open one connection "
               "per queue); run those scenarios without --compare", file=sys.stderr)
+        return 2
+    if systems != ["taproot"] and any(s.app_subscriptions for s in scenarios):
+        print("error: application subscriptions are Taproot-only; run those scenarios without --compare",
+              file=sys.stderr)
         return 2
     for system in systems:
         if system == "taproot":

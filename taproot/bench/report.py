@@ -17,6 +17,7 @@ class Samples:
     worker processes can ship millions of them."""
     times: array = field(default_factory=lambda: array("d"))
     latency_ms: array = field(default_factory=lambda: array("d"))
+    apps: dict = field(default_factory=dict)   # app subscriptions: app -> {received, wrong}
 
     def add(self, at_s: float, latency_ms: float) -> None:
         self.times.append(at_s)
@@ -25,6 +26,7 @@ class Samples:
     def extend(self, other: "Samples") -> None:
         self.times.extend(other.times)
         self.latency_ms.extend(other.latency_ms)
+        self.apps.update(other.apps)
 
     def __len__(self) -> int:
         return len(self.times)

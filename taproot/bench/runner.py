@@ -55,6 +55,7 @@ class Shared:
     received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
     drain_idle_s: float
     producers_ready: "mp.sharedctypes.Synchronized"  # (queue, producer) pairs with their queues open
+    expected_by_n: "mp.sharedctypes.SynchronizedArray"  # per queue and property n: ACKed (app subscriptions)
 
     def mark_producers_ready(self, count: int) -> None:
         with self.producers_ready.get_lock():
@@ -66,14 +67,21 @@ class Shared:
         with self.received.get_lock():
             self.received[queue] += count
 
-    def consumer_done(self, queue: int, own: int, copies: int, idle_s: float) -> bool:
+    def consumer_done(self, queue: int, own: int, copies: int, idle_s: float, app: int | None = None) -> bool:
         """Whether a consumer can stop: the producers are done and it has what
         was ACKed (each copy in fanout/broadcast; its queue's share in
-        priority), or nothing came for `drain_idle_s`."""
+        priority; with app subscriptions, what its app's rule matches), or
+        nothing came for `drain_idle_s`."""
         if not self.producers_done.is_set():
             return False
         have = own if copies > 1 else self.received[queue]
-        return have >= self.expected[queue] or idle_s >= self.drain_idle_s
+        return have >= self.expected_for(queue, app) or idle_s >= self.drain_idle_s
+
+    def expected_for(self, queue: int, app: int | None) -> int:
+        if app is None:
+            return self.expected[queue]
+        from taproot.bench.scenarios import N_VALUES, app_matches
+        return sum(self.expected_by_n[queue * N_VALUES + n] for n in range(N_VALUES) if app_matches(app, n))
 
     def add_progress(self, acked: int = 0, received: int = 0, failed: int = 0) -> None:
         with self.progress.get_lock():
@@ -106,7 +114,10 @@ def merge_producers(outs: list[tuple[int, dict]]) -> dict:
     total, posted = Samples(), 0
     failed: dict[str, int] = {}
     per_queue: dict[int, int] = {}
+    by_n: dict[int, list[int]] = {}
     for queue, out in outs:
+        for q, counts in out.get("acked_by_n", {}).items():
+            by_n[q] = [a + b for a, b in zip(by_n.get(q, [0] * len(counts)), counts)]
         total.extend(out["acks"])
         posted += out["posted"]
         # A client of one queue, or one of several queues with its own counts.
@@ -114,7 +125,7 @@ def merge_producers(outs: list[tuple[int, dict]]) -> dict:
             per_queue[q] = per_queue.get(q, 0) + n
         for code, n in out["failed"].items():
             failed[code] = failed.get(code, 0) + n
-    return {"acks": total, "posted": posted, "failed": failed, "acked_per_queue": per_queue}
+    return {"acks": total, "posted": posted, "failed": failed, "acked_per_queue": per_queue, "acked_by_n": by_n}
 
 
 def merge_consumers(pushes: list[Samples]) -> dict:
@@ -153,8 +164,10 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
+    from taproot.bench.scenarios import N_VALUES, app_matches
     shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", scenario.queues),
-                    ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0))
+                    ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0),
+                    ctx.Array("q", scenario.queues * N_VALUES))
     results = ctx.Queue()
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
@@ -191,6 +204,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         producer_results = consumer_results = 0
         last_print = 0.0
         per_queue = [0] * scenario.queues
+        by_n = [0] * (scenario.queues * N_VALUES)
+        apps: dict[int, dict] = {}
         rss: dict[str, list[tuple[float, float]]] = {}
         last_sample = 0.0
         while producer_results + consumer_results < len(procs):
@@ -219,13 +234,22 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                     failed[code] = failed.get(code, 0) + n
                 for q, n in out["acked_per_queue"].items():
                     per_queue[q] += n
+                for q, counts in out.get("acked_by_n", {}).items():
+                    for value, n in enumerate(counts):
+                        by_n[q * N_VALUES + value] += n
                 if producer_results == len(procs) - n_consumer_procs:
+                    for i, n in enumerate(by_n):
+                        shared.expected_by_n[i] = n
                     for q, n in enumerate(per_queue):
                         shared.expected[q] = n
                     shared.producers_done.set()
             else:
                 consumer_results += 1
                 pushes.extend(out["pushes"])
+                for app, seen in out["pushes"].apps.items():
+                    entry = apps.setdefault(app, {"received": 0, "wrong": 0})
+                    entry["received"] += seen["received"]
+                    entry["wrong"] += seen["wrong"]
         if cpu_probe and not cpu_after:
             cpu_after = cpu_probe()
         if progress:
@@ -239,6 +263,12 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 p.kill()
     result = summarize(acks, pushes, posted, failed, start)
     result["expected_received"] = sum(per_queue) * scenario.copies
+    if scenario.app_subscriptions:
+        for app, entry in apps.items():
+            entry["expected"] = sum(by_n[q * N_VALUES + n] for q in range(scenario.queues) for n in range(N_VALUES)
+                                    if app_matches(app, n))
+        result["apps"] = {f"app{a}": apps[a] for a in sorted(apps)}
+        result["expected_received"] = sum(e["expected"] for e in apps.values())
     result["start_s"] = start
     if memory_probe:
         result["rss_mb"] = rss
@@ -250,6 +280,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         # opens and closes are outside), so it includes the wait for the last
         # delivery, when an idle pipeline polls (about a tenth of a core).
         result["cpu_us_per_msg"] = sum(cpu_s.values()) * 1e6 / max(1, len(acks))
+        result["cpu_before"] = cpu_before   # for a later window (the authority catching up)
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)
     return result

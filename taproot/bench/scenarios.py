@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 MODES = ("priority", "fanout", "broadcast")
 
@@ -23,6 +24,7 @@ class Scenario:
     batch: int = 1000       # messages the Taproot SDK batches per PUT frame
     window: int = 10_000    # unacknowledged PUTs a producer may have (every system)
     queues_per_client: int = 1  # Taproot: each producer/consumer session serves this many queues
+    app_subscriptions: bool = False  # Taproot fanout: some apps subscribe (APP_RULES); producers post property n
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -63,6 +65,28 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fanout-30c", "fanout", 1, 1, 30),
     Scenario("broadcast-1c", "broadcast", 1, 1, 1),
     Scenario("broadcast-5c", "broadcast", 1, 1, 5),
+)}
+
+
+# fanout-5c-subs: producers post property n = 0..9 in turn; these apps
+# subscribe (the others get everything). Each consumer checks every message it
+# gets against its app's rule, and waits for exactly the matching ACKed count.
+N_VALUES = 10
+APP_RULES: dict[int, tuple[str, Callable[[int], bool]]] = {
+    1: ("n % 2 = 0", lambda n: n % 2 == 0),
+    3: ("n < 3", lambda n: n < 3),
+    4: ("n >= 5 && n != 7", lambda n: n >= 5 and n != 7),
+}
+
+
+def app_matches(app: int, n: int) -> bool:
+    rule = APP_RULES.get(app)
+    return rule is None or rule[1](n)
+
+
+# Taproot-only scenarios (the peers have no application subscriptions).
+TAPROOT_ONLY: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("fanout-5c-subs", "fanout", 1, 1, 5, app_subscriptions=True),
 )}
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from taproot.batching import BatchPolicy
 from taproot.bench.report import Samples
 from taproot.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
-from taproot.bench.scenarios import Scenario
+from taproot.bench.scenarios import APP_RULES, N_VALUES, Scenario, app_matches
 from taproot.session import Message, Session
 
 CONSUMER_WINDOW = 10_000  # max unconfirmed messages per consumer
@@ -19,7 +19,7 @@ PRODUCERS_SIGNAL_READY = True  # the runner starts the clock once every producer
 
 def domain_name(scenario: Scenario) -> str:
     if scenario.mode == "fanout":
-        return f"bench-fan{scenario.consumers}"
+        return f"bench-fan{scenario.consumers}" + ("-subs" if scenario.app_subscriptions else "")
     return "bench-bcast" if scenario.mode == "broadcast" else "bench"
 
 
@@ -28,6 +28,10 @@ def domain_file(scenario: Scenario) -> str:
     lines = [f'# taproot bench: {scenario.mode}', f'mode = "{scenario.mode}"']
     if scenario.mode == "fanout":
         lines.append("app_ids = [" + ", ".join(f'"app{i}"' for i in range(scenario.consumers)) + "]")
+        if scenario.app_subscriptions:
+            lines.append("[subscriptions]")
+            lines += [f'app{app} = "{text}"' for app, (text, _) in sorted(APP_RULES.items())
+                      if app < scenario.consumers]
     return "\n".join(lines) + "\n"
 
 
@@ -74,11 +78,12 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
         acks = Samples()
         failed: dict[str, int] = {}
         acked_per_queue = dict.fromkeys(queue_indexes, 0)
+        acked_by_n = {q: [0] * N_VALUES for q in queue_indexes}   # fanout-5c-subs: ACKed per property n
         lock = threading.Lock()
         pending = [0, 0]  # acked, failed since the last progress report
         outstanding = threading.Semaphore(0)
 
-        def on_ack(queue_index: int, sent_ns: int):
+        def on_ack(queue_index: int, sent_ns: int, n: int):
             def done(future: Future) -> None:
                 now_ns = time.perf_counter_ns()
                 with lock:
@@ -86,6 +91,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     if exc is None:
                         acks.add(time.time(), (now_ns - sent_ns) / 1e6)
                         acked_per_queue[queue_index] += 1
+                        acked_by_n[queue_index][n] += 1
                         pending[0] += 1
                     else:
                         code = getattr(getattr(exc, "code", None), "name", type(exc).__name__)
@@ -117,7 +123,9 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     if delay > 0:
                         time.sleep(delay)
                 queue_index, queue = targets[posted % len(targets)]  # round-robin over its queues
-                queue.post(make(), on_ack=on_ack(queue_index, time.perf_counter_ns()))
+                n = posted % N_VALUES
+                queue.post(make(), properties={"n": n} if scenario.app_subscriptions else None,
+                           on_ack=on_ack(queue_index, time.perf_counter_ns(), n))
                 posted += 1
                 if time.monotonic() - last_report > 0.25:
                     with lock:
@@ -132,7 +140,8 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             _close_all(queues)
         with lock:
             shared.add_progress(acked=pending[0], failed=pending[1])
-        return None, {"acks": acks, "posted": posted, "failed": failed, "acked_per_queue": acked_per_queue}
+        return None, {"acks": acks, "posted": posted, "failed": failed, "acked_per_queue": acked_per_queue,
+                      "acked_by_n": acked_by_n}
 
     return merge_producers(in_threads(sessions_of(scenario, clients), producer))
 
@@ -140,6 +149,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
 def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
     def consumer(queue_indexes: tuple[int, ...], n: int) -> Samples:
         pushes = Samples()
+        wrong = [0]   # fanout-5c-subs: messages this app's subscription does not match
         inbox: "_queue.SimpleQueue[tuple[int, Message]]" = _queue.SimpleQueue()
         own = dict.fromkeys(queue_indexes, 0)
         unreported = dict.fromkeys(queue_indexes, 0)
@@ -159,6 +169,8 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 now = time.monotonic()
                 if message is not None:
                     pushes.add(time.time(), push_latency_ms(message.payload, time.time_ns()))
+                    if scenario.app_subscriptions and not app_matches(n, int(message.properties.get("n", -1))):
+                        wrong[0] += 1
                     message.confirm()
                     last_message = now
                     own[queue_index] += 1
@@ -169,10 +181,13 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                             shared.add_received(q, count)
                             unreported[q] = 0
                     last_report = now
-                if message is None and all(shared.consumer_done(q, own[q], scenario.copies, now - last_message)
+                if message is None and all(shared.consumer_done(q, own[q], scenario.copies, now - last_message,
+                                                                app=n if scenario.app_subscriptions else None)
                                            for q in queue_indexes):
                     break
             _close_all(queues)  # sends the last CONFIRMs first
+        if scenario.app_subscriptions:
+            pushes.apps[n] = {"received": len(pushes), "wrong": wrong[0]}
         return pushes
 
     return merge_consumers(in_threads(sessions_of(scenario, clients), consumer))
