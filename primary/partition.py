@@ -528,15 +528,24 @@ class Partition:
             **_message_columns(items),
             "confirm_time": pa.array([now] * len(items), tables.TIMESTAMP),
         }, schema=tables.CONFIRMS_SCHEMA)
-        try:
-            self._confirms.append(batch)
+        # Not fatal for correctness: an unpersisted confirm means the message
+        # is delivered again after a restart (at-least-once).
+        if self._append_or_log(self._confirms, batch, "CONFIRM"):
             self.compactors[1].on_commit()
+
+    def _append_or_log(self, appender: deltars.Appender, batch: pa.Table, what: str) -> bool:
+        """Commit a batch to one of the primary's side logs (confirms, dead
+        letters, disagreements), whose loss costs a redelivery or a record,
+        never a message: a failure is logged; fenced, the partition steps
+        down (the new primary delivers these messages again)."""
+        try:
+            appender.append(batch)
+            return True
         except Fenced:
-            self.on_fenced()  # the new primary delivers these messages again
+            self.on_fenced()
         except Exception:
-            # Not fatal for correctness: an unpersisted confirm means the message
-            # is delivered again after a restart (at-least-once).
-            log.exception("partition %d: CONFIRM commit of %d rows failed", self.index, len(items))
+            log.exception("partition %d: %s commit of %d rows failed", self.index, what, batch.num_rows)
+        return False
 
     def _commit_dead(self, items: list[DeadLetter]) -> None:
         now = datetime.now(timezone.utc)
@@ -554,13 +563,8 @@ class Partition:
             "detail": pa.array([i.detail for i in items], pa.string()),
             "dead_time": pa.array([now] * len(items), tables.TIMESTAMP),
         }, schema=tables.DEAD_LETTERS_SCHEMA)
-        try:
-            self._dead.append(batch)
-        except Fenced:
-            self.on_fenced()
-        except Exception:
-            # Like a lost confirm: after a restart the message is delivered again.
-            log.exception("partition %d: dead-letter commit of %d rows failed", self.index, len(items))
+        # Like a lost confirm: after a restart the message is delivered again.
+        self._append_or_log(self._dead, batch, "dead-letter")
 
     # -- delivery path ------------------------------------------------------
     def _tail_delivery(self) -> None:
@@ -774,13 +778,7 @@ class Partition:
             "epoch": pa.array([self.epoch] * len(disagreements), pa.int64()),
             "detected_time": pa.array([now] * len(disagreements), tables.TIMESTAMP),
         }, schema=tables.DISAGREEMENTS_SCHEMA)
-        try:
-            self._disagreements.append(batch)
-        except Fenced:
-            self.on_fenced()
-        except Exception:
-            log.exception("partition %d: writing %d disagreements failed (they were logged)", self.index,
-                          len(disagreements))
+        self._append_or_log(self._disagreements, batch, "disagreement")
 
 
 class _MessageBuilder:
