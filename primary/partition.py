@@ -209,8 +209,11 @@ class Partition:
                              config.primary.group_commit_linger_ms)
         self.put_committer: GroupCommitter[PendingPut | PendingColumns] = GroupCommitter(
             f"puts-{index}", self._commit_puts, policy, config.primary.pending_puts_max)
+        confirm_policy = GroupPolicy(config.primary.group_commit_max_messages,
+                                     config.primary.group_commit_max_bytes,
+                                     config.primary.confirm_commit_linger_ms)
         self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
-            f"confirms-{index}", self._commit_confirms, policy, 10_000_000)
+            f"confirms-{index}", self._commit_confirms, confirm_policy, 10_000_000)
         self.dead_committer: GroupCommitter[DeadLetter] = GroupCommitter(
             f"dead-{index}", self._commit_dead, policy, 10_000_000)
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
