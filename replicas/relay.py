@@ -274,12 +274,26 @@ class Relay:
     def pause_consumers(self, link: Hashable | None = None) -> Out:
         """Ask the upstream to push nothing more to the consumers of `link`
         (of every link if None): 0/0 flow control. A reopen on another upstream
-        uses the consumers' own options again."""
+        uses the consumers' own options again. Each pause is a request of the
+        relay's own (`pauses_pending` until answered): its response comes on
+        the same stream after every PUSH the upstream sent before applying it,
+        so once it is answered, `unconfirmed_count` counts every message in
+        flight to those consumers (what a graceful stop must wait for)."""
         if not self.connected:
             return []
-        return [(UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
-            request_id=0, queue_id=up_qid, options=pb.QueueOptions())))
-            for up_qid, route in self._routes.items() if route.read and (link is None or route.link == link)]
+        out: Out = []
+        for up_qid, route in self._routes.items():
+            if route.read and (link is None or route.link == link):
+                up_req = next(self._request_ids)
+                self._requests[up_req] = _Request(None, 0, "configure_queue", up_qid)
+                out.append((UPSTREAM, pb.Frame(configure_queue=pb.ConfigureQueue(
+                    request_id=up_req, queue_id=up_qid, options=pb.QueueOptions()))))
+        return out
+
+    @property
+    def pauses_pending(self) -> int:
+        """Pauses sent upstream and not answered yet (`pause_consumers`)."""
+        return sum(1 for r in self._requests.values() if r.link is None and r.kind == "configure_queue")
 
     def downstream_closed(self, link: Hashable) -> Out:
         """Close upstream every queue the departed link had open (the primary

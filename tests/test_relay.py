@@ -238,3 +238,24 @@ def test_relay_splits_a_multi_queue_push_by_link_and_keeps_one_copy_per_link():
     assert [list(m.queue_ids) for m in out["A"].push.messages] == [[1, 2]]
     assert [(m.queue_id, list(m.queue_ids)) for m in out["B"].push.messages] == [(1, [])]
     assert relay.unconfirmed_count == 3
+
+
+def test_a_pause_is_pending_until_answered_so_a_drain_counts_pushes_in_flight():
+    """A graceful stop pauses its consumers upstream and must not close before
+    the pause is answered: PUSHes the upstream sent before applying it come
+    first on the same stream, and only then is the unconfirmed count whole."""
+    relay = Relay()
+    (_, up), = relay.from_downstream("C", open_frame(1, 10, read=True, write=False))
+    opened(relay, up)
+    qid = up.open_queue.queue_id
+    (to, pause), = relay.pause_consumers()
+    assert to == UPSTREAM and pause.configure_queue.queue_id == qid and relay.pauses_pending == 1
+    # A PUSH sent before the upstream applied the pause arrives first.
+    relay.from_upstream(pb.Frame(push=pb.PushBatch(messages=[pb.PushMessage(queue_id=qid, guid=g(5))])))
+    assert relay.unconfirmed_count == 1 and relay.pauses_pending == 1
+    assert relay.from_upstream(pb.Frame(configure_queue_response=pb.ConfigureQueueResponse(
+        request_id=pause.configure_queue.request_id, queue_id=qid, status=pb.Status(code=0)))) == []
+    assert relay.pauses_pending == 0 and relay.unconfirmed_count == 1
+    relay.pause_consumers()
+    relay.upstream_lost()   # nothing to wait for from a lost upstream
+    assert relay.pauses_pending == 0
