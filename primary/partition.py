@@ -331,8 +331,9 @@ class Partition:
                 start = end
         self._history.expire(now_us)
         # 2. Express decisions for the unjudged rows the pipeline has not delivered.
-        delivered_seqs = set(delivered["seq"].to_pylist()) if duplicate else set()
-        unjudged = [seq for seq in duplicate if seq not in delivered_seqs]
+        candidates = pa.array(sorted(duplicate), pa.int64())
+        unjudged = candidates.filter(pc.invert(pc.is_in(candidates, value_set=delivered["seq"].combine_chunks()))
+                                     ).to_pylist() if duplicate else []
         express_rows = self._put_rows(self._puts.table, unjudged) if unjudged else None
         targets = [delivered.select(["domain", "queue", "guid", "seq", "apps"])]
         if express_rows is not None and express_rows.num_rows:
@@ -353,11 +354,11 @@ class Partition:
                  self.index, self._next_seq, self._delivery_version, judged, len(duplicate), routed,
                  len(self._history))
 
-    def _express_apps(self, rows: pa.Table, duplicates: list[bool]) -> list[list[str] | None]:
+    def _express_apps(self, rows: pa.Table, duplicates: list[bool]) -> list[list[str]]:
         """Re-make the express decisions for PUT rows (recovery), recording
-        them for reconciliation: the apps, or None for a duplicate or a
+        them for reconciliation: the apps, or none for a duplicate or a
         `pipeline` domain's row (its delivery row decides)."""
-        result: list[list[str] | None] = []
+        result: list[list[str]] = []
         columns = {name: rows[name].to_pylist() for name in ("domain", "queue", "guid", "seq", "properties",
                                                             "property_types")}
         for i, dup in enumerate(duplicates):
