@@ -159,3 +159,35 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     png = tmp_path / "run.png"
     plot(result, str(png), "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_fanout_with_app_subscriptions_gives_each_app_exactly_its_messages_and_the_authority_agrees(cluster):
+    """`fanout-5c-subs` on the shared cluster: each app gets what its rule
+    matches, nothing else, once; then the pipeline's rows come, and the
+    authority lag and the (zero) disagreements are read from the tables."""
+    import time
+
+    from taproot.bench.authority import authority_lag
+    from taproot.bench.cpu import tree_rss_mb
+    from taproot.bench.runner import run
+    from taproot.bench.scenarios import TAPROOT_ONLY
+    from taproot.bench.taproot_driver import domain_file, domain_name
+
+    scenario = TAPROOT_ONLY["fanout-5c-subs"].with_(rate=300, duration_s=2, size=128)
+    (cluster.config_path.parent / "domains" / f"{domain_name(scenario)}.toml").write_text(domain_file(scenario))
+    time.sleep(2.5)  # the node re-reads domains/ within a second
+    processes = {name: p.popen.pid for name, p in cluster.processes.items()}
+    result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False,
+                 memory_probe=lambda: tree_rss_mb(processes))
+    assert result["failed"] == {} and result["acked"] > 400
+    apps = result["apps"]
+    assert set(apps) == {f"app{i}" for i in range(5)}
+    assert all(e["received"] == e["expected"] and e["wrong"] == 0 and e["duplicates"] == 0 for e in apps.values())
+    assert apps["app0"]["expected"] == result["acked"] > apps["app1"]["expected"] > 0   # app1: n % 2 = 0
+    assert all(samples and samples[-1][1] > 10 for samples in result["rss_mb"].values())
+    authority = authority_lag(cluster.data_dir, cluster.config.partitions, domain_name(scenario),
+                              result["start_s"], result["acked"], timeout_s=180, progress=False)
+    assert authority["rows"] == result["acked"] and authority["disagreements"] == 0
+    assert 0 < authority["lag_ms"]["p50"] <= authority["lag_ms"]["p99"]

@@ -96,6 +96,9 @@ def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
     rates = spark.sql("SELECT sum(puts), sum(delivered), sum(confirms) FROM taproot_rates WHERE queue = 'views'").first()
     assert tuple(rates) == (6, 6, len(got))
     assert spark.sql("SELECT count(*) FROM taproot_dead_letters WHERE domain = 'keep'").first()[0] == 0
+    # The express lane and the pipeline decided these alike.
+    assert spark.sql("SELECT count(*) FROM taproot_disagreements WHERE domain = 'keep' AND queue = 'views'"
+                     ).first()[0] == 0
 
 
 def test_retention_removes_finished_old_messages_only_and_nothing_comes_back(cluster, spark):

@@ -73,8 +73,9 @@ def print_result(r: dict) -> None:
     print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
     print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
     if r.get("apps"):
-        print("         per app (received/expected, not matching its subscription): " + ", ".join(
-            f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']})" for app, e in r["apps"].items()))
+        print("         per app (received/expected, not matching its subscription, duplicates): " + ", ".join(
+            f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']}, {e['duplicates']})"
+            for app, e in r["apps"].items()))
     minutes = r.get("minutes", {}).get("push", {})
     if len(minutes.get("t", [])) > 1:
         print("         PUT->PUSH per minute (p50/p99 ms): " + ", ".join(

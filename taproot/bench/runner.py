@@ -247,9 +247,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 consumer_results += 1
                 pushes.extend(out["pushes"])
                 for app, seen in out["pushes"].apps.items():
-                    entry = apps.setdefault(app, {"received": 0, "wrong": 0})
-                    entry["received"] += seen["received"]
-                    entry["wrong"] += seen["wrong"]
+                    entry = apps.setdefault(app, {"received": 0, "wrong": 0, "duplicates": 0})
+                    for key in entry:
+                        entry[key] += seen[key]
         if cpu_probe and not cpu_after:
             cpu_after = cpu_probe()
         if progress:

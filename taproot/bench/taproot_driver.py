@@ -150,6 +150,8 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
     def consumer(queue_indexes: tuple[int, ...], n: int) -> Samples:
         pushes = Samples()
         wrong = [0]   # fanout-5c-subs: messages this app's subscription does not match
+        seen: set[bytes] = set()   # and GUIDs it got twice
+        duplicates = [0]
         inbox: "_queue.SimpleQueue[tuple[int, Message]]" = _queue.SimpleQueue()
         own = dict.fromkeys(queue_indexes, 0)
         unreported = dict.fromkeys(queue_indexes, 0)
@@ -169,8 +171,12 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 now = time.monotonic()
                 if message is not None:
                     pushes.add(time.time(), push_latency_ms(message.payload, time.time_ns()))
-                    if scenario.app_subscriptions and not app_matches(n, int(message.properties.get("n", -1))):
-                        wrong[0] += 1
+                    if scenario.app_subscriptions:
+                        if not app_matches(n, int(message.properties.get("n", -1))):
+                            wrong[0] += 1
+                        if message.guid in seen:
+                            duplicates[0] += 1
+                        seen.add(message.guid)
                     message.confirm()
                     last_message = now
                     own[queue_index] += 1
@@ -187,7 +193,7 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     break
             _close_all(queues)  # sends the last CONFIRMs first
         if scenario.app_subscriptions:
-            pushes.apps[n] = {"received": len(pushes), "wrong": wrong[0]}
+            pushes.apps[n] = {"received": len(pushes), "wrong": wrong[0], "duplicates": duplicates[0]}
         return pushes
 
     return merge_consumers(in_threads(sessions_of(scenario, clients), consumer))
