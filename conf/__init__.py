@@ -321,7 +321,7 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
             raise ConfigError(f"{where}: subscriptions.{app!r}: {exc}") from None
     if domain.mode == "broadcast":
         for key in ("queue_max_messages", "queue_max_bytes", "domain_max_messages", "domain_max_bytes",
-                    "message_ttl_ms", "max_delivery_attempts"):
+                    "message_ttl_ms", "max_delivery_attempts", "delivery"):
             if getattr(domain, key) and key in raw:
                 raise ConfigError(f"{where}: {key}: broadcast domains store nothing, so {key} does not apply")
     return dataclasses.replace(domain, app_ids=tuple(app_ids), subscriptions=dict(subscriptions))

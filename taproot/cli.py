@@ -155,7 +155,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                     "max_consumers", "max_producers", "message_ttl_ms", "max_delivery_attempts"):
             if getattr(d, key):
                 extras.append(f"{key} {getattr(d, key)}")
-        print(f"  domain {name} ({d.mode})" + "".join(f"\n    {e}" for e in extras))
+        mode = d.mode if d.delivery == "express" or d.mode == "broadcast" else f"{d.mode}, delivery = pipeline"
+        print(f"  domain {name} ({mode})" + "".join(f"\n    {e}" for e in extras))
     print("configuration OK")
     return 0
 

@@ -21,6 +21,8 @@ from protocol import ResultCode
     ({"subscriptions": {"": "region = 'EU' &&"}}, "subscriptions.''"),
     ({"mode": "broadcast", "message_ttl_ms": 10}, "message_ttl_ms"),
     ({"mode": "broadcast", "subscriptions": {"": "a = 1"}}, "subscriptions"),
+    ({"delivery": "fast"}, "delivery: must be one of express, pipeline"),
+    ({"mode": "broadcast", "delivery": "pipeline"}, "delivery: broadcast domains store nothing"),
     ({"queue_max_messages": -1}, "queue_max_messages"),
     ({"watermark_percent": 0}, "watermark_percent"),
     ({"max_delivery_attempts": "5"}, "max_delivery_attempts: expected int"),
@@ -37,6 +39,7 @@ def test_fanout_domain_with_subscriptions():
                            "subscriptions": {"eu": "region = 'EU'"}, "max_delivery_attempts": 5})
     assert d.apps == ("billing", "eu") and d.subscriptions == {"eu": "region = 'EU'"}
     assert parse_domain("p", {}).apps == ("",)
+    assert parse_domain("p", {}).delivery == "express" and parse_domain("q", {"delivery": "pipeline"}).delivery == "pipeline"
 
 
 def test_corrupt_domain_file_names_the_file(tmp_path):
