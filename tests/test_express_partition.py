@@ -81,7 +81,7 @@ class Producer:
             try:
                 acks.extend(self.link._out.get(timeout=0.05).ack.messages)
             except queue.Empty:
-                pass
+                continue  # no ACK yet: wait until the deadline
         return acks
 
 
