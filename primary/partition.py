@@ -177,6 +177,11 @@ class Partition:
         self.paths = tables.PartitionPaths(config.data_dir, index)
         self.epoch = epoch
         self.lock = threading.RLock()
+        # Held from a dispatch until its pushes are on the links: two threads
+        # dispatching in turn (the PUT commit's express lane, a CONFIRM that
+        # frees a consumer's window) would otherwise send in the other order,
+        # and a consumer would see PUT order broken. Taken before `lock`.
+        self._push_lock = threading.RLock()
         self.queues: dict[tuple[str, str], QueueState] = {}
         self.quota_for = quota_for
         self._wake = threading.Event()
@@ -257,14 +262,15 @@ class Partition:
     def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list],
               send: bool = True) -> list:
         """Run `action` on the app's dispatcher under the lock, then send its
-        pushes (or return them, with `send=False`) and dead-letter whatever it
-        dropped."""
-        with self.lock:
-            dispatcher = state.dispatcher(app)
-            pushes = action(dispatcher)
-            dropped = dispatcher.take_dropped()
-        if send:
-            self.on_pushes(pushes)
+        pushes (or return them, with `send=False`, to a caller holding the
+        push lock) and dead-letter whatever it dropped."""
+        with self._push_lock:
+            with self.lock:
+                dispatcher = state.dispatcher(app)
+                pushes = action(dispatcher)
+                dropped = dispatcher.take_dropped()
+            if send:
+                self.on_pushes(pushes)
         if dropped:
             self._dead_letter(state, app, dropped)
         return [] if send else pushes
@@ -692,16 +698,17 @@ class Partition:
         order), then send the pushes together, merged by sequence number (each
         app's own order kept): a message going to several apps below one link
         then goes down that link once (`send_pushes`)."""
-        routed = [self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages),
-                             send=False) for (state, app), messages in targets.items()]
-        routed = [pushes for pushes in routed if pushes]
-        if len(routed) == 1:
-            self.on_pushes(routed[0])
-        elif routed:
-            # A stable sort of the concatenation is that merge (ties keep the
-            # apps' order), in C: heapq.merge over 10,000 queues' lists was 17%
-            # of a node's Python time.
-            self.on_pushes(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
+        with self._push_lock:
+            routed = [self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages),
+                                 send=False) for (state, app), messages in targets.items()]
+            routed = [pushes for pushes in routed if pushes]
+            if len(routed) == 1:
+                self.on_pushes(routed[0])
+            elif routed:
+                # A stable sort of the concatenation is that merge (ties keep the
+                # apps' order), in C: heapq.merge over 10,000 queues' lists was 17%
+                # of a node's Python time.
+                self.on_pushes(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
 
     def _put_rows(self, table: DeltaTable, seqs: list[int]) -> pa.Table:
         """PUT-log rows by seq (the delivery log has no payloads). The seq

@@ -244,3 +244,48 @@ def test_takeover_rebuilds_unconfirmed_from_delivery_rows_and_unjudged_puts(tmp_
         assert disagreements(second.paths) == []
     finally:
         second.stop()
+
+
+def test_pushes_keep_put_order_while_confirms_free_the_window_concurrently(partition):
+    """A consumer at its window: each batch of CONFIRMs (its own thread, as a
+    link's reader is) dispatches the oldest pending messages while the PUT
+    commit's express lane dispatches new ones. Pushes must leave in dispatch
+    order, or the consumer sees PUT order broken."""
+    import threading
+
+    consumer = Consumer(partition)
+    partition.route(consumer.state, "", lambda d: d.configure_consumer((consumer.link, 1), ConsumerOptions(50)))
+    producer = Producer(partition)
+    guids = [i.to_bytes(16, "big") for i in range(1, 5_001)]
+    got: list[bytes] = []
+
+    def consume() -> None:
+        deadline = time.monotonic() + 60
+        while len(got) < len(guids) and time.monotonic() < deadline:
+            batch = consumer.pushed(1, timeout_s=0.2)
+            got.extend(m.guid for m in batch)
+            if batch:
+                def confirm(d, batch=batch):
+                    pushes = []
+                    for m in batch:
+                        pushes.extend(d.confirm((consumer.link, 1), m.guid)[1])
+                    return pushes
+                partition.route(consumer.state, "", confirm)
+
+    reader = threading.Thread(target=consume)
+    # The confirming thread's sends are slow (the node builds a protobuf per
+    # message there): the window in which the other thread could overtake.
+    send = partition.on_pushes
+
+    def slow_on_the_reader(pushes):
+        if threading.current_thread() is reader:
+            time.sleep(0.005)
+        send(pushes)
+    partition.on_pushes = slow_on_the_reader
+    reader.start()
+    for start in range(0, len(guids), 20):   # not waiting for ACKs: commits back to back
+        assert partition.put_committer.submit([PendingPut(producer.link, 1, producer.state, pb.PutMessage(
+            queue_id=1, guid=g, payload=b"x")) for g in guids[start:start + 20]], 0)
+        time.sleep(0.001)
+    reader.join(70)
+    assert len(got) == len(guids) and got == guids
