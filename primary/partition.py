@@ -312,9 +312,7 @@ class Partition:
             self._delivery_version, delivered = deltars.read_snapshot(delivery, DELIVERY_COLUMNS)
             judged = self._judged_bound(-1, self._delivery_version)
         else:
-            delivered, judged = pa.table({c: pa.array([], t) for c, t in (
-                ("domain", pa.string()), ("queue", pa.string()), ("guid", pa.binary()), ("seq", pa.int64()),
-                ("apps", pa.list_(pa.string())))}), None
+            delivered, judged = _columns_of(tables.DELIVERY_SCHEMA, DELIVERY_COLUMNS).empty_table(), None
         if judged is None:  # no commit says (an older release): trust the delivery rows
             judged = _max_of(delivered["seq"])
         self._judged_seq = judged
@@ -372,15 +370,9 @@ class Partition:
             if state is None or not state.express:
                 result.append([])  # a `pipeline` domain: its delivery row decides
                 continue
-            guid, seq = columns["guid"][i], columns["seq"][i]
-            if dup:
-                self._reconciler.decided(seq, state, guid, None)
-                result.append([])
-                continue
-            message = StoredMessage(guid, seq, b"", maps=(columns["properties"][i], columns["property_types"][i]))
-            apps = state.rules.target_apps(lambda: message.typed_properties)
-            self._reconciler.decided(seq, state, guid, apps)
-            result.append(list(apps))
+            message = StoredMessage(columns["guid"][i], columns["seq"][i], b"",
+                                    maps=(columns["properties"][i], columns["property_types"][i]))
+            result.append(list(self._decide(state, message, dup) or ()))
         return result
 
     def _state_for(self, domain: str, queue: str) -> QueueState | None:
@@ -467,20 +459,15 @@ class Partition:
         duplicates = self._history.commit(batch["guid"].to_pylist(), now_us)
         first_seq = batch["seq"][0].as_py()
         targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
-        reconciler = self._reconciler
         row = 0
         for i in singles:
             state, m = i.queue, i.message
             if state.express:
-                seq = first_seq + row
-                if duplicates[row]:
-                    reconciler.decided(seq, state, m.guid, None)
-                else:
-                    ttl_ms = state.domain.message_ttl_ms
-                    message = StoredMessage(m.guid, seq, m.payload, list(m.properties), m.put_time_us,
-                                            expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
-                                            compression=m.compression)
-                    self._target(targets, state, message, reconciler)
+                ttl_ms = state.domain.message_ttl_ms
+                message = StoredMessage(m.guid, first_seq + row, m.payload, list(m.properties), m.put_time_us,
+                                        expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                        compression=m.compression)
+                self._decide_and_target(targets, state, message, duplicates[row])
             row += 1
         for b in bulks:
             state = b.queue
@@ -489,28 +476,27 @@ class Partition:
                 ttl_ms = state.domain.message_ttl_ms
                 for guid, payload, values, types, compression in zip(*(t[c].to_pylist() for c in (
                         "guid", "payload", "properties", "property_types", "compression"))):
-                    seq = first_seq + row
-                    if duplicates[row]:
-                        reconciler.decided(seq, state, guid, None)
-                    else:
-                        message = StoredMessage(guid, seq, payload, None, 0,
-                                                expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
-                                                compression=COMPRESSION_CODES.get(compression or "", 0),
-                                                maps=(values, types) if values else None)
-                        self._target(targets, state, message, reconciler)
+                    message = StoredMessage(guid, first_seq + row, payload, None, 0,
+                                            expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                            compression=COMPRESSION_CODES.get(compression or "", 0),
+                                            maps=(values, types) if values else None)
+                    self._decide_and_target(targets, state, message, duplicates[row])
                     row += 1
             else:
                 row += b.table.num_rows
         return targets
 
-    @staticmethod
-    def _target(targets: dict, state: QueueState, message: StoredMessage, reconciler: Reconciler) -> None:
-        apps = state.rules.target_apps(lambda: message.typed_properties)
-        reconciler.decided(message.seq, state, message.guid, apps)
-        if state.quota is not None:
-            state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
-        for n, app in enumerate(apps):
-            targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
+    def _decide(self, state: QueueState, message: StoredMessage, duplicate: bool) -> tuple[str, ...] | None:
+        """The express decision for one committed row, recorded for
+        reconciliation: the apps it goes to, or None for a duplicate."""
+        apps = None if duplicate else state.rules.target_apps(lambda: message.typed_properties)
+        self._reconciler.decided(message.seq, state, message.guid, apps)
+        return apps
+
+    def _decide_and_target(self, targets: dict, state: QueueState, message: StoredMessage, duplicate: bool) -> None:
+        apps = self._decide(state, message, duplicate)
+        if apps is not None:
+            _add_targets(targets, state, message, apps)
 
     def _rows(self, queues: list[QueueState], guid, payload, properties, property_types, producer_us,
               compression, now_us: int) -> pa.Table:
@@ -650,48 +636,36 @@ class Partition:
         """Push delivery rows the express lane did not: their messages come
         from the PUT log, by seq."""
         self._puts_reader.update_incremental()
-        messages = self._put_rows(self._puts_reader, [seq for _, seq, _ in pushes])
+        self._route_rows(self._put_rows(self._puts_reader, [seq for _, seq, _ in pushes]), pushes)
+
+    def _route_waiting(self, messages: pa.Table, waiting: pa.Table) -> int:
+        """Recovery: route each (message, app) still unconfirmed (`waiting`,
+        in seq order). Returns the pair count."""
+        pushes: list[tuple[QueueState, int, tuple[str, ...]]] = []
+        apps: list[str] = []
+        domains, queues, seqs, app_ids = (waiting[c].to_pylist() for c in ("domain", "queue", "seq", "app_id"))
+        for n, (domain, queue, seq, app) in enumerate(zip(domains, queues, seqs, app_ids)):
+            apps.append(app)
+            if n + 1 == len(seqs) or seqs[n + 1] != seq:
+                state = self._state_for(domain, queue)
+                if state is not None:
+                    pushes.append((state, seq, tuple(apps)))
+                apps = []
+        self._route_rows(messages, pushes)
+        return sum(len(a) for _, _, a in pushes)
+
+    def _route_rows(self, messages: pa.Table, pushes: list[tuple[QueueState, int, tuple[str, ...]]]) -> None:
+        """Route PUT-log rows (`messages`, by seq) to the apps each push names."""
         by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
-        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
         built = _MessageBuilder(messages)
+        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
         for state, seq, apps in pushes:
             i = by_seq.get(seq)
             if i is None:
                 log.error("partition %d: delivery row seq %d has no PUT row: not pushed", self.index, seq)
                 continue
-            message = built.message(i, state.domain.message_ttl_ms)
-            if state.quota is not None:
-                state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
-            for n, app in enumerate(apps):
-                targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
+            _add_targets(targets, state, built.message(i, state.domain.message_ttl_ms), apps)
         self._route_targets(targets)
-
-    def _route_waiting(self, messages: pa.Table, waiting: pa.Table) -> int:
-        """Recovery: route each (message, app) still unconfirmed. Returns the pair count."""
-        by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
-        built = _MessageBuilder(messages)
-        shared: dict[int, tuple[QueueState, StoredMessage, set[str]]] = {}
-        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
-        count = 0
-        for domain, queue, seq, app in zip(*(waiting[c].to_pylist() for c in ("domain", "queue", "seq", "app_id"))):
-            i = by_seq.get(seq)
-            state = self._state_for(domain, queue)
-            if i is None or state is None:
-                continue
-            first = shared.get(seq)
-            if first is None:
-                message = built.message(i, state.domain.message_ttl_ms)
-                shared[seq] = (state, message, {app})
-            else:
-                message = first[1].for_app()
-                first[2].add(app)
-            targets.setdefault((state, app), []).append(message)
-            count += 1
-        for state, message, apps in shared.values():
-            if state.quota is not None:
-                state.quota.delivered(state.uri.queue, message.guid, message.size, apps)
-        self._route_targets(targets)
-        return count
 
     def _route_targets(self, targets: dict[tuple[QueueState, str], list[StoredMessage]]) -> None:
         """Hand messages to each target app's dispatcher (each list in seq
@@ -714,7 +688,7 @@ class Partition:
         """PUT-log rows by seq (the delivery log has no payloads). The seq
         range prunes files by their statistics before the exact match."""
         if not seqs:
-            return pa.table({c: pa.array([], tables.PUTS_SCHEMA.field(c).type) for c in MESSAGE_COLUMNS})
+            return _columns_of(tables.PUTS_SCHEMA, MESSAGE_COLUMNS).empty_table()
         wanted = pa.array(sorted(set(seqs)), pa.int64())
         condition = ((pc.field("seq") >= wanted[0]) & (pc.field("seq") <= wanted[-1])
                      & pc.field("seq").isin(wanted))
@@ -792,6 +766,15 @@ class Partition:
         self._append_or_log(self._disagreements, batch, "disagreement")
 
 
+def _add_targets(targets: dict, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
+    """Count the message against its quota until `apps` are done, and queue
+    it for each app (one StoredMessage per app, sharing payload and properties)."""
+    if state.quota is not None:
+        state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
+    for n, app in enumerate(apps):
+        targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
+
+
 class _MessageBuilder:
     """StoredMessages from PUT-log rows (columns as `MESSAGE_COLUMNS`)."""
 
@@ -806,6 +789,10 @@ class _MessageBuilder:
                              expires_us=self.put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
                              compression=COMPRESSION_CODES.get(self.compression[i] or "", 0),
                              maps=(self.values[i], self.types[i]) if self.values[i] else None)
+
+
+def _columns_of(schema: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
 
 
 def _max_of(values: pa.ChunkedArray) -> int:
