@@ -198,8 +198,7 @@ class Node:
                     unconfirmed += sum(d.unconfirmed_count for s in partition.queues.values()
                                        for d in s.dispatchers.values())
             return (unconfirmed == 0 and all(p.put_committer.idle and p.confirm_committer.idle for p in partitions)
-                    and all(f.relay.pauses_pending == 0 and f.relay.unacked_count == 0
-                            and f.relay.unconfirmed_count == 0 for f in list(self._forwarders.values())))
+                    and all(f.relay.drained for f in list(self._forwarders.values())))
 
         for what, done in (("StopResponses", answered), ("ACKs and CONFIRMs", drained)):
             while not done() and time.monotonic() < deadline:

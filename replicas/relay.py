@@ -295,6 +295,12 @@ class Relay:
         """Pauses sent upstream and not answered yet (`pause_consumers`)."""
         return sum(1 for r in self._requests.values() if r.link is None and r.kind == "configure_queue")
 
+    @property
+    def drained(self) -> bool:
+        """What a graceful stop waits for: its pauses answered, every PUT sent
+        up ACKed and every message pushed down confirmed."""
+        return self.pauses_pending == 0 and self.unacked_count == 0 and self.unconfirmed_count == 0
+
     def downstream_closed(self, link: Hashable) -> Out:
         """Close upstream every queue the departed link had open (the primary
         then redelivers its unconfirmed messages)."""

@@ -95,8 +95,7 @@ class Upstream:
         def done() -> bool:
             with self._lock:
                 answered = all(link in self._stopped_links or link.closed for link in links)
-                return (answered and self.relay.pauses_pending == 0 and self.relay.unacked_count == 0
-                        and self.relay.unconfirmed_count == 0)
+                return answered and self.relay.drained
 
         while not done() and time.monotonic() < deadline:
             time.sleep(0.02)
