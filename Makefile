@@ -14,7 +14,7 @@ setup: $(STAMP) $(JARS_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -37,13 +37,13 @@ typecheck: $(STAMP)
 
 # BlazingMQ's scenarios against an embedded cluster; plots and JSON in bench-out/.
 bench: setup
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test,bench]'
 	$(BIN)/taproot bench --scenario all --out bench-out
 
 # The same scenarios on Taproot, RabbitMQ (quorum queues) and NATS (JetStream),
 # each installed from Debian's packages if missing and started on loopback.
 bench-compare: setup
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test,bench]'
 	$(BIN)/taproot bench --scenario all --compare --out bench-out
 
 proto: $(STAMP)

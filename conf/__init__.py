@@ -10,7 +10,11 @@ Every error is a `ConfigError` whose message names the file and the field
 (`cluster.toml: primary.group_commit_max_messages: must be >= 1, got 0`).
 Unknown fields are errors too: a typo must not silently fall back to a default.
 
-This module imports nothing from the rest of Taproot; everything imports it.
+Everything imports it; it takes the protocol's constants, limits and
+expression language (to check subscriptions) and nothing else.
+
+Imports: protocol.
+Never: pyspark, delta, deltalake, grpc.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from protocol import limits
+from protocol.retransmit import RetransmissionLimits
+from protocol.uri import DOMAIN_RE
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CLUSTER_FILE = PACKAGE_DIR / "cluster.toml"
 
-DOMAIN_NAME_RE = re.compile(r"^[-a-zA-Z0-9._]+$")
+DOMAIN_NAME_RE = DOMAIN_RE
 QUEUE_MODES = ("priority", "fanout", "broadcast")
 DELIVERY_MODES = ("express", "pipeline")
-DEFAULT_HISTORY_WINDOW_MS = 300_000
+DEFAULT_HISTORY_WINDOW_MS = limits.DEDUP_HISTORY_WINDOW_MS
 
 
 class ConfigError(ValueError):
@@ -115,9 +123,16 @@ class HaConfig:
     # their ACK. For each queue the time bound is the smaller of this and the
     # domain's dedup_history_window_ms (sent in the OpenQueue response), so a
     # retransmitted PUT never outlives the GUID history that drops duplicates.
-    retransmission_timeout_ms: int = 60_000
-    retransmission_max_messages: int = 1_000_000
-    retransmission_max_bytes: int = 1 << 30
+    # The defaults are `protocol.retransmit.RetransmissionLimits`'s, the SDK's
+    # too; the shipped cluster.toml sets a shorter time bound for the hops.
+    retransmission_timeout_ms: int = RetransmissionLimits.timeout_ms
+    retransmission_max_messages: int = RetransmissionLimits.max_messages
+    retransmission_max_bytes: int = RetransmissionLimits.max_bytes
+
+    @property
+    def retransmission(self) -> RetransmissionLimits:
+        return RetransmissionLimits(self.retransmission_max_messages, self.retransmission_max_bytes,
+                                    self.retransmission_timeout_ms)
 
 
 @dataclass(frozen=True)
@@ -171,9 +186,9 @@ class DomainConfig:
     # app. In a priority domain the key is "" (BlazingMQ's convention).
     subscriptions: Mapping[str, str] = field(default_factory=dict)
     max_payload_bytes: int = 4 * 1024 * 1024
-    dedup_history_window_ms: int = 300_000   # BlazingMQ deduplicationTimeMs default
-    max_unconfirmed_messages_default: int = 1000
-    max_unconfirmed_bytes_default: int = 32 * 1024 * 1024
+    dedup_history_window_ms: int = limits.DEDUP_HISTORY_WINDOW_MS
+    max_unconfirmed_messages_default: int = limits.MAX_UNCONFIRMED_MESSAGES
+    max_unconfirmed_bytes_default: int = limits.MAX_UNCONFIRMED_BYTES
     # Quotas: messages accepted and not yet done (confirmed by every app, dead-
     # lettered or expired). A PUT beyond one gets LIMIT_MESSAGES / LIMIT_BYTES.
     queue_max_messages: int = 0

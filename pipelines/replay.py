@@ -85,7 +85,7 @@ def select_history(spark, data_dir: str, partitions: int, source: str, *, since:
     """The DataFrame of messages to replay (not yet ordered)."""
     from pyspark.sql import functions as F
 
-    from primary.node import partition_of
+    from protocol.uri import partition_of
 
     uri = parse_queue_uri(source)
     if isinstance(uri, str):

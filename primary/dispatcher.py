@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, Sequence
 
 from protocol.expression import Expression
+from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
 from protocol.properties import from_wire, maps_to_wire
 
 ConsumerKey = Hashable
@@ -81,8 +82,8 @@ class StoredMessage:
 
 @dataclass
 class ConsumerOptions:
-    max_unconfirmed_messages: int = 1000
-    max_unconfirmed_bytes: int = 32 * 1024 * 1024
+    max_unconfirmed_messages: int = MAX_UNCONFIRMED_MESSAGES
+    max_unconfirmed_bytes: int = MAX_UNCONFIRMED_BYTES
     priority: int = 0
     subscriptions: Sequence[Expression] = ()   # OR-combined; empty matches everything
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from taproot.clock import Clock, MonotonicClock
+from protocol.clock import Clock, MonotonicClock
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -12,7 +12,6 @@ import functools
 import logging
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +27,14 @@ from protocol.codes import COMPRESSION_NAMES
 from protocol.expression import ExpressionError, compile_expression
 from protocol.properties import validate_wire
 from protocol.stream import Link
-from protocol.uri import QueueUri
-from replicas.relay import RetransmissionLimits
+from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH
+from protocol.uri import QueueUri, partition_of
 from replicas.upstream import Upstream
 from storage import tables
 from storage.leases import Action, Fenced, LeaseMachine, LeaseState, LeaseTable, LeaseView
-from taproot.clock import wall_time_us
+from protocol.clock import wall_time_us
 
 log = logging.getLogger(__name__)
-GUID_LENGTH = 16
 DOMAIN_POLL_S = 1.0
 PARTITION_READY_WAIT_S = 30.0
 COMPRESSIONS = (pb.COMPRESSION_NONE, *COMPRESSION_NAMES)
@@ -62,17 +60,12 @@ class OpenHandle:
         return self.state.domain.mode == "broadcast"
 
 
-def partition_of(uri: QueueUri, partitions: int) -> int:
-    """Stable queue -> partition mapping (crc32 of the canonical URI)."""
-    return zlib.crc32(QueueUri(uri.domain, uri.queue).canonical.encode()) % partitions
-
-
 def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions) -> ConsumerOptions | str:
     if options is None:
         return defaults
     if options.max_unconfirmed_messages < 0 or options.max_unconfirmed_bytes < 0:
         return "max_unconfirmed_messages and max_unconfirmed_bytes must be >= 0"
-    if not -(2**30) <= options.consumer_priority <= 2**30:
+    if not -CONSUMER_PRIORITY_MAX <= options.consumer_priority <= CONSUMER_PRIORITY_MAX:
         return "consumer_priority must be within [-2^30, 2^30]"
     subscriptions = []
     for text in options.subscriptions:
@@ -119,8 +112,7 @@ class Node:
         self._lease_lock = threading.Lock()
         self._keeper = threading.Thread(target=self._keep_leases, name="lease-keeper", daemon=True)
         self._forwarders: dict[int, Upstream] = {}
-        self._limits = RetransmissionLimits(ha.retransmission_max_messages, ha.retransmission_max_bytes,
-                                            ha.retransmission_timeout_ms)
+        self._limits = ha.retransmission
         self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
 
     def start(self, address: str = "") -> None:

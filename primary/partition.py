@@ -49,7 +49,7 @@ from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
 from storage.leases import Fenced
-from taproot.clock import wall_time_us
+from protocol.clock import wall_time_us
 
 if TYPE_CHECKING:
     from primary.links import Link

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import conf
 from primary.node import Node
-from taproot.procstat import stat_fields
+from protocol.procstat import stat_fields
 from protocol import pb, pb_grpc
 from protocol.stream import serve_broker, serve_session
 

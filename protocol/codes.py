@@ -40,6 +40,15 @@ class ResultCode(enum.IntEnum):
     LIMIT_BYTES = pb.LIMIT_BYTES
     STORAGE_FAILURE = pb.STORAGE_FAILURE
 
+    @classmethod
+    def of(cls, code: int) -> "ResultCode":
+        """The code a peer sent, as a `ResultCode`; a value this version does
+        not know (a newer peer) reads as UNKNOWN instead of raising."""
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.UNKNOWN
+
 
 def wire(code: ResultCode | int) -> "pb.ResultCode":
     """A code as the generated protobuf type (an int at runtime)."""

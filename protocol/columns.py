@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol.codes import COMPRESSION_CODES
+from protocol.limits import GUID_LENGTH
 from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
 
 PROPERTY_MAP = pa.map_(pa.string(), pa.string())
@@ -73,8 +74,8 @@ def check(table: pa.Table, max_payload_bytes: int) -> str | None:
     if table.num_rows == 0:
         return "empty batch"
     guid_len = pc.binary_length(table["guid"])
-    if pc.any(pc.or_kleene(pc.is_null(guid_len), pc.not_equal(guid_len, 16))).as_py():
-        return "every GUID must be 16 bytes"
+    if pc.any(pc.or_kleene(pc.is_null(guid_len), pc.not_equal(guid_len, GUID_LENGTH))).as_py():
+        return f"every GUID must be {GUID_LENGTH} bytes"
     if pc.any(pc.is_null(table["payload"])).as_py():
         return "a payload is null"
     if pc.max(pc.binary_length(table["payload"])).as_py() > max_payload_bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,6 +27,12 @@ class QueueUri:
 
     def __str__(self) -> str:
         return self.canonical + (f"?id={self.app_id}" if self.app_id else "")
+
+
+def partition_of(uri: QueueUri, partitions: int) -> int:
+    """Stable queue -> storage partition mapping (crc32 of the canonical URI):
+    every node, the pipelines and replay agree on it."""
+    return zlib.crc32(uri.canonical.encode()) % partitions
 
 
 def parse_queue_uri(text: str) -> QueueUri | str:

@@ -3,5 +3,8 @@
 Thin: one upstream session to a node shared by every client session, with the
 frame rewriting of `replicas.relay.Relay`. If the upstream link drops, every
 PUT in flight is answered UNKNOWN and client sessions are closed so they
-reconnect. May import: conf, protocol, replicas.relay.
+reconnect.
+
+Imports: conf, protocol, replicas.
+Never: pyspark, delta, deltalake, taproot.
 """

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from protocol import pb_grpc
 from protocol.stream import serve_broker, serve_session
-from replicas.relay import RetransmissionLimits
+from protocol.retransmit import RetransmissionLimits
 from replicas.upstream import Upstream
 
 log = logging.getLogger(__name__)

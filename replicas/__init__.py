@@ -1,7 +1,12 @@
-"""The replica role: a cluster node in the middle of the tree.
+"""The replica role: what a node does for the partitions it does not lead,
+and what every forwarding hop shares.
 
-Now: `relay.py`, the forwarding logic every hop shares (proxies use it today).
-A replica relays PUTs up and PUSHes down and stands by for a partition's
-primary role; leases, standby and per-link fan-out land with the HA work.
-May import: conf, protocol, storage.
+`relay.py` is the forwarding logic (id mapping, the retransmission buffer,
+reopen and resend after failover), pure; `upstream.py` is its thread and gRPC
+shell, one upstream session shared by many downstream links (proxies run one,
+nodes one per partition led elsewhere).
+
+Imports: conf, protocol.
+Never: pyspark, delta, deltalake, taproot.
+Pure: relay.
 """

@@ -14,7 +14,8 @@ original order. The partition's pipeline drops the duplicates by GUID within
 the domain's history window, and the relay forwards only the first ACK of a
 GUID, so a producer sees exactly one ACK per PUT.
 
-The buffer is bounded by count, bytes and time (`RetransmissionLimits`). A PUT
+The buffer is `protocol.retransmit`'s, the one the SDK keeps too, bounded by
+count, bytes and time (`RetransmissionLimits`). A PUT
 beyond the count or bytes bound is refused at once (LIMIT_MESSAGES /
 LIMIT_BYTES); one that waited longer than the time bound (which must not
 exceed the dedup history window) is answered TIMEOUT by `expire`. Never silence.
@@ -38,22 +39,17 @@ safe: the owner serialises calls.
 from __future__ import annotations
 
 import itertools
-from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable
 
 from protocol import ResultCode, pb, status, wire
+from protocol.limits import PUT_FRAME_MESSAGES_MAX
+from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
+
+__all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
 UPSTREAM = "upstream"
 Out = list[tuple[object, "pb.Frame | None"]]
-PUT_FRAME_MESSAGES_MAX = 1000
-
-
-@dataclass(frozen=True)
-class RetransmissionLimits:
-    max_messages: int = 1_000_000
-    max_bytes: int = 1 << 30
-    timeout_ms: int = 300_000        # <= every domain's dedup_history_window_ms
 
 
 @dataclass
@@ -78,10 +74,6 @@ class _Request:
 @dataclass
 class _Buffered:
     frame: pb.PutMessage | pb.PutColumns
-    nbytes: int
-    count: int
-    since_ms: float
-    deadline_ms: float
     link: Hashable
     queue_id: int                   # downstream queue id, for answers from the relay itself
 
@@ -93,19 +85,16 @@ class Relay:
         self._request_ids = itertools.count(1)
         self._up: dict[tuple[Hashable, int], int] = {}     # (link, down qid) -> up qid
         self._routes: dict[int, _Route] = {}               # up qid -> route
-        self._timeouts: Counter[float] = Counter()          # the routes' time bounds (expire's shortest)
         self._requests: dict[int, _Request] = {}           # up request id -> request
         # (up qid, guid or the columnar frame's GUIDs) -> what to resend, in PUT order
-        self._buffer: "OrderedDict[tuple[int, bytes], _Buffered]" = OrderedDict()
-        self._buffered_bytes = 0
-        self._buffered_messages = 0
+        self._buffer: RetransmissionBuffer[tuple[int, bytes], _Buffered] = RetransmissionBuffer(self.limits)
         self.connected = connected
         self.stopping = False            # the upstream sent StopRequest: hold PUTs
         self.now_ms = 0.0
 
     @property
     def unacked_count(self) -> int:
-        return self._buffered_messages
+        return self._buffer.messages
 
     @property
     def unconfirmed_count(self) -> int:
@@ -157,7 +146,6 @@ class Relay:
         up.queue_id, up.request_id = up_qid, up_req
         self._up[(link, req.queue_id)] = up_qid
         self._routes[up_qid] = _Route(link, req.queue_id, req.read, up, timeout_ms=self.limits.timeout_ms)
-        self._timeouts[self.limits.timeout_ms] += 1
         self._requests[up_req] = _Request(link, req.request_id, "open_queue", up_qid)
         # While disconnected the open waits: `upstream_restored` sends it.
         return [(UPSTREAM, pb.Frame(open_queue=up))] if self.connected else []
@@ -182,30 +170,12 @@ class Relay:
         body.queue_id, body.request_id = up_qid, up_req
         return [(UPSTREAM, frame)]
 
-    def _admit(self, nbytes: int, count: int) -> tuple[ResultCode, str] | None:
-        if self._buffered_messages + count > self.limits.max_messages:
-            return ResultCode.LIMIT_MESSAGES, (f"retransmission buffer holds {self._buffered_messages} PUTs "
-                                               f"(limit {self.limits.max_messages})")
-        if self._buffered_bytes + nbytes > self.limits.max_bytes:
-            return ResultCode.LIMIT_BYTES, (f"retransmission buffer holds {self._buffered_bytes} bytes "
-                                            f"(limit {self.limits.max_bytes})")
-        return None
-
-    def _hold(self, key: tuple[int, bytes], entry: _Buffered) -> None:
-        previous = self._buffer.pop(key, None)
-        if previous is not None:  # the same GUID again: keep one copy
-            self._buffered_bytes -= previous.nbytes
-            self._buffered_messages -= previous.count
-        self._buffer[key] = entry
-        self._buffered_bytes += entry.nbytes
-        self._buffered_messages += entry.count
+    def _hold(self, up_qid: int, key: bytes, entry: _Buffered, nbytes: int, count: int) -> None:
+        self._buffer.hold((up_qid, key), entry, nbytes, count, self.now_ms, self._routes[up_qid].timeout_ms)
 
     def _release(self, key: tuple[int, bytes]) -> _Buffered | None:
-        entry = self._buffer.pop(key, None)
-        if entry is not None:
-            self._buffered_bytes -= entry.nbytes
-            self._buffered_messages -= entry.count
-        return entry
+        held = self._buffer.release(key)
+        return None if held is None else held.item
 
     def _put(self, link: Hashable, frame: pb.Frame) -> Out:
         out_messages, nacks = [], []
@@ -213,7 +183,7 @@ class Relay:
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
             refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {message.queue_id} is not open")
-                       if up_qid is None else self._admit(len(message.payload), 1))
+                       if up_qid is None else self._buffer.refusal(len(message.payload)))
             if refused is not None:
                 nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid, code=wire(refused[0]),
                                            message=refused[1]))
@@ -221,9 +191,7 @@ class Relay:
             assert up_qid is not None
             down_qid = message.queue_id
             message.queue_id = up_qid
-            self._hold((up_qid, message.guid), _Buffered(message, len(message.payload), 1, self.now_ms,
-                                                         self.now_ms + self._routes[up_qid].timeout_ms, link,
-                                                         down_qid))
+            self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
             if self.sending and self._routes[up_qid].open:
                 out_messages.append(message)
         out: Out = []
@@ -243,14 +211,13 @@ class Relay:
         guids = columns.guids_of(table)
         up_qid = self._up.get((link, req.queue_id))
         refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
-                   else self._admit(len(req.arrow_ipc), table.num_rows))
+                   else self._buffer.refusal(len(req.arrow_ipc), table.num_rows))
         if refused is not None:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
         assert up_qid is not None
         up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)
-        self._hold((up_qid, guids), _Buffered(up, len(req.arrow_ipc), table.num_rows, self.now_ms,
-                                              self.now_ms + self._routes[up_qid].timeout_ms, link, req.queue_id))
+        self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
         if self.sending and self._routes[up_qid].open:
             return [(UPSTREAM, pb.Frame(put_columns=up))]
         return []
@@ -315,21 +282,15 @@ class Relay:
             del self._requests[key]
         # Its PUTs already sent stay buffered until their ACK (then dropped);
         # the ones not sent yet have no queue to go to once it is closed.
-        for buffered, entry in list(self._buffer.items()):
-            if entry.link == link and buffered[0] not in self._routes:
-                self._release(buffered)
+        for key, held in self._buffer.items():
+            if held.item.link == link and key[0] not in self._routes:
+                self._release(key)
         return out
 
     def _forget_route(self, up_qid: int) -> None:
         route = self._routes.pop(up_qid, None)
         if route is not None:
             self._up.pop((route.link, route.queue_id), None)
-            self._count_timeout(route.timeout_ms, -1)
-
-    def _count_timeout(self, timeout_ms: float, delta: int) -> None:
-        self._timeouts[timeout_ms] += delta
-        if self._timeouts[timeout_ms] <= 0:
-            del self._timeouts[timeout_ms]
 
     # -- upstream -> downstream ---------------------------------------------
     def from_upstream(self, frame: pb.Frame, now_ms: float | None = None) -> Out:
@@ -419,9 +380,7 @@ class Relay:
                 route.open = True
                 window = body.dedup_history_window_ms
                 if window > 0:
-                    self._count_timeout(route.timeout_ms, -1)
                     route.timeout_ms = min(self.limits.timeout_ms, window)
-                    self._count_timeout(route.timeout_ms, +1)
                 out.extend(self._resend(request.upstream_queue_id))
         elif kind == "close_queue_response":
             self._forget_route(request.upstream_queue_id)
@@ -435,11 +394,11 @@ class Relay:
     def _fail_route(self, up_qid: int, why: pb.Status) -> Out:
         """Answer the buffered PUTs of a route that cannot be reopened, and drop it."""
         out: Out = []
-        for key, entry in list(self._buffer.items()):
+        for key, held in self._buffer.items():
             if key[0] == up_qid:
                 self._release(key)
-                out.append(self._answer(entry, ResultCode(why.code) if why.code in ResultCode._value2member_map_
-                                        else ResultCode.UNKNOWN, f"queue could not be reopened: {why.message}"))
+                out.append(self._answer(held.item, ResultCode.of(why.code),
+                                        f"queue could not be reopened: {why.message}"))
         self._forget_route(up_qid)
         return out
 
@@ -460,9 +419,10 @@ class Relay:
             return []
         out: Out = []
         singles: list[pb.PutMessage] = []
-        for (qid, _), entry in self._buffer.items():
+        for (qid, _), held in self._buffer.items():
             if (up_qid is not None and qid != up_qid) or not self._routes.get(qid, _CLOSED).open:
                 continue
+            entry = held.item
             if isinstance(entry.frame, pb.PutColumns):
                 if singles:
                     out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
@@ -523,22 +483,11 @@ class Relay:
         The buffer is in arrival order, so the scan stops at the first PUT too
         young for even the shortest bound."""
         self.now_ms = now_ms
-        # A handful of distinct bounds, however many routes (10,000 queues
-        # made a scan of the routes here 12% of a proxy's Python time).
-        shortest = min(self._timeouts, default=self.limits.timeout_ms)
-        expired = []
-        for key, entry in self._buffer.items():
-            if entry.since_ms > now_ms - shortest:
-                break
-            if entry.deadline_ms <= now_ms:
-                expired.append(key)
         out: Out = []
         acks: dict[Hashable, list[pb.AckMessage]] = {}
-        for key in expired:
-            gone = self._release(key)
-            assert gone is not None
-            link, frame = self._answer(gone, ResultCode.TIMEOUT, "no ACK within the retransmission time bound "
-                                       f"({gone.deadline_ms - gone.since_ms:.0f} ms)")
+        for _, gone in self._buffer.expire(now_ms):
+            link, frame = self._answer(gone.item, ResultCode.TIMEOUT, "no ACK within the retransmission time "
+                                       f"bound ({gone.timeout_ms:.0f} ms)")
             if frame.WhichOneof("body") == "ack":
                 acks.setdefault(link, []).extend(frame.ack.messages)
             else:

@@ -24,7 +24,8 @@ import grpc
 
 from protocol import pb, pb_grpc
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
-from replicas.relay import UPSTREAM, Relay, RetransmissionLimits
+from protocol.retransmit import RetransmissionLimits
+from replicas.relay import UPSTREAM, Relay
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.5

@@ -2,16 +2,39 @@
 
 PUT -> ACK (durable in Delta), PUSH -> CONFIRM, 16-byte GUIDs made here,
 at-least-once delivery. See `taproot.session` for the API.
+
+`session.py` is the public API and its thread and gRPC shell; `core.py` is
+the session's logic, sans I/O (connection state, retransmission buffer,
+batches, requests). `import taproot` loads neither gRPC nor the session
+until a name from it is used.
+
+Imports: protocol.
+Never: pyspark, delta, deltalake, pandas.
+Pure: batching, core, errors, events.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from protocol import ResultCode
 from taproot.batching import BatchPolicy
 from taproot.errors import (AckError, ConnectionError, InvalidArgumentError, PostError, RefusedError,
                             RequestError, TaprootError, TimeoutError)
-from taproot.session import Ack, Message, Queue, Session
-from protocol import ResultCode
+
+if TYPE_CHECKING:
+    from taproot.session import Ack, Message, Queue, Session
 
 __all__ = [
     "Session", "Queue", "Message", "Ack", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
     "TimeoutError", "PostError", "AckError",
 ]
+_LAZY = {"Session", "Queue", "Message", "Ack"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("taproot.session"), name)
+    raise AttributeError(f"module 'taproot' has no attribute {name!r}")

@@ -55,7 +55,7 @@ class AckError(TaprootError):
 
 
 def request_error(code: int, message: str) -> RequestError:
-    result = ResultCode(code) if code in ResultCode._value2member_map_ else ResultCode.UNKNOWN
+    result = ResultCode.of(code)
     cls = {ResultCode.INVALID_ARGUMENT: InvalidArgumentError, ResultCode.REFUSED: RefusedError,
            ResultCode.TIMEOUT: TimeoutError}.get(result, RequestError)
     return cls(result, message)

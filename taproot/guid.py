@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-GUID_LENGTH = 16
+from protocol.limits import GUID_LENGTH
 _PACK = struct.Struct(">Q8s")
 
 

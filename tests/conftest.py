@@ -58,7 +58,7 @@ def cluster_from(conf_name: str, tmp_path_factory, warm_up: bool = True):
     """An embedded cluster (node, proxy, pipeline processes) on a copy of
     tests/<conf_name>, so a test may edit its domain files. `cluster.config_path`
     is the copied cluster.toml."""
-    from taproot.embedded import EmbeddedCluster
+    from taproot_ops.embedded import EmbeddedCluster
 
     conf_dir = tmp_path_factory.mktemp("conf")
     shutil.copytree(Path(__file__).resolve().parent / conf_name, conf_dir, dirs_exist_ok=True)

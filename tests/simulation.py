@@ -28,7 +28,8 @@ import random
 from dataclasses import dataclass, field
 
 from protocol import ResultCode, pb, status
-from replicas.relay import UPSTREAM, Relay, RetransmissionLimits
+from protocol.retransmit import RetransmissionLimits
+from replicas.relay import UPSTREAM, Relay
 
 URI = "taproot://sim/q"
 

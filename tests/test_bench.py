@@ -8,12 +8,12 @@ from array import array
 
 import pytest
 
-from taproot.bench import scenarios_from
-from taproot.bench.compare import table
-from taproot.bench.report import Samples, percentiles, plot, summarize, sustained_rate
-from taproot.bench.runner import STAMP, payload_factory, push_latency_ms
-from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
-from taproot.bench.taproot_driver import sessions_of
+from taproot_ops.bench import scenarios_from
+from taproot_ops.bench.compare import table
+from taproot_ops.bench.report import Samples, percentiles, plot, summarize, sustained_rate
+from taproot_ops.bench.runner import STAMP, payload_factory, push_latency_ms
+from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
+from taproot_ops.bench.taproot_driver import sessions_of
 
 
 def _args(**kw):
@@ -68,7 +68,7 @@ def test_cpu_probe_counts_a_process_and_its_children(tmp_path):
     import sys
     import time
 
-    from taproot.bench.cpu import delta, tree_cpu_seconds
+    from taproot_ops.bench.cpu import delta, tree_cpu_seconds
 
     # A parent whose child burns about 0.3 s of CPU: the parent's tree has it.
     child = tmp_path / "child.py"
@@ -97,7 +97,7 @@ def test_proc_stat_gives_state_and_parent_and_a_zombie_is_not_alive():
     import time
 
     from primary.server import _alive
-    from taproot.procstat import stat_fields
+    from protocol.procstat import stat_fields
 
     assert stat_fields(os.getpid())[1] == str(os.getppid())
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -142,9 +142,9 @@ def test_comparison_table_gives_taproot_over_peer_ratios():
 
 @pytest.mark.integration
 def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
-    from taproot.bench.runner import run
+    from taproot_ops.bench.runner import run
 
-    from taproot.bench.cpu import tree_cpu_seconds
+    from taproot_ops.bench.cpu import tree_cpu_seconds
 
     # Four queues, two per client session: two producer and two consumer sessions.
     scenario = Scenario("test", "priority", queues=4, queues_per_client=2, rate=400, duration_s=2, size=256)
@@ -169,11 +169,11 @@ def test_fanout_with_app_subscriptions_gives_each_app_exactly_its_messages_and_t
     authority lag and the (zero) disagreements are read from the tables."""
     import time
 
-    from taproot.bench.authority import authority_lag
-    from taproot.bench.cpu import tree_rss_mb
-    from taproot.bench.runner import run
-    from taproot.bench.scenarios import TAPROOT_ONLY
-    from taproot.bench.taproot_driver import domain_file, domain_name
+    from taproot_ops.bench.authority import authority_lag
+    from taproot_ops.bench.cpu import tree_rss_mb
+    from taproot_ops.bench.runner import run
+    from taproot_ops.bench.scenarios import TAPROOT_ONLY
+    from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
     scenario = TAPROOT_ONLY["fanout-5c-subs"].with_(rate=300, duration_s=2, size=128)
     (cluster.config_path.parent / "domains" / f"{domain_name(scenario)}.toml").write_text(domain_file(scenario))

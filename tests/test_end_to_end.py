@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from protocol import ResultCode, pb
 from storage.tables import PartitionPaths
-from taproot import loadgen
+from taproot_ops import loadgen
 from tests.conftest import wait_until
 from tests.rawclient import RawSession
 

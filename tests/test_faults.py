@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import cluster_from, wait_until
-from primary.node import partition_of
+from protocol.uri import partition_of
 from protocol.uri import QueueUri
 from storage import tables
 from storage.leases import LeaseTable
@@ -201,7 +201,7 @@ def test_primary_goes_away_mid_stream(tree, sig):
             tree.stop_process(name, sig)
             return
         # Graceful: the operator's command, which SIGTERMs the node and waits for it.
-        stop = subprocess.run([sys.executable, "-m", "taproot.cli", "node", "stop", "--name", name,
+        stop = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "node", "stop", "--name", name,
                                "--config", tree.config_file, "--data-dir", tree.data_dir],
                               capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0, stop.stdout + stop.stderr

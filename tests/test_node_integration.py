@@ -10,7 +10,7 @@ from protocol import ResultCode, pb
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, InvalidArgumentError, PostError, RefusedError, Session
-from taproot.embedded import EmbeddedCluster
+from taproot_ops.embedded import EmbeddedCluster
 from tests.rawclient import RawSession, send_garbage
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def test_oversized_payload_is_refused_by_sdk_and_by_the_broker(cluster):
         assert limit > 0
         with pytest.raises(PostError):
             queue.post(b"x" * (limit + 1))
-        queue.max_payload_bytes = 0  # bypass the SDK check: the broker must refuse too
+        queue._record.max_payload_bytes = 0  # bypass the SDK check: the broker must refuse too
         with pytest.raises(AckError) as exc:
             queue.post(b"x" * (limit + 1)).result(timeout=30)
         assert exc.value.code == ResultCode.INVALID_ARGUMENT

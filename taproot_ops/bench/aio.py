@@ -11,9 +11,9 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
-from taproot.bench.report import Samples
-from taproot.bench.runner import Shared, payload_factory, push_latency_ms
-from taproot.bench.scenarios import Scenario
+from taproot_ops.bench.report import Samples
+from taproot_ops.bench.runner import Shared, payload_factory, push_latency_ms
+from taproot_ops.bench.scenarios import Scenario
 
 
 async def wait_start(shared: Shared) -> float:

@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from taproot.bench.report import fmt_ms, plot
-from taproot.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
+from taproot_ops.bench.report import fmt_ms, plot
+from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 
 
 def scenarios_from(args) -> list[Scenario]:
@@ -53,7 +53,7 @@ def scenarios_from(args) -> list[Scenario]:
 def write_bench_config(directory: Path, scenarios: list[Scenario]) -> Path:
     """The shipped cluster.toml plus the domains the scenarios need."""
     import conf
-    from taproot.bench.taproot_driver import domain_file, domain_name
+    from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
     directory.mkdir(parents=True, exist_ok=True)
     cluster_file = directory / "cluster.toml"
@@ -104,7 +104,7 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
                cpu_probe=None, memory_probe=None, cluster=None) -> list[dict]:
     """Each scenario on one system. With `cluster` (Taproot's embedded one),
     also the authority's lag and disagreements, from its tables."""
-    from taproot.bench.runner import run
+    from taproot_ops.bench.runner import run
 
     results = []
     for scenario in scenarios:
@@ -115,12 +115,12 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
                      (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe)
         if cluster is not None and scenario.mode != "broadcast":
-            from taproot.bench.authority import authority_lag
-            from taproot.bench.taproot_driver import domain_name
+            from taproot_ops.bench.authority import authority_lag
+            from taproot_ops.bench.taproot_driver import domain_name
             result["authority"] = authority_lag(cluster.data_dir, cluster.config.partitions,
                                                 domain_name(scenario), result["start_s"], result["acked"])
             if cpu_probe is not None:
-                from taproot.bench.cpu import delta
+                from taproot_ops.bench.cpu import delta
                 total = delta(result["cpu_before"], cpu_probe())
                 result["authority"]["cpu_s"] = total
                 result["authority"]["cpu_us_per_msg"] = sum(total.values()) * 1e6 / max(1, result["acked"])
@@ -161,11 +161,11 @@ def main(args) -> int:
         if system == "taproot":
             report["runs"] += _run_taproot(scenarios, args, out_dir)
         else:
-            from taproot.bench import peers
+            from taproot_ops.bench import peers
             with peers.server(system) as address:
                 report["runs"] += run_system(system, address, scenarios, args, out_dir)
     if len(systems) > 1:
-        from taproot.bench.compare import table
+        from taproot_ops.bench.compare import table
         print(table(report["runs"]))
     for target in filter(None, [args.json, out_dir and str(out_dir / "results.json")]):
         with open(target, "w") as fh:
@@ -177,7 +177,7 @@ def main(args) -> int:
 def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[dict]:
     if args.hosts:
         return run_system("taproot", args.hosts[0], scenarios, args, out_dir)
-    from taproot.embedded import EmbeddedCluster
+    from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     config = write_bench_config(work / "conf", scenarios)
@@ -185,7 +185,7 @@ def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[
     print(f"starting an embedded cluster in {data_dir} ...", flush=True)
     with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
         _warm_up(cluster.client_address, scenarios, args)
-        from taproot.bench.cpu import tree_cpu_seconds, tree_rss_mb
+        from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
 
         def pids() -> dict[str, int]:
             return {name: p.popen.pid for name, p in cluster.processes.items()}
@@ -197,7 +197,7 @@ def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[
 def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
     """A few seconds of traffic per mode first: Spark's first micro-batches
     compile and load classes, which no steady state pays."""
-    from taproot.bench.runner import run
+    from taproot_ops.bench.runner import run
 
     for mode in dict.fromkeys(s.mode for s in scenarios):
         print(f"warm-up ({mode}) ...", flush=True)
@@ -208,7 +208,7 @@ def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
 
 def _replay_main(args) -> int:
     import conf
-    from taproot.bench.replay import replay_scenario
+    from taproot_ops.bench.replay import replay_scenario
 
     size = args.size or 32
     if args.hosts:
@@ -219,7 +219,7 @@ def _replay_main(args) -> int:
         result = replay_scenario(args.hosts[0], os.path.abspath(config.data_dir), config.partitions,
                                  "taproot://bench/history", args.replay, size)
     else:
-        from taproot.embedded import EmbeddedCluster
+        from taproot_ops.embedded import EmbeddedCluster
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="taproot-bench-")
         print(f"starting an embedded cluster in {data_dir} ...", flush=True)
         with EmbeddedCluster(args.config, data_dir, ephemeral_ports=True) as cluster:

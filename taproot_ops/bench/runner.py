@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from taproot.bench.report import Samples, summarize
-from taproot.bench.scenarios import Scenario
+from taproot_ops.bench.report import Samples, summarize
+from taproot_ops.bench.scenarios import Scenario
 
 STAMP = struct.Struct(">Q")
-SYSTEMS = {"taproot": "taproot.bench.taproot_driver", "rabbitmq": "taproot.bench.rabbitmq_driver",
-           "nats": "taproot.bench.nats_driver"}
+SYSTEMS = {"taproot": "taproot_ops.bench.taproot_driver", "rabbitmq": "taproot_ops.bench.rabbitmq_driver",
+           "nats": "taproot_ops.bench.nats_driver"}
 
 
 def payload_factory(size: int):
@@ -80,7 +80,7 @@ class Shared:
     def expected_for(self, queue: int, app: int | None) -> int:
         if app is None:
             return self.expected[queue]
-        from taproot.bench.scenarios import N_VALUES, app_matches
+        from taproot_ops.bench.scenarios import N_VALUES, app_matches
         return sum(self.expected_by_n[queue * N_VALUES + n] for n in range(N_VALUES) if app_matches(app, n))
 
     def add_progress(self, acked: int = 0, received: int = 0, failed: int = 0) -> None:
@@ -164,7 +164,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
-    from taproot.bench.scenarios import N_VALUES, app_matches
+    from taproot_ops.bench.scenarios import N_VALUES, app_matches
     shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", scenario.queues),
                     ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0),
                     ctx.Array("q", scenario.queues * N_VALUES))
@@ -273,7 +273,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     if memory_probe:
         result["rss_mb"] = rss
     if cpu_probe:
-        from taproot.bench.cpu import delta
+        from taproot_ops.bench.cpu import delta
         cpu_s = delta(cpu_before, cpu_after)
         result["cpu_s"] = cpu_s
         # From the first PUT until every ACKed message was received (queue

@@ -2,7 +2,7 @@
 table's history: the primary's own `Appender` (fenced, checkpoints every 10
 commits) and `Compactor` (every 50 commits), on a temp dir, no other load.
 
-    .venv/bin/python -m taproot.bench.commits --commits 3000 --rows 300
+    .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300
 
 Prints, per `--every` commits, the wall and CPU time they took and the files
 in `_delta_log`. The node pays this per PUT group commit and per CONFIRM group

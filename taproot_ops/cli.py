@@ -18,6 +18,8 @@ import sys
 import conf
 
 DEFAULT_HOST = "127.0.0.1:30115"
+# What `pip install taproot` (the SDK) leaves out; the server extra brings them.
+SERVER_MODULES = frozenset({"deltalake", "pyspark", "delta", "pandas"})
 
 
 def _config(args: argparse.Namespace) -> conf.ClusterConfig:
@@ -51,7 +53,6 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from proxies.server import serve
-    from replicas.relay import RetransmissionLimits
     config = _config(args)
     names = {p.name for p in config.proxies}
     if args.name and args.name not in names and args.upstream:
@@ -65,10 +66,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         first = config.node(proxy.upstream) if proxy.upstream else config.nodes[0]
         upstream = [first.address] + [n.address for n in config.nodes if n.name != first.name]
     ha = config.ha
-    limits = RetransmissionLimits(ha.retransmission_max_messages, ha.retransmission_max_bytes,
-                                  ha.retransmission_timeout_ms)
     serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file,
-          limits=limits, stop_timeout_ms=ha.stop_timeout_ms)
+          limits=ha.retransmission, stop_timeout_ms=ha.stop_timeout_ms)
     return 0
 
 
@@ -235,12 +234,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from taproot.demo import run_embedded
+    from taproot_ops.demo import run_embedded
     return run_embedded(args.config, args.data_dir or "data", demo_messages=args.demo_messages)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from taproot.bench import main as bench_main
+    from taproot_ops.bench import main as bench_main
     return bench_main(args)
 
 
@@ -384,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        if exc.name not in SERVER_MODULES:
+            raise
+        print(f"taproot {args.command}: needs {exc.name}, which comes with the server extra: "
+              "pip install 'taproot[server]' (`make run` and `make test` install it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ import asyncio
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
-from taproot.bench import aio
-from taproot.bench.runner import Shared, merge_consumers, merge_producers
-from taproot.bench.scenarios import Scenario
-from taproot.bench.taproot_driver import CONSUMER_WINDOW
+from taproot_ops.bench import aio
+from taproot_ops.bench.runner import Shared, merge_consumers, merge_producers
+from taproot_ops.bench.scenarios import Scenario
+from taproot_ops.bench.taproot_driver import CONSUMER_WINDOW
 
 FETCH = 1000
 FLUSH_EVERY = 100  # broadcast: publishes per PING (their 'ACK')

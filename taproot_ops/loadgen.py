@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from taproot.batching import BatchPolicy
-from taproot.clock import wall_time_us
+from protocol.clock import wall_time_us
 from taproot.session import Session
 
 

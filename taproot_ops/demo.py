@@ -6,8 +6,8 @@ import signal
 import threading
 import time
 
-from taproot import loadgen
-from taproot.embedded import ClusterStartError, EmbeddedCluster
+from taproot_ops import loadgen
+from taproot_ops.embedded import ClusterStartError, EmbeddedCluster
 
 DEMO_URI = "taproot://demo/orders"
 
@@ -41,7 +41,7 @@ def run_demo_traffic(address: str, count: int, data_dir: str | None = None,
     _say(f"   pushed in PUT order: {'yes' if in_order else 'no'}")
     if data_dir is not None:
         # Pushed by the primary's express lane; the pipeline decides again, as the authority.
-        from taproot.bench.authority import authority_lag
+        from taproot_ops.bench.authority import authority_lag
         _say("   waiting for the pipeline's decisions (the delivery log)...")
         authority = authority_lag(data_dir, partitions, "demo", started, produced.acked, timeout_s=180,
                                   progress=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from taproot.procstat import stat_fields
+from protocol.procstat import stat_fields
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

@@ -121,7 +121,7 @@ class EmbeddedCluster:
         with open(log_file, "ab") as log_fh:
             # A session of its own: Ctrl-C reaches only the launcher, which then
             # stops the roles in order (edge first, root last).
-            popen = subprocess.Popen([sys.executable, "-m", "taproot.cli", role, *common, *args],
+            popen = subprocess.Popen([sys.executable, "-m", "taproot_ops.cli", role, *common, *args],
                                      stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         process = Process(role, popen, ready, log_file)

@@ -1,0 +1,13 @@
+"""Protocol-wide constants and defaults, each defined once: the SDK, the
+nodes, the relays and the configuration all take them from here."""
+
+from __future__ import annotations
+
+GUID_LENGTH = 16                              # bytes; made by the SDK (BlazingMQ's size)
+# A consumer's flow control when it sets none (BlazingMQ's defaults); a domain
+# may set its own (`max_unconfirmed_*_default`).
+MAX_UNCONFIRMED_MESSAGES = 1000
+MAX_UNCONFIRMED_BYTES = 32 * 1024 * 1024
+CONSUMER_PRIORITY_MAX = 2**30                 # priorities lie in [-2^30, 2^30]
+PUT_FRAME_MESSAGES_MAX = 1000                 # PUTs per frame a hop builds when it resends
+DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs

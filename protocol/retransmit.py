@@ -1,0 +1,143 @@
+"""The retransmission buffer: PUTs sent and not ACKed yet, kept to be sent
+again after a failover (BlazingMQ's SDK and every relaying hop keep one).
+
+One implementation for the SDK (`taproot.core`) and every forwarding hop
+(`replicas.relay`). Entries stay in PUT order (resending in that order keeps a
+producer's order across a failover), under a key the owner chooses (a GUID, or
+a columnar frame's GUIDs). The buffer is bounded three ways
+(`RetransmissionLimits`): by messages and bytes (`refusal` says whether one
+more entry fits; the owner decides whether to refuse it or to wait) and by
+time (`expire` hands back the entries held past their deadline, for the owner
+to answer TIMEOUT). The time bound must not exceed the receiving domain's
+dedup history window: a resend after that could be delivered twice.
+
+Pure: no clock (times come in as `now_ms`), no threads, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Generic, Hashable, Iterator, TypeVar
+
+from protocol.codes import ResultCode
+from protocol.limits import DEDUP_HISTORY_WINDOW_MS
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class RetransmissionLimits:
+    """How much a retransmission buffer may hold. The SDK's `Session` and the
+    cluster's `[ha]` settings (`retransmission_max_messages`,
+    `retransmission_max_bytes`, `retransmission_timeout_ms`) take their
+    defaults from here."""
+    max_messages: int = 1_000_000
+    max_bytes: int = 1 << 30
+    timeout_ms: int = DEDUP_HISTORY_WINDOW_MS  # <= every domain's dedup_history_window_ms
+
+    def __post_init__(self) -> None:
+        if self.max_messages < 1 or self.max_bytes < 1 or self.timeout_ms < 1:
+            raise ValueError(f"retransmission limits must be >= 1, got {self}")
+
+
+@dataclass
+class Held(Generic[T]):
+    item: T                 # what the owner needs to resend and answer it
+    nbytes: int
+    count: int              # messages (a columnar frame holds many)
+    since_ms: float
+    deadline_ms: float
+
+    @property
+    def timeout_ms(self) -> float:
+        return self.deadline_ms - self.since_ms
+
+
+class RetransmissionBuffer(Generic[K, T]):
+    """Entries in arrival order, counted by messages and bytes."""
+
+    def __init__(self, limits: RetransmissionLimits | None = None):
+        self.limits = limits or RetransmissionLimits()
+        self._entries: "OrderedDict[K, Held[T]]" = OrderedDict()
+        self._timeouts: Counter[float] = Counter()  # the held entries' time bounds (expire's shortest)
+        self.messages = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def refusal(self, nbytes: int, count: int = 1) -> tuple[ResultCode, str] | None:
+        """Why `count` more messages of `nbytes` would not fit, or None."""
+        if self.messages + count > self.limits.max_messages:
+            return ResultCode.LIMIT_MESSAGES, (f"retransmission buffer holds {self.messages} PUTs "
+                                               f"(max {self.limits.max_messages})")
+        if self.nbytes + nbytes > self.limits.max_bytes:
+            return ResultCode.LIMIT_BYTES, (f"retransmission buffer holds {self.nbytes} bytes "
+                                            f"(max {self.limits.max_bytes})")
+        return None
+
+    @property
+    def full(self) -> bool:
+        """At or past a count or bytes bound (a producer that may wait, waits)."""
+        return self.messages >= self.limits.max_messages or self.nbytes >= self.limits.max_bytes
+
+    def hold(self, key: K, item: T, nbytes: int, count: int, now_ms: float,
+             timeout_ms: float | None = None) -> None:
+        """Keep `item` until `release(key)`. The same key again (a resent PUT)
+        replaces the earlier entry: one copy, at the end."""
+        self.release(key)
+        timeout = self.limits.timeout_ms if timeout_ms is None else min(timeout_ms, self.limits.timeout_ms)
+        self._entries[key] = Held(item, nbytes, count, now_ms, now_ms + timeout)
+        self._timeouts[timeout] += 1
+        self.nbytes += nbytes
+        self.messages += count
+
+    def release(self, key: K) -> Held[T] | None:
+        """The entry of `key` (its ACK came), or None if it is not held."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._forget(entry)
+        return entry
+
+    def _forget(self, entry: Held[T]) -> None:
+        self.nbytes -= entry.nbytes
+        self.messages -= entry.count
+        timeout = entry.timeout_ms
+        self._timeouts[timeout] -= 1
+        if self._timeouts[timeout] <= 0:
+            del self._timeouts[timeout]
+
+    def items(self) -> Iterator[tuple[K, Held[T]]]:
+        """Every entry, oldest first (what a resend goes through)."""
+        return iter(list(self._entries.items()))
+
+    def expire(self, now_ms: float) -> list[tuple[K, Held[T]]]:
+        """Remove and return the entries past their deadline. Entries are in
+        arrival order, so the scan stops at the first one too young for even
+        the shortest time bound held."""
+        shortest = min(self._timeouts, default=self.limits.timeout_ms)
+        expired = []
+        for key, entry in self._entries.items():
+            if entry.since_ms > now_ms - shortest:
+                break
+            if entry.deadline_ms <= now_ms:
+                expired.append(key)
+        return [(key, self._pop(key)) for key in expired]
+
+    def _pop(self, key: K) -> Held[T]:
+        entry = self._entries.pop(key)
+        self._forget(entry)
+        return entry
+
+    def clear(self) -> list[tuple[K, Held[T]]]:
+        """Remove and return every entry (a session that ends answers them all)."""
+        entries = list(self._entries.items())
+        self._entries.clear()
+        self._timeouts.clear()
+        self.messages = self.nbytes = 0
+        return entries

@@ -1,0 +1,431 @@
+"""The session's core, sans I/O: what the SDK does with frames, whatever
+carries them.
+
+`SessionCore` holds a session's state: its connection state, its open queues,
+the retransmission buffer (`protocol.retransmit`, the one every relay hop
+keeps), the PUT and CONFIRM batches and the requests waiting for an answer.
+Calls come in (a post, a frame from the broker, a connection made or lost, the
+time); what to do goes out in `Effects`: frames to send on the current stream,
+PUTs answered, requests answered, pushes to deliver, queues that ended and
+events to report. No threads, no sockets, no clock: times come in as `now_ms`.
+Not thread safe: `taproot.session.Session` (the thread and gRPC shell)
+serialises calls under its lock and carries the effects out.
+
+Tokens are the shell's: whatever it wants back when a PUT or a request is
+answered (its futures). The core never looks inside them.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from protocol import ResultCode, pb
+from protocol.limits import PUT_FRAME_MESSAGES_MAX
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
+from taproot import events
+from taproot.batching import BatchPolicy, Batcher
+from taproot.errors import AckError, ConnectionError, TaprootError
+
+log = logging.getLogger(__name__)
+
+EXPIRY_INTERVAL_MS = 500.0      # how often the buffer's time bound is checked
+
+
+class ConnectionState(enum.Enum):
+    """Where a session stands with its broker.
+
+    | state        | PUTs                        | requests | CONFIRMs | next                          |
+    |--------------|-----------------------------|----------|----------|-------------------------------|
+    | DISCONNECTED | buffered (bounded, refused beyond) | wait | dropped  | CONNECTED, LOST, STOPPED      |
+    | CONNECTED    | sent (the producer waits when the buffer is full) | sent | sent | HELD, DISCONNECTED, LOST, STOPPED |
+    | HELD         | buffered for the next host  | sent     | sent     | DISCONNECTED, LOST, STOPPED   |
+    | LOST         | failed UNKNOWN              | fail     | fail     | (final)                       |
+    | STOPPED      | failed CANCELED             | fail     | fail     | (final)                       |
+
+    DISCONNECTED is also where a session starts (not started yet) and where
+    it waits between hosts. HELD: the host sent StopRequest (it is stopping).
+    LOST: the connection went and the session does not reconnect.
+    """
+    DISCONNECTED = "disconnected"
+    CONNECTED = "connected"
+    HELD = "held"
+    LOST = "lost"
+    STOPPED = "stopped"
+
+    @property
+    def linked(self) -> bool:
+        """A stream is up (frames can be sent)."""
+        return self in (ConnectionState.CONNECTED, ConnectionState.HELD)
+
+    @property
+    def final(self) -> bool:
+        return self in (ConnectionState.LOST, ConnectionState.STOPPED)
+
+
+@dataclass(frozen=True)
+class Ack:
+    guid: bytes
+    queue_uri: str
+
+
+@dataclass
+class QueueRecord:
+    """What the core knows of an open queue (the shell's `Queue` wraps it)."""
+    queue_id: int
+    uri: str
+    read: bool
+    write: bool
+    open_request: pb.OpenQueue = field(default_factory=pb.OpenQueue)  # what reopens it
+    options: pb.QueueOptions = field(default_factory=pb.QueueOptions)  # consumer options in force
+    max_payload_bytes: int = 0
+    timeout_ms: float = 0.0          # retransmission bound: min(the session's, the domain's dedup window)
+
+
+@dataclass
+class _Pending:
+    token: Any
+    queue: QueueRecord
+    frame: pb.PutMessage | pb.PutColumns
+    guids: bytes                     # the PUT's GUID, or the columnar frame's GUIDs
+
+
+@dataclass
+class _Request:
+    token: Any                       # None: the core's own reopen
+    kind: str
+    queue_id: int
+
+
+@dataclass
+class Effects:
+    """What the shell must carry out after a call, in this order."""
+    frames: list[pb.Frame] = field(default_factory=list)               # send, in order, on the current stream
+    answered: list[tuple[Any, Any]] = field(default_factory=list)      # (PUT token, Ack | [guids] | AckError)
+    responses: list[tuple[Any, Any]] = field(default_factory=list)     # (request token, response | TaprootError)
+    pushes: list[pb.PushMessage] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)                    # queue ids that ended
+    events: list[events.SessionEvent] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return any((self.frames, self.answered, self.responses, self.pushes, self.closed, self.events))
+
+
+class SessionCore:
+    def __init__(self, *, batch: BatchPolicy | None = None, limits: RetransmissionLimits | None = None,
+                 reconnect: bool = True):
+        self.batch_policy = batch or BatchPolicy()
+        self.limits = limits or RetransmissionLimits()
+        self.reconnect = reconnect
+        self.state = ConnectionState.DISCONNECTED
+        self.lost_reason: str | None = None
+        self.host: str | None = None
+        self.connections = 0
+        self.queues: dict[int, QueueRecord] = {}
+        self.buffer: RetransmissionBuffer[bytes, _Pending] = RetransmissionBuffer(self.limits)
+        self._puts = Batcher(self.batch_policy)
+        self._confirms: list[pb.ConfirmMessage] = []
+        self._confirms_since_ms = 0.0
+        self._requests: dict[int, _Request] = {}
+        self._reopens: dict[int, int] = {}            # reopen request id -> queue id
+        self._restored: list[str] = []                # queues reopened on this connection
+        self._not_restored: list[str] = []
+        self._request_ids = itertools.count(1)
+        self._next_expiry_ms = 0.0
+        self._effects = Effects()
+
+    # -- effects --------------------------------------------------------------
+    def take(self) -> Effects:
+        effects, self._effects = self._effects, Effects()
+        return effects
+
+    def _send(self, frame: pb.Frame) -> None:
+        self._effects.frames.append(frame)
+
+    @property
+    def batched(self) -> int:
+        """PUTs in the batch waiting for its linger time."""
+        return len(self._puts.items)
+
+    @property
+    def sending(self) -> bool:
+        """PUTs go out now (rather than wait in the buffer for a host)."""
+        return self.state is ConnectionState.CONNECTED
+
+    def failure(self) -> TaprootError | None:
+        """Why nothing more can be done, once the session is LOST or STOPPED."""
+        if self.state is ConnectionState.LOST:
+            return ConnectionError(self.lost_reason or "connection lost")
+        if self.state is ConnectionState.STOPPED:
+            return ConnectionError("session is stopped")
+        return None
+
+    # -- the connection ---------------------------------------------------------
+    def connected(self, host: str, now_ms: float) -> None:
+        """A stream to `host` is up. After the first: abandon the requests of
+        the lost stream, reopen every queue (ahead of any PUT) and resend every
+        unacknowledged PUT in PUT order."""
+        assert not self.state.final, self.state
+        first = self.connections == 0
+        self.connections += 1
+        self.host = host
+        self.state = ConnectionState.CONNECTED
+        if first:
+            self._effects.events.append(events.Connected(host))
+            return
+        stale, self._requests, self._reopens = self._requests, {}, {}
+        for request in stale.values():
+            if request.token is not None:
+                self._effects.responses.append((request.token, ConnectionError("connection lost; request abandoned")))
+        self._restored, self._not_restored = [], []
+        for q in self.queues.values():
+            request = pb.OpenQueue()
+            request.CopyFrom(q.open_request)
+            if q.read:
+                request.options.CopyFrom(q.options)
+            request.request_id = next(self._request_ids)
+            self._requests[request.request_id] = _Request(None, "open_queue", q.queue_id)
+            self._reopens[request.request_id] = q.queue_id
+            self._send(pb.Frame(open_queue=request))
+        resent = self._resend()
+        self._effects.events.append(events.Reconnected(host, resent))
+        if not self._reopens:
+            self._effects.events.append(events.StateRestored(host, 0, ()))
+
+    def _resend(self) -> int:
+        self._puts.take()  # what the batch held is in the buffer too
+        singles: list[pb.PutMessage] = []
+        count = 0
+        for _, held in self.buffer.items():
+            frame = held.item.frame
+            count += 1
+            if isinstance(frame, pb.PutColumns):
+                if singles:
+                    self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
+                    singles = []
+                self._send(pb.Frame(put_columns=frame))
+                continue
+            singles.append(frame)
+            if len(singles) >= min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX):
+                self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
+                singles = []
+        if singles:
+            self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
+        return count
+
+    def connection_lost(self, reason: str) -> None:
+        """The stream ended. With `reconnect`, everything waits for the next
+        host (the shell dials it and calls `connected`); without, every PUT
+        and request fails UNKNOWN."""
+        if not self.state.linked:
+            return
+        host = self.host or "?"
+        if not self.reconnect:
+            self.lost_reason = f"connection to {host} lost ({reason})"
+            self._end(ConnectionState.LOST, ResultCode.UNKNOWN, self.lost_reason)
+            return
+        self.state = ConnectionState.DISCONNECTED
+        self._effects.events.append(events.ConnectionLost(host, reason, len(self.buffer)))
+
+    def stop(self) -> None:
+        """The application stopped the session: every PUT still waiting fails CANCELED."""
+        if not self.state.final:
+            self._end(ConnectionState.STOPPED, ResultCode.CANCELED, "session stopped")
+
+    def _end(self, state: ConnectionState, code: ResultCode, reason: str) -> None:
+        self.state = state
+        self._puts.take()
+        self._confirms = []
+        for _, held in self.buffer.clear():
+            self._answer(held, code, reason)
+        requests, self._requests, self._reopens = self._requests, {}, {}
+        for request in requests.values():
+            if request.token is not None:
+                self._effects.responses.append((request.token, ConnectionError(reason)))
+        self._effects.closed.extend(self.queues)
+
+    # -- requests (open, configure, close) ---------------------------------------
+    def request(self, frame: pb.Frame, kind: str, token: Any) -> int:
+        """Send a request (the state must be linked); its answer comes back as
+        `(token, response)` in `Effects.responses`. Returns its request id."""
+        assert self.state.linked, self.state
+        request_id = next(self._request_ids)
+        body = getattr(frame, kind)
+        body.request_id = request_id
+        self._requests[request_id] = _Request(token, kind, body.queue_id)
+        self._send(frame)
+        return request_id
+
+    def forget(self, request_id: int) -> None:
+        """The shell stopped waiting for this request (its timeout)."""
+        self._requests.pop(request_id, None)
+
+    def add_queue(self, record: QueueRecord) -> None:
+        """Known from before its open is answered: PUSHes may follow the answer at once."""
+        record.timeout_ms = self.limits.timeout_ms
+        self.queues[record.queue_id] = record
+
+    def opened(self, queue_id: int, response: pb.OpenQueueResponse) -> None:
+        """Apply a successful open's answer: the payload limit, the time bound
+        of the retransmission buffer, the consumer options in force."""
+        q = self.queues.get(queue_id)
+        if q is None:
+            return
+        q.max_payload_bytes = response.max_payload_bytes
+        window = response.dedup_history_window_ms
+        q.timeout_ms = min(self.limits.timeout_ms, window) if window > 0 else self.limits.timeout_ms
+        if q.read and response.HasField("options"):
+            q.options = response.options  # the domain's defaults filled in
+
+    def remove_queue(self, queue_id: int) -> None:
+        self.queues.pop(queue_id, None)
+
+    # -- producing -----------------------------------------------------------------
+    def post(self, queue_id: int, message: pb.PutMessage, token: Any, now_ms: float) -> AckError | None:
+        """Buffer one PUT and batch it when sending. The refusal, if it does
+        not fit the buffer (the shell waits first while connected)."""
+        q = self.queues.get(queue_id)
+        if q is None:
+            return AckError(ResultCode.CANCELED, "the queue was closed", message.guid)
+        nbytes = len(message.payload)
+        refused = self.buffer.refusal(nbytes)
+        if refused is not None:
+            return AckError(refused[0], f"{refused[1]} while disconnected", message.guid)
+        self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), nbytes, 1, now_ms, q.timeout_ms)
+        if self.sending and self._puts.add(message, nbytes, now_ms):
+            self._send_puts()
+        return None
+
+    def post_columns(self, queue_id: int, frame: pb.PutColumns, guids: bytes, count: int, token: Any,
+                     now_ms: float) -> AckError | None:
+        q = self.queues.get(queue_id)
+        if q is None:
+            return AckError(ResultCode.CANCELED, "the queue was closed", guids[:16])
+        nbytes = len(frame.arrow_ipc)
+        refused = self.buffer.refusal(nbytes, count)
+        if refused is not None:
+            return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
+        self.buffer.hold(guids, _Pending(token, q, frame, guids), nbytes, count, now_ms, q.timeout_ms)
+        if self.sending:
+            self._send_puts()  # keep PUT order: batched single PUTs go first
+            self._send(pb.Frame(put_columns=frame))
+        return None
+
+    def confirm(self, queue_id: int, guids: Iterable[bytes], now_ms: float) -> None:
+        """CONFIRMs made while no stream is up are dropped: those messages come again."""
+        if not self.state.linked:
+            return
+        if not self._confirms:
+            self._confirms_since_ms = now_ms
+        self._confirms.extend(pb.ConfirmMessage(queue_id=queue_id, guid=g) for g in guids)
+        if len(self._confirms) >= self.batch_policy.max_messages:
+            self._send_confirms()
+
+    def flush(self) -> None:
+        self._send_puts()
+        self._send_confirms()
+
+    def _send_puts(self) -> None:
+        items = self._puts.take()
+        if items and self.sending:
+            self._send(pb.Frame(put=pb.PutBatch(messages=items)))
+        # Not sending: they stay in the buffer and go with the resend.
+
+    def _send_confirms(self) -> None:
+        if self._confirms:
+            items, self._confirms = self._confirms, []
+            if self.state.linked:
+                self._send(pb.Frame(confirm=pb.ConfirmBatch(messages=items)))
+
+    def tick(self, now_ms: float) -> float:
+        """Send the batches whose linger time is up and fail the PUTs held past
+        their time bound (TIMEOUT). Returns when to call again."""
+        deadline = self._puts.deadline_ms()
+        if deadline is not None and now_ms >= deadline:
+            self._send_puts()
+        if self._confirms and now_ms >= self._confirms_since_ms + self.batch_policy.linger_ms:
+            self._send_confirms()
+        if now_ms >= self._next_expiry_ms:
+            self._next_expiry_ms = now_ms + EXPIRY_INTERVAL_MS
+            for _, held in self.buffer.expire(now_ms):
+                self._answer(held, ResultCode.TIMEOUT, f"no ACK within {held.timeout_ms / 1000:.0f} s")
+        wake = self._next_expiry_ms
+        if self._puts.items:
+            wake = min(wake, self._puts.deadline_ms() or wake)
+        if self._confirms:
+            wake = min(wake, self._confirms_since_ms + self.batch_policy.linger_ms)
+        return wake
+
+    def _answer(self, held: Held[_Pending], code: ResultCode, text: str) -> None:
+        pending = held.item
+        guid = pending.guids[:16]
+        self._effects.answered.append((pending.token, AckError(code, text, guid)))
+
+    # -- frames from the broker ------------------------------------------------------
+    def on_frame(self, frame: pb.Frame) -> None:
+        kind = frame.WhichOneof("body")
+        if kind == "ack":
+            for ack in frame.ack.messages:
+                held = self.buffer.release(ack.guid)
+                if held is None:
+                    continue  # a retransmitted PUT's second ACK, or one already answered
+                if ack.code == ResultCode.SUCCESS:
+                    self._effects.answered.append((held.item.token, Ack(ack.guid, held.item.queue.uri)))
+                else:
+                    self._answer(held, ResultCode.of(ack.code), ack.message)
+        elif kind == "ack_columns":
+            ack = frame.ack_columns
+            guids = ack.guids  # one copy: each access of a protobuf bytes field copies it
+            held = self.buffer.release(guids)
+            if held is not None:
+                if ack.code == ResultCode.SUCCESS:
+                    self._effects.answered.append(
+                        (held.item.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))
+                else:
+                    self._answer(held, ResultCode.of(ack.code), ack.message)
+        elif kind == "push":
+            self._effects.pushes.extend(frame.push.messages)
+        elif kind in ("open_queue_response", "configure_queue_response", "close_queue_response",
+                      "stop_response"):
+            body = getattr(frame, kind)
+            self._respond(body.request_id, body)
+        elif kind == "stop_request":
+            # The host is stopping: send it no more PUTs (they wait in the
+            # buffer for the next host); ACKs and CONFIRMs keep flowing.
+            if self.state is ConnectionState.CONNECTED:
+                self.state = ConnectionState.HELD
+            self._send(pb.Frame(stop_response=pb.StopResponse(request_id=frame.stop_request.request_id)))
+            self._effects.events.append(events.StopRequested(self.host or "?"))
+        elif kind == "error":
+            error = frame.error
+            if error.request_id in self._requests:
+                self._respond(error.request_id, pb.OpenQueueResponse(status=error.status))
+            else:
+                log.warning("broker rejected a frame: %s: %s", ResultCode.of(error.status.code).name,
+                            error.status.message)
+
+    def _respond(self, request_id: int, body: Any) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        queue_id = self._reopens.pop(request_id, None)
+        if queue_id is None:
+            if request.token is not None:
+                self._effects.responses.append((request.token, body))
+            return
+        q = self.queues.get(queue_id)
+        if q is not None:
+            if body.status.code == ResultCode.SUCCESS:
+                self.opened(queue_id, body)
+                self._restored.append(q.uri)
+            else:
+                log.warning("%s: reopen refused: %s", q.uri, body.status.message)
+                self._not_restored.append(q.uri)
+                self.queues.pop(queue_id, None)
+                self._effects.closed.append(queue_id)
+        if not self._reopens:
+            self._effects.events.append(events.StateRestored(self.host or "?", len(self._restored),
+                                                             tuple(self._not_restored)))

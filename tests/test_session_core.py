@@ -1,0 +1,190 @@
+"""The SDK's sans-I/O core (`taproot.core`) and the retransmission buffer it
+shares with every relay hop (`protocol.retransmit`): no sockets, no threads,
+the clock is a number."""
+
+import pytest
+
+from protocol import ResultCode, pb, status
+from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
+from taproot import events
+from taproot.batching import BatchPolicy
+from taproot.core import Ack, ConnectionState, QueueRecord, SessionCore
+from taproot.errors import AckError, ConnectionError
+
+pytestmark = pytest.mark.unit
+
+
+def g(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def put(i: int, queue_id: int = 1, size: int = 10) -> pb.PutMessage:
+    return pb.PutMessage(queue_id=queue_id, guid=g(i), payload=b"x" * size)
+
+
+def ack(*ids: int, code: int = ResultCode.SUCCESS) -> pb.Frame:
+    return pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(queue_id=1, guid=g(i), code=code) for i in ids]))
+
+
+def core_with_queue(**kwargs) -> SessionCore:
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=3), **kwargs)
+    core.connected("h1", 0)
+    core.add_queue(QueueRecord(1, "taproot://d/q", read=False, write=True,
+                               open_request=pb.OpenQueue(queue_id=1, uri="taproot://d/q", write=True)))
+    core.take()
+    return core
+
+
+def sent_guids(frames) -> list[bytes]:
+    return [m.guid for f in frames if f.WhichOneof("body") == "put" for m in f.put.messages]
+
+
+# -- the buffer ----------------------------------------------------------------
+def test_the_buffer_keeps_put_order_counts_and_bounds():
+    buffer: RetransmissionBuffer[bytes, str] = RetransmissionBuffer(RetransmissionLimits(3, 100, 1000))
+    buffer.hold(g(1), "a", 40, 1, now_ms=0)
+    buffer.hold(g(2), "b", 40, 1, now_ms=1)
+    assert buffer.refusal(30) == (ResultCode.LIMIT_BYTES, "retransmission buffer holds 80 bytes (max 100)")
+    buffer.hold(g(3), "c", 10, 1, now_ms=2)
+    assert buffer.refusal(1)[0] == ResultCode.LIMIT_MESSAGES and buffer.full
+    buffer.hold(g(1), "a again", 40, 1, now_ms=3)   # a resent PUT: one copy, at the end
+    assert [k for k, _ in buffer.items()] == [g(2), g(3), g(1)]
+    assert (buffer.messages, buffer.nbytes) == (3, 90)
+    assert buffer.release(g(3)).item == "c" and buffer.release(g(3)) is None
+    assert (buffer.messages, buffer.nbytes) == (2, 80)
+
+
+def test_the_buffer_expires_by_each_entrys_own_bound():
+    buffer: RetransmissionBuffer[bytes, str] = RetransmissionBuffer(RetransmissionLimits(timeout_ms=1000))
+    buffer.hold(g(1), "long", 1, 1, now_ms=0)
+    buffer.hold(g(2), "short", 1, 1, now_ms=10, timeout_ms=100)
+    buffer.hold(g(3), "capped", 1, 1, now_ms=20, timeout_ms=10**9)  # never beyond the limit
+    assert buffer.expire(109) == []
+    assert [h.item for _, h in buffer.expire(110)] == ["short"]
+    assert [h.item for _, h in buffer.expire(1000)] == ["long"]
+    assert [h.item for _, h in buffer.expire(1020)] == ["capped"]
+    assert len(buffer) == 0 and buffer._timeouts == {}
+
+
+# -- the session core ------------------------------------------------------------
+def test_puts_batch_until_full_or_their_linger_time_and_each_ack_answers_once():
+    core = core_with_queue()
+    for i in (1, 2):
+        assert core.post(1, put(i), f"t{i}", now_ms=0) is None
+    assert core.take().frames == []                   # lingering
+    core.post(1, put(3), "t3", now_ms=1)
+    assert sent_guids(core.take().frames) == [g(1), g(2), g(3)]  # full batch
+    core.post(1, put(4), "t4", now_ms=2)
+    assert core.tick(3) == 7 and core.take().frames == []
+    core.tick(7)
+    assert sent_guids(core.take().frames) == [g(4)]
+    core.on_frame(ack(1, 2))
+    core.on_frame(ack(2))                              # a retransmitted PUT's second ACK
+    core.on_frame(ack(3, code=ResultCode.STORAGE_FAILURE))
+    answered = core.take().answered
+    assert answered[:2] == [("t1", Ack(g(1), "taproot://d/q")), ("t2", Ack(g(2), "taproot://d/q"))]
+    (token, error), = answered[2:]
+    assert token == "t3" and isinstance(error, AckError) and error.code == ResultCode.STORAGE_FAILURE
+    assert len(core.buffer) == 1
+
+
+def test_a_reconnection_reopens_every_queue_before_resending_every_unacked_put_in_order():
+    core = core_with_queue()
+    for i in range(1, 5):
+        core.post(1, put(i), i, now_ms=0)
+    core.on_frame(ack(2))
+    core.take()
+    core.connection_lost("UNAVAILABLE")
+    assert core.state is ConnectionState.DISCONNECTED
+    core.post(1, put(5), 5, now_ms=1)                 # waits in the buffer
+    effects = core.take()
+    assert effects.events == [events.ConnectionLost("h1", "UNAVAILABLE", 3)]
+    assert effects.frames == []
+    core.connected("h2", 2)
+    effects = core.take()
+    assert effects.frames[0].WhichOneof("body") == "open_queue"
+    assert sent_guids(effects.frames[1:]) == [g(1), g(3), g(4), g(5)]
+    assert effects.events == [events.Reconnected("h2", 4)]
+    reopen = effects.frames[0].open_queue
+    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.request_id, queue_id=1, status=status(ResultCode.SUCCESS), dedup_history_window_ms=5000)))
+    assert core.take().events == [events.StateRestored("h2", 1, ())]
+    assert core.queues[1].timeout_ms == 5000
+
+
+def test_a_refused_reopen_ends_that_queue():
+    core = core_with_queue()
+    core.connection_lost("x")
+    core.connected("h2", 0)
+    reopen = core.take().frames[0].open_queue
+    core.on_frame(pb.Frame(error=pb.FrameError(request_id=reopen.request_id,
+                                               status=status(ResultCode.REFUSED, "unknown domain"))))
+    effects = core.take()
+    assert effects.closed == [1] and 1 not in core.queues
+    assert effects.events == [events.StateRestored("h2", 0, ("taproot://d/q",))]
+
+
+def test_stop_request_holds_puts_for_the_next_host_while_acks_and_confirms_flow():
+    core = core_with_queue()
+    core.on_frame(pb.Frame(stop_request=pb.StopRequest(request_id=9)))
+    effects = core.take()
+    assert core.state is ConnectionState.HELD
+    assert effects.frames == [pb.Frame(stop_response=pb.StopResponse(request_id=9))]
+    core.post(1, put(1), 1, now_ms=0)
+    core.confirm(1, [g(7)], now_ms=0)
+    core.flush()
+    frames = core.take().frames
+    assert sent_guids(frames) == [] and [f.WhichOneof("body") for f in frames] == ["confirm"]
+    core.connection_lost("host stopped")
+    core.connected("h2", 1)
+    assert sent_guids(core.take().frames) == [g(1)]
+
+
+def test_bounds_refuse_while_disconnected_and_time_out_with_timeout():
+    core = core_with_queue(limits=RetransmissionLimits(max_messages=2, max_bytes=1 << 20, timeout_ms=1000))
+    core.connection_lost("x")
+    assert core.post(1, put(1), 1, now_ms=0) is None
+    assert core.post(1, put(2), 2, now_ms=600) is None
+    refused = core.post(1, put(3), 3, now_ms=100)
+    assert isinstance(refused, AckError) and refused.code == ResultCode.LIMIT_MESSAGES
+    core.tick(999)                                    # checked every EXPIRY_INTERVAL_MS (500)
+    assert core.take().answered == []
+    core.tick(1499)
+    (token, error), = core.take().answered
+    assert token == 1 and error.code == ResultCode.TIMEOUT and "no ACK within 1 s" in str(error)
+    core.tick(1999)
+    assert [t for t, _ in core.take().answered] == [2]
+
+
+def test_without_reconnect_a_lost_connection_fails_everything_once_and_the_state_is_final():
+    core = core_with_queue(reconnect=False)
+    core.post(1, put(1), "p", now_ms=0)
+    core.request(pb.Frame(configure_queue=pb.ConfigureQueue(queue_id=1)), "configure_queue", "r")
+    core.connection_lost("RST")
+    effects = core.take()
+    (token, error), = effects.answered
+    assert token == "p" and error.code == ResultCode.UNKNOWN
+    (token, failure), = effects.responses
+    assert token == "r" and isinstance(failure, ConnectionError)
+    assert effects.closed == [1] and core.state is ConnectionState.LOST
+    assert isinstance(core.failure(), ConnectionError)
+    core.on_frame(ack(1))                             # too late: answered already
+    core.stop()
+    assert not core.take()
+
+
+def test_columnar_frames_keep_their_place_in_put_order_across_a_resend():
+    core = core_with_queue()
+    core.post(1, put(1), "a", now_ms=0)
+    frame = pb.PutColumns(queue_id=1, arrow_ipc=b"ipc")
+    core.post_columns(1, frame, g(2) + g(3), 2, "cols", now_ms=0)
+    core.post(1, put(4), "b", now_ms=0)
+    first = [f.WhichOneof("body") for f in core.take().frames]
+    assert first == ["put", "put_columns"]            # the batched single went first
+    core.connection_lost("x")
+    core.connected("h2", 1)
+    resent = [f.WhichOneof("body") for f in core.take().frames]
+    assert resent == ["open_queue", "put", "put_columns", "put"]
+    core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=g(2) + g(3))))
+    assert core.take().answered == [("cols", [g(2), g(3)])]
+    assert core.buffer.messages == 2
