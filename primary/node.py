@@ -31,7 +31,8 @@ from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH
 from protocol.uri import QueueUri, partition_of
 from replicas.upstream import Upstream
 from storage import tables
-from storage.leases import Action, Fenced, LeaseMachine, LeaseState, LeaseTable, LeaseView
+from storage.lease_machine import Action, LeaseMachine, LeaseState, LeaseView
+from storage.leases import Fenced, LeaseTable
 from protocol.clock import wall_time_us
 
 log = logging.getLogger(__name__)

@@ -30,20 +30,20 @@ renewing. The holder renews every `renew_interval_ms` and steps down by itself
 once `lease_duration_ms` has passed since the start of its last successful
 renewal, which is always before any follower can have seen the lease lapse.
 
-`LeaseMachine` is the pure part (time comes in as an argument); `LeaseTable`
-does the Delta I/O. Neither is thread safe: the node's lease keeper thread
-owns both.
+`storage.lease_machine.LeaseMachine` is the pure part (time comes in as an
+argument); `LeaseTable` here does the Delta I/O. Neither is thread safe: the
+node's lease keeper (`primary.leadership`) owns both.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from storage.lease_machine import LeaseView
 
 log = logging.getLogger(__name__)
 
@@ -66,151 +66,6 @@ LEASE_TABLE_PROPERTIES = {
 
 class Fenced(Exception):
     """A newer primary holds this partition: the commit was refused."""
-
-
-@dataclass(frozen=True)
-class LeaseView:
-    """What a read of the lease table shows."""
-    version: int          # the table's Delta version (changes on every renewal)
-    epoch: int            # 0: never held
-    holder: str
-    address: str
-    released: bool
-
-
-class LeaseState(enum.Enum):
-    FOLLOWER = "follower"
-    ACQUIRING = "acquiring"
-    PRIMARY = "primary"
-    STOPPED = "stopped"
-
-
-class Action(enum.Enum):
-    NONE = "none"
-    ACQUIRE = "acquire"            # try to commit epoch + 1
-    RENEW = "renew"
-    BECOME_PRIMARY = "become-primary"
-    STEP_DOWN = "step-down"        # stop writing now; another node has or will have the lease
-    RELEASE = "release"
-
-
-class LeaseMachine:
-    """One node's view of one partition's lease.
-
-    Transitions (state, event) -> (action, next state):
-
-    | state      | event                                        | action         | next       |
-    |------------|----------------------------------------------|----------------|------------|
-    | FOLLOWER   | observed: free, or held by this node's name  | ACQUIRE        | ACQUIRING  |
-    |            | observed: unchanged for lease + rank delay   | ACQUIRE        | ACQUIRING  |
-    | ACQUIRING  | acquired(epoch)                              | BECOME_PRIMARY | PRIMARY    |
-    | ACQUIRING  | acquire failed                               | -              | FOLLOWER   |
-    | PRIMARY    | tick: renew interval passed (or the lease)   | RENEW          | PRIMARY    |
-    | PRIMARY    | renewed / renew refused (fenced)             | - / STEP_DOWN  | PRIMARY / FOLLOWER |
-    | PRIMARY    | stop                                         | RELEASE        | STOPPED    |
-    | any        | stop                                         | -              | STOPPED    |
-
-    A late holder (a starved or frozen process) does not step down on its own
-    clock: it renews, and the commit decides. A renewal is conditional: it
-    fails if any commit carrying a newer epoch landed first. A follower's
-    acquire is conditional too: it fails if the table changed since the
-    version it watched go quiet. Of two such commits in flight, the second
-    fails as a concurrent transaction. So exactly one of a late renewal and a
-    takeover wins, in either order, and a holder whose renewal fails steps down. Stepping down on the
-    clock instead made a single node under full load on 2 cores drop its own
-    partitions every few seconds (its keeper thread ran 2-4 s late).
-
-    "Free" is a table that does not exist yet or whose holder released it. The
-    rank delay (`rank * lease_duration_ms / 2`) lets the partition's preferred
-    node (rank 0) take a free lease first, so the static assignment holds when
-    every node is up, whatever order they start in.
-    """
-
-    def __init__(self, node: str, rank: int, lease_duration_ms: int, renew_interval_ms: int):
-        assert renew_interval_ms * 2 <= lease_duration_ms, "renew at least twice per lease"
-        self.node = node
-        self.rank = rank
-        self.lease_duration_ms = lease_duration_ms
-        self.renew_interval_ms = renew_interval_ms
-        self.state = LeaseState.FOLLOWER
-        self.epoch = 0
-        self._seen: LeaseView | None = None
-        self._seen_since_ms: float | None = None
-        self._renewed_ms = 0.0     # start of the last successful acquire or renewal
-
-    @property
-    def rank_delay_ms(self) -> float:
-        return self.rank * self.lease_duration_ms / 2
-
-    def observed(self, view: LeaseView | None, now_ms: float) -> Action:
-        """A follower read the table (None: it does not exist yet)."""
-        if self.state is not LeaseState.FOLLOWER:
-            return Action.NONE
-        key = None if view is None else (view.version, view.epoch)
-        seen_key = None if self._seen is None else (self._seen.version, self._seen.epoch)
-        if self._seen_since_ms is None or key != seen_key:
-            self._seen, self._seen_since_ms = view, now_ms
-        quiet_ms = now_ms - self._seen_since_ms
-        free = view is None or view.released or view.epoch == 0
-        # This node's own name as holder: a previous run of this node that died
-        # without releasing. Nobody else can renew under our name; take it back.
-        mine = view is not None and view.holder == self.node and not view.released
-        if (free and quiet_ms >= self.rank_delay_ms) or mine or \
-                quiet_ms >= self.lease_duration_ms + self.rank_delay_ms:
-            self.state = LeaseState.ACQUIRING
-            return Action.ACQUIRE
-        return Action.NONE
-
-    def next_epoch(self) -> int:
-        return (self._seen.epoch if self._seen is not None else 0) + 1
-
-    def acquired(self, epoch: int | None, started_ms: float) -> Action:
-        if self.state is not LeaseState.ACQUIRING:
-            return Action.NONE
-        if epoch is None:
-            self.state = LeaseState.FOLLOWER
-            self._seen_since_ms = None  # someone else won: watch their lease afresh
-            return Action.NONE
-        self.state, self.epoch, self._renewed_ms = LeaseState.PRIMARY, epoch, started_ms
-        return Action.BECOME_PRIMARY
-
-    def tick(self, now_ms: float) -> Action:
-        if self.state is not LeaseState.PRIMARY:
-            return Action.NONE
-        if now_ms - self._renewed_ms >= self.renew_interval_ms:
-            return Action.RENEW  # late or not: the conditional commit decides
-        return Action.NONE
-
-    def lapsed(self, now_ms: float) -> bool:
-        """A follower may have seen the lease lapse by now."""
-        return now_ms - self._renewed_ms >= self.lease_duration_ms
-
-    @property
-    def renewed_ms(self) -> float:
-        """When the current lease was last renewed (or taken), on this node's clock."""
-        return self._renewed_ms
-
-    def renewed(self, ok: bool, started_ms: float) -> Action:
-        if self.state is not LeaseState.PRIMARY:
-            return Action.NONE
-        if not ok:
-            return self._step_down()
-        self._renewed_ms = started_ms
-        return Action.NONE
-
-    def fenced(self) -> Action:
-        """A data commit was refused: a newer primary exists."""
-        return self._step_down() if self.state is LeaseState.PRIMARY else Action.NONE
-
-    def stop(self) -> Action:
-        was_primary = self.state is LeaseState.PRIMARY
-        self.state = LeaseState.STOPPED
-        return Action.RELEASE if was_primary else Action.NONE
-
-    def _step_down(self) -> Action:
-        self.state = LeaseState.FOLLOWER
-        self._seen_since_ms = None
-        return Action.STEP_DOWN
 
 
 def _commit_properties(app: str, epoch: int, retries: int = 0) -> CommitProperties:

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pytest
 
 from storage import deltars
-from storage.leases import Action, Fenced, LeaseMachine, LeaseState, LeaseTable, LeaseView
+from storage.lease_machine import TRANSITIONS, Action, LeaseEvent, LeaseMachine, LeaseState, LeaseView
+from storage.leases import Fenced, LeaseTable
 
 LEASE_MS, RENEW_MS = 2000, 500
 
@@ -149,3 +150,66 @@ def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table
         deltars.Appender(path, schema, epoch=1)              # an older epoch cannot claim it back
     rows = deltars.try_open(path).to_pyarrow_table()["x"].to_pylist()
     assert sorted(rows) == [1, 2]
+
+
+# -- the transition table, exhaustively ------------------------------------------
+def machine_in(state: LeaseState) -> LeaseMachine:
+    """A machine brought to `state` through its own transitions."""
+    machine = LeaseMachine("n1", 0, LEASE_MS, RENEW_MS)
+    if state in (LeaseState.ACQUIRING, LeaseState.PRIMARY):
+        assert machine.observed(None, 0) is Action.ACQUIRE
+    if state is LeaseState.PRIMARY:
+        assert machine.acquired(1, 0) is Action.BECOME_PRIMARY
+    if state is LeaseState.STOPPED:
+        machine.stop()
+    assert machine.state is state
+    return machine
+
+
+def fire_through_the_api(machine: LeaseMachine, event: LeaseEvent) -> Action:
+    """Each event as the node produces it, through the method it calls."""
+    if event is LeaseEvent.TAKEABLE:
+        if machine.state is LeaseState.FOLLOWER:
+            return machine.observed(None, 10**9)     # a free lease, long past any rank delay
+        return machine.fire(event)                    # only a follower reads the table
+    if event is LeaseEvent.HELD:
+        return machine.observed(view(5, 3, holder="n2"), 0)  # someone else's, just seen renewed
+    if event is LeaseEvent.ACQUIRED:
+        return machine.acquired(7, 0)
+    if event is LeaseEvent.ACQUIRE_FAILED:
+        return machine.acquired(None, 0)
+    if event is LeaseEvent.RENEW_DUE:
+        return machine.tick(machine.renewed_ms + RENEW_MS)
+    if event is LeaseEvent.RENEW_NOT_DUE:
+        return machine.tick(machine.renewed_ms + RENEW_MS - 1)
+    if event is LeaseEvent.RENEWED:
+        return machine.renewed(True, 0)
+    if event is LeaseEvent.RENEW_REFUSED:
+        return machine.renewed(False, 0)
+    if event is LeaseEvent.FENCED:
+        return machine.fenced()
+    assert event is LeaseEvent.STOP
+    return machine.stop()
+
+
+def test_the_transition_table_is_total():
+    missing = [(s, e) for s in LeaseState for e in LeaseEvent if (s, e) not in TRANSITIONS]
+    assert not missing and len(TRANSITIONS) == len(LeaseState) * len(LeaseEvent)
+
+
+@pytest.mark.parametrize("state", list(LeaseState), ids=lambda s: s.value)
+@pytest.mark.parametrize("event", list(LeaseEvent), ids=lambda e: e.value)
+def test_every_state_and_event_does_what_the_table_says(state, event):
+    machine = machine_in(state)
+    action = fire_through_the_api(machine, event)
+    assert (action, machine.state) == TRANSITIONS[(state, event)]
+
+
+def test_only_a_primary_steps_down_or_releases_and_only_an_acquire_makes_one():
+    for (state, event), (action, after) in TRANSITIONS.items():
+        if action in (Action.STEP_DOWN, Action.RELEASE, Action.RENEW):
+            assert state is LeaseState.PRIMARY, (state, event)
+        if after is LeaseState.PRIMARY and state is not LeaseState.PRIMARY:
+            assert (state, event, action) == (LeaseState.ACQUIRING, LeaseEvent.ACQUIRED, Action.BECOME_PRIMARY)
+        if state is LeaseState.STOPPED:
+            assert (action, after) == (Action.NONE, LeaseState.STOPPED), "STOPPED is final"
