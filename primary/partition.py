@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,6 +87,37 @@ class QueueState:
         self.domain, self.quota = domain, quota
         for d in self.dispatchers.values():
             d.max_delivery_attempts = domain.max_delivery_attempts
+
+    # -- the domain's quota (every call site goes through these) -------------------
+    def admit(self, guids: Iterable[bytes], sizes: Iterable[int]) -> tuple[ResultCode, str] | None:
+        """Count PUTs against the quota, all or none: the refusal of the first
+        that does not fit, with the ones before it taken back."""
+        if self.quota is None:
+            return None
+        admitted: list[bytes] = []
+        for guid, size in zip(guids, sizes):
+            refused = self.quota.admit(self.uri.queue, guid, size)
+            if refused is not None:
+                self.unadmit(admitted)
+                return refused
+            admitted.append(guid)
+        return None
+
+    def unadmit(self, guids: Iterable[bytes]) -> None:
+        """PUTs admitted but not stored (a refused or failed commit)."""
+        if self.quota is not None:
+            for guid in guids:
+                self.quota.unadmit(guid)
+
+    def delivered(self, message: "StoredMessage", apps: Iterable[str]) -> None:
+        """A stored message counts until every app in `apps` is done with it."""
+        if self.quota is not None:
+            self.quota.delivered(self.uri.queue, message.guid, message.size, set(apps))
+
+    def app_done(self, guid: bytes, app: str) -> None:
+        """Confirmed, dead-lettered or expired for `app`."""
+        if self.quota is not None:
+            self.quota.app_done(guid, app)
 
     @property
     def express(self) -> bool:
@@ -280,8 +311,7 @@ class Partition:
             log.warning("partition %d: taproot://%s/%s%s: message seq %d removed from delivery: %s (%s)",
                         self.index, state.uri.domain, state.uri.queue, f"?id={app}" if app else "",
                         message.seq, reason, detail)
-            if state.quota is not None:
-                state.quota.app_done(message.guid, app)
+            state.app_done(message.guid, app)
         self.dead_committer.submit([DeadLetter(state, app, m, r, d) for m, r, d in dropped], 0)
 
     def expire(self) -> None:
@@ -428,12 +458,9 @@ class Partition:
                 log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
                 code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
                 for i in singles:
-                    if i.queue.quota is not None:
-                        i.queue.quota.unadmit(i.message.guid)
+                    i.queue.unadmit([i.message.guid])
                 for b in bulks:
-                    if b.queue.quota is not None:
-                        for guid in b.table["guid"].to_pylist():
-                            b.queue.quota.unadmit(guid)
+                    b.queue.unadmit(b.table["guid"].to_pylist())
             else:
                 self._commit_seqs.append((version, self._next_seq - 1))
             # The ACKs first: the producers wait for them; the express
@@ -769,8 +796,7 @@ class Partition:
 def _add_targets(targets: dict, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
     """Count the message against its quota until `apps` are done, and queue
     it for each app (one StoredMessage per app, sharing payload and properties)."""
-    if state.quota is not None:
-        state.quota.delivered(state.uri.queue, message.guid, message.size, set(apps))
+    state.delivered(message, apps)
     for n, app in enumerate(apps):
         targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
 

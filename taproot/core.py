@@ -83,6 +83,7 @@ class QueueRecord:
     options: pb.QueueOptions = field(default_factory=pb.QueueOptions)  # consumer options in force
     max_payload_bytes: int = 0
     timeout_ms: float = 0.0          # retransmission bound: min(the session's, the domain's dedup window)
+    open: bool = False               # open on the current stream: its PUTs may go
 
 
 @dataclass
@@ -166,8 +167,10 @@ class SessionCore:
     # -- the connection ---------------------------------------------------------
     def connected(self, host: str, now_ms: float) -> None:
         """A stream to `host` is up. After the first: abandon the requests of
-        the lost stream, reopen every queue (ahead of any PUT) and resend every
-        unacknowledged PUT in PUT order."""
+        the lost stream and reopen every queue; as each reopen succeeds, resend
+        that queue's unacknowledged PUTs in PUT order (a node may take a while
+        to answer an open during a failover: PUTs sent ahead of it would find
+        no open queue)."""
         assert not self.state.final, self.state
         first = self.connections == 0
         self.connections += 1
@@ -182,6 +185,7 @@ class SessionCore:
                 self._effects.responses.append((request.token, ConnectionError("connection lost; request abandoned")))
         self._restored, self._not_restored = [], []
         for q in self.queues.values():
+            q.open = False
             request = pb.OpenQueue()
             request.CopyFrom(q.open_request)
             if q.read:
@@ -190,16 +194,20 @@ class SessionCore:
             self._requests[request.request_id] = _Request(None, "open_queue", q.queue_id)
             self._reopens[request.request_id] = q.queue_id
             self._send(pb.Frame(open_queue=request))
-        resent = self._resend()
-        self._effects.events.append(events.Reconnected(host, resent))
+        self._puts.take()  # what the batch held is in the buffer too
+        self._effects.events.append(events.Reconnected(host, len(self.buffer)))
         if not self._reopens:
             self._effects.events.append(events.StateRestored(host, 0, ()))
 
-    def _resend(self) -> int:
-        self._puts.take()  # what the batch held is in the buffer too
+    def _resend(self, queue_id: int) -> int:
+        """The buffered PUTs of one queue, in PUT order (batched single PUTs
+        of other queues go first, so order holds within every queue)."""
+        self._send_puts()
         singles: list[pb.PutMessage] = []
         count = 0
         for _, held in self.buffer.items():
+            if held.item.queue.queue_id != queue_id:
+                continue
             frame = held.item.frame
             count += 1
             if isinstance(frame, pb.PutColumns):
@@ -274,11 +282,14 @@ class SessionCore:
         q = self.queues.get(queue_id)
         if q is None:
             return
+        was_open, q.open = q.open, True
         q.max_payload_bytes = response.max_payload_bytes
         window = response.dedup_history_window_ms
         q.timeout_ms = min(self.limits.timeout_ms, window) if window > 0 else self.limits.timeout_ms
         if q.read and response.HasField("options"):
             q.options = response.options  # the domain's defaults filled in
+        if not was_open and self.sending:
+            self._resend(queue_id)  # what waited in the buffer for it (a reopen after failover)
 
     def remove_queue(self, queue_id: int) -> None:
         self.queues.pop(queue_id, None)
@@ -295,7 +306,7 @@ class SessionCore:
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", message.guid)
         self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), nbytes, 1, now_ms, q.timeout_ms)
-        if self.sending and self._puts.add(message, nbytes, now_ms):
+        if self.sending and q.open and self._puts.add(message, nbytes, now_ms):
             self._send_puts()
         return None
 
@@ -309,7 +320,7 @@ class SessionCore:
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
         self.buffer.hold(guids, _Pending(token, q, frame, guids), nbytes, count, now_ms, q.timeout_ms)
-        if self.sending:
+        if self.sending and q.open:
             self._send_puts()  # keep PUT order: batched single PUTs go first
             self._send(pb.Frame(put_columns=frame))
         return None
@@ -426,6 +437,11 @@ class SessionCore:
                 self._not_restored.append(q.uri)
                 self.queues.pop(queue_id, None)
                 self._effects.closed.append(queue_id)
+                code = ResultCode.of(body.status.code)
+                for key, held in self.buffer.items():
+                    if held.item.queue is q:
+                        self.buffer.release(key)
+                        self._answer(held, code, f"queue could not be reopened: {body.status.message}")
         if not self._reopens:
             self._effects.events.append(events.StateRestored(self.host or "?", len(self._restored),
                                                              tuple(self._not_restored)))

@@ -1,18 +1,24 @@
 """A deterministic simulation of the distribution tree (seeded, injected clock).
 
     producer ─┐                     (each ─ is a link: frames are delayed a
-              ├─ proxy ── replica ── primary ── "pipeline" (GUID dedup)
+              ├─ proxy ── replica ── primary (express lane: GUID history, dispatch)
     consumer ─┘                      random time, and a cut loses whatever is
                                      in flight and ends both sides' view of it)
 
-The two forwarding hops are the real `replicas.relay.Relay` state machine, the
-code the proxy and the replicas run. The producer models the SDK's
-retransmission buffer (resend every unacknowledged PUT, in order, after
-reopening), the primary models group commit (ACK only after the commit; a crash
-loses what is not committed, never what is), redelivery of unconfirmed
-messages, and the pipeline's GUID dedup. Time is an integer millisecond clock;
+Every decision is made by the real code: the producer and the consumer are the
+SDK's `taproot.core.SessionCore`; the two forwarding hops are the real
+`replicas.relay.Relay`, the code the proxy and the replicas run; the primary
+runs the real admission checks (`primary.admission`), the express lane's GUID
+history (`primary.express.GuidHistory`) and the dispatcher with its flow
+control and redelivery (`primary.dispatcher.QueueDispatcher`). Only the Delta
+commit is modelled: ACK only after the commit; a crash loses what is not
+committed, never what is, and recovery rebuilds the history and the
+unconfirmed messages from the log. Time is an integer millisecond clock;
 nothing sleeps and nothing is random but the seeded generator, so a failing
 seed replays exactly.
+
+The invariants (`check_always`, `check_end`) each carry a stable phrase;
+`tests/test_simulation.py` shows each one failing on a seeded bug.
 
 Faults: cut any link (the lower side reconnects after a random delay), crash
 the primary (it restarts from its committed log with a new epoch). Links do not
@@ -27,9 +33,15 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from conf import parse_domain
+from primary import admission
+from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
+from primary.express import GuidHistory
 from protocol import ResultCode, pb, status
 from protocol.retransmit import RetransmissionLimits
 from replicas.relay import UPSTREAM, Relay
+from taproot.batching import BatchPolicy
+from taproot.core import QueueRecord, SessionCore
 
 URI = "taproot://sim/q"
 
@@ -86,48 +98,75 @@ class Endpoint:
 
 
 class Client(Endpoint):
-    """The SDK model: one queue; a producer keeps every PUT until its ACK and
-    resends them in order after reopening; a consumer confirms what it gets."""
+    """The SDK: the real `taproot.core.SessionCore` with one queue; the
+    application counts every answer the core gives to each PUT, and a
+    consumer confirms what it gets."""
 
-    def __init__(self, sim: "Simulation", name: str, upper: "Endpoint", read: bool):
+    def __init__(self, sim: "Simulation", name: str, upper: "Endpoint", read: bool, limits: RetransmissionLimits):
         self.sim, self.name, self.upper, self.read = sim, name, upper, read
+        self.core = SessionCore(batch=BatchPolicy(linger_ms=2, max_messages=50), limits=limits)
+        self.core.add_queue(QueueRecord(1, URI, read=read, write=not read,
+                                        open_request=pb.OpenQueue(queue_id=1, uri=URI, read=read, write=not read)))
         self.link: Link | None = None
-        self.pending: dict[bytes, pb.PutMessage] = {}
-        self.acks: dict[bytes, int] = {}       # GUID -> number of ACKs seen by the application
-        self.failed: dict[bytes, int] = {}
+        self.acks: dict[bytes, int] = {}       # GUID -> answers with SUCCESS the application saw
+        self.failed: dict[bytes, int] = {}     # GUID -> answers with a failure
         self.delivered: list[bytes] = []
-        self.requests = itertools.count(1)
 
     def connect(self) -> None:
         self.link = Link(self.sim, self.name, self, self.upper)
         self.upper.accept(self.link)
-        self.link.send_up(pb.Frame(open_queue=pb.OpenQueue(request_id=next(self.requests), queue_id=1, uri=URI,
-                                                           read=self.read, write=not self.read)))
-        if self.pending:
-            self.link.send_up(pb.Frame(put=pb.PutBatch(messages=list(self.pending.values()))))
+        first = self.core.connections == 0
+        self.core.connected(self.link.name, self.sim.now)
+        if first:
+            q = self.core.queues[1]
+            self.core.request(pb.Frame(open_queue=q.open_request), "open_queue", "open")
+        self._carry_out()
 
     def post(self, guid: bytes) -> None:
-        message = pb.PutMessage(queue_id=1, guid=guid, payload=guid)
-        self.pending[guid] = message
-        if self.link is not None and self.link.alive:
-            self.link.send_up(pb.Frame(put=pb.PutBatch(messages=[message])))
+        refused = self.core.post(1, pb.PutMessage(queue_id=1, guid=guid, payload=guid), guid, self.sim.now)
+        if refused is not None:
+            self.failed[guid] = self.failed.get(guid, 0) + 1
+        self._carry_out()
+
+    def _carry_out(self) -> None:
+        effects = self.core.take()
+        while effects:
+            self._carry_out_once(effects)
+            effects = self.core.take()  # what answering these produced (confirms, a resend)
+
+    def _carry_out_once(self, effects) -> None:
+        for frame in effects.frames:
+            if self.link is not None and self.link.alive:
+                self.link.send_up(frame)
+        for token, result in effects.answered:
+            bucket = self.failed if isinstance(result, Exception) else self.acks
+            bucket[token] = bucket.get(token, 0) + 1
+        for token, response in effects.responses:
+            if token == "open" and not isinstance(response, Exception) \
+                    and response.status.code == ResultCode.SUCCESS:
+                self.core.opened(1, response)
+        if effects.pushes:
+            guids = [m.guid for m in effects.pushes]
+            self.delivered.extend(guids)
+            self.core.confirm(1, guids, self.sim.now)
+            self.core.flush()
 
     def receive_from_above(self, link: Link, frame: pb.Frame) -> None:
-        kind = frame.WhichOneof("body")
-        if kind == "ack":
-            for ack in frame.ack.messages:
-                if self.pending.pop(ack.guid, None) is not None:
-                    bucket = self.acks if ack.code == ResultCode.SUCCESS else self.failed
-                    bucket[ack.guid] = bucket.get(ack.guid, 0) + 1
-        elif kind == "push":
-            guids = [m.guid for m in frame.push.messages]
-            self.delivered.extend(guids)
-            link.send_up(pb.Frame(confirm=pb.ConfirmBatch(messages=[
-                pb.ConfirmMessage(queue_id=1, guid=g) for g in guids])))
+        if link is self.link:
+            self.core.on_frame(frame)
+            self._carry_out()
 
     def above_lost(self, link: Link) -> None:
+        if link is not self.link:
+            return
         self.link = None
+        self.core.connection_lost("cut")
+        self._carry_out()
         self.sim.schedule(self.sim.rng.randint(1, 50), self.connect)
+
+    def tick(self) -> None:
+        self.core.tick(self.sim.now)
+        self._carry_out()
 
 
 class Hop(Endpoint):
@@ -175,13 +214,17 @@ class Hop(Endpoint):
 
 
 class Primary(Endpoint):
-    """The primary, its durable log and the pipeline's dedup, as a model."""
+    """The primary: the real admission checks, express GUID history and
+    dispatcher (`primary.admission`, `primary.express`, `primary.dispatcher`);
+    the Delta commits are modelled (a group commit makes PUTs durable, then
+    they are ACKed; a crash loses what is not committed, never what is)."""
 
     def __init__(self, sim: "Simulation"):
         self.sim = sim
-        self.log: list[bytes] = []          # committed PUTs (durable: survives a crash)
+        self.domains = {"sim": parse_domain("sim", {})}
+        self.log: list[tuple[bytes, int]] = []   # committed PUTs (GUID, commit time): durable
         self.log_set: set[bytes] = set()
-        self.confirmed: set[bytes] = set()  # durable too
+        self.confirmed: set[bytes] = set()      # durable too
         self.epoch = 1
         self.up = True
         self._volatile()
@@ -189,16 +232,23 @@ class Primary(Endpoint):
     def _volatile(self) -> None:
         self.links: dict[Link, dict[int, bool]] = {}     # link -> queue id -> read
         self.uncommitted: list[tuple[Link, pb.PutMessage]] = []
-        self.in_flight: dict[bytes, tuple[Link, int]] = {}   # pushed, unconfirmed
-        self.delivery: list[bytes] = []                      # the pipeline's output, deduplicated
-        self.seen: set[bytes] = set()
-        self.piped = 0
+        self.history = GuidHistory(self.domains["sim"].dedup_history_window_ms * 1000)
+        self.dispatcher = QueueDispatcher()
 
     def accept(self, link: Link) -> None:
         if not self.up:
             self.sim.schedule(0, link.cut)  # nobody listening: the connection fails
             return
         self.links[link] = {}
+
+    def _push(self, pushes) -> None:
+        by_link: dict[Link, list[pb.PushMessage]] = {}
+        for (link, queue_id), message in pushes:
+            by_link.setdefault(link, []).append(pb.PushMessage(
+                queue_id=queue_id, guid=message.guid, payload=message.payload,
+                delivery_count=message.delivery_count))
+        for link, messages in by_link.items():
+            link.send_down(pb.Frame(push=pb.PushBatch(messages=messages)))
 
     def receive_from_below(self, link: Link, frame: pb.Frame) -> None:
         if not self.up or link not in self.links:
@@ -207,73 +257,68 @@ class Primary(Endpoint):
         queues = self.links[link]
         if kind == "open_queue":
             req = frame.open_queue
+            checked = admission.check_open(req, self.domains)
+            response = pb.OpenQueueResponse(request_id=req.request_id, queue_id=req.queue_id)
+            if isinstance(checked, admission.Refusal):
+                response.status.CopyFrom(status(checked.code, checked.message))
+                link.send_down(pb.Frame(open_queue_response=response))
+                return
+            response.dedup_history_window_ms = checked.domain.dedup_history_window_ms
+            link.send_down(pb.Frame(open_queue_response=response))
             queues[req.queue_id] = req.read
-            link.send_down(pb.Frame(open_queue_response=pb.OpenQueueResponse(
-                request_id=req.request_id, queue_id=req.queue_id, status=status(ResultCode.SUCCESS),
-                dedup_history_window_ms=60_000)))
+            if req.read:
+                self._push(self.dispatcher.add_consumer((link, req.queue_id), ConsumerOptions(20, 1 << 20)))
         elif kind == "put":
+            nacks = []
             for message in frame.put.messages:
-                if message.queue_id in queues:
+                refused = (admission.Refusal(ResultCode.INVALID_ARGUMENT, "queue id not open")
+                           if message.queue_id not in queues else admission.check_put(message, self.domains["sim"]))
+                if refused is None:
                     self.uncommitted.append((link, message))
                 else:
-                    link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
-                        queue_id=message.queue_id, guid=message.guid, code=ResultCode.INVALID_ARGUMENT)])))
+                    nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
+                                               code=refused.code, message=refused.message))
+            if nacks:
+                link.send_down(pb.Frame(ack=pb.AckBatch(messages=nacks)))
         elif kind == "confirm":
             for message in frame.confirm.messages:
-                if self.in_flight.get(message.guid, (None, 0))[0] is link:
-                    del self.in_flight[message.guid]
+                stored, more = self.dispatcher.confirm((link, message.queue_id), message.guid)
+                if stored is not None:
                     self.confirmed.add(message.guid)
+                self._push(more)
         elif kind == "close_queue":
-            queues.pop(frame.close_queue.queue_id, None)
-            self._release(link, frame.close_queue.queue_id)
+            req = frame.close_queue
+            if queues.pop(req.queue_id, None):
+                self._push(self.dispatcher.remove_consumer((link, req.queue_id)))
+            link.send_down(pb.Frame(close_queue_response=pb.CloseQueueResponse(
+                request_id=req.request_id, queue_id=req.queue_id, status=status(ResultCode.SUCCESS))))
         elif kind == "configure_queue":
-            return  # flow control is not modelled: the primary caps each consumer at 20 in flight
-
-    def _release(self, link: Link, queue_id: int | None = None) -> None:
-        for guid, (holder, qid) in list(self.in_flight.items()):
-            if holder is link and (queue_id is None or qid == queue_id):
-                del self.in_flight[guid]
+            req = frame.configure_queue
+            link.send_down(pb.Frame(configure_queue_response=pb.ConfigureQueueResponse(
+                request_id=req.request_id, queue_id=req.queue_id, status=status(ResultCode.SUCCESS))))
 
     def below_lost(self, link: Link) -> None:
-        self.links.pop(link, None)
-        self._release(link)  # its unconfirmed messages go to the next consumer
+        queues = self.links.pop(link, {})
+        for queue_id, read in queues.items():
+            if read:  # its unconfirmed messages go to the next consumer
+                self._push(self.dispatcher.remove_consumer((link, queue_id)))
 
     def tick(self) -> None:
-        if not self.up:
+        if not self.up or not self.uncommitted or self.sim.rng.random() >= 0.7:
             return
-        # Group commit: everything waiting becomes durable, then it is ACKed.
-        if self.uncommitted and self.sim.rng.random() < 0.7:
-            batch, self.uncommitted = self.uncommitted, []
-            self.log.extend(m.guid for _, m in batch)
-            self.log_set.update(m.guid for _, m in batch)
-            for link, message in batch:
-                if link.alive:
-                    link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
-                        queue_id=message.queue_id, guid=message.guid, code=ResultCode.SUCCESS)])))
-        # The pipeline: GUID dedup over the committed log.
-        while self.piped < len(self.log):
-            guid = self.log[self.piped]
-            self.piped += 1
-            if guid not in self.seen:
-                self.seen.add(guid)
-                self.delivery.append(guid)
-        # Push what is neither confirmed nor held, to the first consumer with room.
-        consumers = [(link, qid) for link, queues in self.links.items() for qid, read in queues.items() if read]
-        if not consumers:
-            return
-        link, qid = consumers[0]
-        held = sum(1 for holder, _ in self.in_flight.values() if holder is link)
-        pushes = []
-        for guid in self.delivery:
-            if held >= 20:
-                break
-            if guid in self.confirmed or guid in self.in_flight:
-                continue
-            self.in_flight[guid] = (link, qid)
-            pushes.append(pb.PushMessage(queue_id=qid, guid=guid, payload=guid))
-            held += 1
-        if pushes:
-            link.send_down(pb.Frame(push=pb.PushBatch(messages=pushes)))
+        # Group commit: everything waiting becomes durable, then it is ACKed,
+        # then the express lane decides what to push (duplicates by GUID not).
+        batch, self.uncommitted = self.uncommitted, []
+        now_us = self.sim.now * 1000
+        self.log.extend((m.guid, now_us) for _, m in batch)
+        self.log_set.update(m.guid for _, m in batch)
+        for link, message in batch:
+            if link.alive:
+                link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
+                    queue_id=message.queue_id, guid=message.guid, code=ResultCode.SUCCESS)])))
+        duplicates = self.history.commit([m.guid for _, m in batch], now_us)
+        fresh = [StoredMessage(m.guid, 0, m.payload) for (_, m), dup in zip(batch, duplicates) if not dup]
+        self._push(self.dispatcher.add_messages(fresh))
 
     def crash(self) -> None:
         self.sim.log.append(f"{self.sim.now}: primary crash (epoch {self.epoch})")
@@ -286,13 +331,17 @@ class Primary(Endpoint):
     def restart(self) -> None:
         self.epoch += 1
         self.up = True
-        # Recovery: the delivery log is rebuilt from the committed log.
+        # Recovery: the GUID history from the log, and what is not confirmed back to delivery.
+        seen: set[bytes] = set()
+        first = [(g, at) for g, at in self.log if not (g in seen or seen.add(g))]
+        self.history.load(first)
+        self.dispatcher.add_messages(StoredMessage(g, 0, g) for g, _ in first if g not in self.confirmed)
         self.sim.log.append(f"{self.sim.now}: primary back (epoch {self.epoch})")
 
 
 class Simulation:
     def __init__(self, seed: int, messages: int = 200, faults: int = 6,
-                 limits: RetransmissionLimits | None = None):
+                 limits: RetransmissionLimits | None = None, session_limits: RetransmissionLimits | None = None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0
@@ -304,8 +353,8 @@ class Simulation:
         self.primary = Primary(self)
         self.replica = Hop(self, "replica", self.primary, limits)
         self.proxy = Hop(self, "proxy", self.replica, limits)
-        self.producer = Client(self, "producer", self.proxy, read=False)
-        self.consumer = Client(self, "consumer", self.proxy, read=True)
+        self.producer = Client(self, "producer", self.proxy, read=False, limits=session_limits or limits)
+        self.consumer = Client(self, "consumer", self.proxy, read=True, limits=session_limits or limits)
         self.messages = messages
         self.faults = faults
         self.posted: list[bytes] = []
@@ -346,6 +395,8 @@ class Simulation:
             self.check_always()
 
     def _tick(self) -> None:
+        self.producer.tick()
+        self.consumer.tick()
         self.primary.tick()
         self.proxy.tick()
         self.replica.tick()
@@ -359,7 +410,7 @@ class Simulation:
 
     def check_always(self) -> None:
         """Invariants after every step (the ACK checks only when ACKs changed)."""
-        answered = len(self.producer.acks) + len(self.producer.failed)
+        answered = sum(self.producer.acks.values()) + sum(self.producer.failed.values())
         if answered == getattr(self, "_answered", -1):
             return
         self._answered = answered

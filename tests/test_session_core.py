@@ -31,8 +31,17 @@ def core_with_queue(**kwargs) -> SessionCore:
     core.connected("h1", 0)
     core.add_queue(QueueRecord(1, "taproot://d/q", read=False, write=True,
                                open_request=pb.OpenQueue(queue_id=1, uri="taproot://d/q", write=True)))
+    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=status(ResultCode.SUCCESS)))
     core.take()
     return core
+
+
+def reopened(core: SessionCore, frames, window_ms: int = 0) -> None:
+    """Answer the reopen among `frames` with SUCCESS."""
+    reopen, = [f.open_queue for f in frames if f.WhichOneof("body") == "open_queue"]
+    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.request_id, queue_id=reopen.queue_id, status=status(ResultCode.SUCCESS),
+        dedup_history_window_ms=window_ms)))
 
 
 def sent_guids(frames) -> list[bytes]:
@@ -88,7 +97,7 @@ def test_puts_batch_until_full_or_their_linger_time_and_each_ack_answers_once():
     assert len(core.buffer) == 1
 
 
-def test_a_reconnection_reopens_every_queue_before_resending_every_unacked_put_in_order():
+def test_a_reconnection_reopens_every_queue_and_resends_its_unacked_puts_in_order_once_it_is_open():
     core = core_with_queue()
     for i in range(1, 5):
         core.post(1, put(i), i, now_ms=0)
@@ -102,19 +111,22 @@ def test_a_reconnection_reopens_every_queue_before_resending_every_unacked_put_i
     assert effects.frames == []
     core.connected("h2", 2)
     effects = core.take()
-    assert effects.frames[0].WhichOneof("body") == "open_queue"
-    assert sent_guids(effects.frames[1:]) == [g(1), g(3), g(4), g(5)]
+    assert [f.WhichOneof("body") for f in effects.frames] == ["open_queue"]
     assert effects.events == [events.Reconnected("h2", 4)]
-    reopen = effects.frames[0].open_queue
-    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
-        request_id=reopen.request_id, queue_id=1, status=status(ResultCode.SUCCESS), dedup_history_window_ms=5000)))
-    assert core.take().events == [events.StateRestored("h2", 1, ())]
+    core.post(1, put(6), 6, now_ms=3)                 # the queue is not open yet: it waits too
+    core.flush()
+    assert core.take().frames == []
+    reopened(core, effects.frames, window_ms=5000)
+    effects = core.take()
+    assert sent_guids(effects.frames) == [g(1), g(3), g(4), g(5), g(6)]
+    assert effects.events == [events.StateRestored("h2", 1, ())]
     assert core.queues[1].timeout_ms == 5000
 
 
-def test_a_refused_reopen_ends_that_queue():
+def test_a_refused_reopen_ends_that_queue_and_answers_its_puts():
     core = core_with_queue()
     core.connection_lost("x")
+    core.post(1, put(1), "p", now_ms=0)
     core.connected("h2", 0)
     reopen = core.take().frames[0].open_queue
     core.on_frame(pb.Frame(error=pb.FrameError(request_id=reopen.request_id,
@@ -122,6 +134,9 @@ def test_a_refused_reopen_ends_that_queue():
     effects = core.take()
     assert effects.closed == [1] and 1 not in core.queues
     assert effects.events == [events.StateRestored("h2", 0, ("taproot://d/q",))]
+    (token, error), = effects.answered
+    assert token == "p" and error.code == ResultCode.REFUSED and "unknown domain" in str(error)
+    assert len(core.buffer) == 0
 
 
 def test_stop_request_holds_puts_for_the_next_host_while_acks_and_confirms_flow():
@@ -137,6 +152,7 @@ def test_stop_request_holds_puts_for_the_next_host_while_acks_and_confirms_flow(
     assert sent_guids(frames) == [] and [f.WhichOneof("body") for f in frames] == ["confirm"]
     core.connection_lost("host stopped")
     core.connected("h2", 1)
+    reopened(core, core.take().frames)
     assert sent_guids(core.take().frames) == [g(1)]
 
 
@@ -183,8 +199,9 @@ def test_columnar_frames_keep_their_place_in_put_order_across_a_resend():
     assert first == ["put", "put_columns"]            # the batched single went first
     core.connection_lost("x")
     core.connected("h2", 1)
+    reopened(core, core.take().frames)
     resent = [f.WhichOneof("body") for f in core.take().frames]
-    assert resent == ["open_queue", "put", "put_columns", "put"]
+    assert resent == ["put", "put_columns", "put"]
     core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=g(2) + g(3))))
     assert core.take().answered == [("cols", [g(2), g(3)])]
     assert core.buffer.messages == 2

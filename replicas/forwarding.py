@@ -1,0 +1,116 @@
+"""The replica's forwarding: a node relaying the queues of partitions it does
+not lead to their primary.
+
+One `Upstream` (the relay every hop runs, with its retransmission buffer) per
+such partition, shared by every link below; the upstream follows the
+partition's primary as leases move (`leaders(p)` says where it is). A frame
+from below may mix queues this node serves and queues it relays: `split`
+forwards the relayed part and hands back the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable
+
+from protocol import pb
+from protocol.retransmit import RetransmissionLimits
+from protocol.stream import Link
+from replicas.upstream import Upstream
+
+# Frames that name one of a link's queues (the rest concern the link itself).
+QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "configure_queue", "close_queue", "stop_request"})
+
+
+class Forwarding:
+    def __init__(self, leaders: Callable[[int], list[str]], name: str, limits: RetransmissionLimits):
+        self._leaders = leaders
+        self._name = name
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._upstreams: dict[int, Upstream] = {}               # partition -> its upstream
+        self._relayed: dict[Link, dict[int, Upstream]] = {}     # link -> queue id -> upstream
+
+    def _upstream(self, partition: int) -> Upstream:
+        with self._lock:
+            upstream = self._upstreams.get(partition)
+            if upstream is None:
+                upstream = self._upstreams[partition] = Upstream(
+                    functools.partial(self._leaders, partition), name=f"{self._name}-p{partition}",
+                    limits=self._limits)
+                upstream.start()
+            return upstream
+
+    def relays(self, link: Link, queue_id: int) -> bool:
+        return queue_id in self._relayed.get(link, {})
+
+    @property
+    def links(self) -> set[Link]:
+        with self._lock:
+            return set(self._relayed)
+
+    def open(self, link: Link, req: pb.OpenQueue, partition: int) -> None:
+        """Relay this open (and from now on this queue's frames) to the partition's primary."""
+        upstream = self._upstream(partition)
+        with self._lock:
+            self._relayed.setdefault(link, {})[req.queue_id] = upstream
+        upstream.on_frame(link, pb.Frame(open_queue=req))
+
+    def split(self, link: Link, frame: pb.Frame) -> pb.Frame | None:
+        """Forward the part of `frame` that concerns relayed queues; return
+        what is left for this node (None: nothing)."""
+        relayed = self._relayed.get(link)
+        kind = frame.WhichOneof("body")
+        if not relayed or kind not in QUEUE_FRAMES:
+            return frame
+        if kind in ("put", "confirm"):
+            batch = getattr(frame, kind)
+            if not any(m.queue_id in relayed for m in batch.messages):
+                return frame
+            by_upstream: dict[Upstream, list] = {}
+            local = []
+            for message in batch.messages:
+                upstream = relayed.get(message.queue_id)
+                if upstream is None:
+                    local.append(message)
+                else:
+                    by_upstream.setdefault(upstream, []).append(message)
+            frame_type = pb.PutBatch if kind == "put" else pb.ConfirmBatch
+            for upstream, messages in by_upstream.items():
+                upstream.on_frame(link, pb.Frame(**{kind: frame_type(messages=messages)}))
+            return pb.Frame(**{kind: frame_type(messages=local)}) if local else None
+        if kind == "stop_request":
+            for upstream in set(relayed.values()):
+                upstream.on_frame(link, frame)
+            return frame  # the node's own queues on this link pause too
+        body = getattr(frame, kind)
+        with self._lock:
+            upstream = relayed.pop(body.queue_id, None) if kind == "close_queue" else relayed.get(body.queue_id)
+        if upstream is None:
+            return frame
+        upstream.on_frame(link, frame)
+        return None
+
+    def close_link(self, link: Link) -> None:
+        with self._lock:
+            relayed = self._relayed.pop(link, {})
+        for upstream in set(relayed.values()):
+            upstream.close_link(link)
+
+    def pause_consumers(self) -> None:
+        """Consumers below relayed queues get nothing new (a graceful stop)."""
+        for upstream in self._all():
+            upstream.pause_consumers()
+
+    @property
+    def drained(self) -> bool:
+        return all(upstream.relay.drained for upstream in self._all())
+
+    def stop(self) -> None:
+        for upstream in self._all():
+            upstream.stop()
+
+    def _all(self) -> list[Upstream]:
+        with self._lock:
+            return list(self._upstreams.values())

@@ -1,0 +1,78 @@
+"""An open whose partition has no primary yet is parked, not slept on: the
+link's other frames keep flowing meanwhile (a node in-process, real delta-rs
+tables in a temp directory, no JVM)."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
+from primary.node import Node
+from protocol import ResultCode, pb
+from protocol.stream import Link
+from protocol.uri import parse_queue_uri, partition_of
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+LEASE_MS = 6000   # the absent node2 is partition 1's preferred primary: node1 waits half a lease for it
+
+
+def uri_on(partition: int, partitions: int = 2) -> str:
+    for i in range(100):
+        uri = f"taproot://d/q{i}"
+        parsed = parse_queue_uri(uri)
+        assert not isinstance(parsed, str)
+        if partition_of(parsed, partitions) == partition:
+            return uri
+    raise AssertionError("no queue name maps there")
+
+
+def frames(link: Link, timeout_s: float) -> list[tuple[float, pb.Frame]]:
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            frame = link._out.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        got.append((time.monotonic(), frame))
+    return got
+
+
+def test_an_open_waiting_for_a_failover_is_parked_while_the_links_other_frames_flow(tmp_path):
+    config = ClusterConfig(data_dir=str(tmp_path), partitions=2,
+                           nodes=(NodeConfig("node1", port=1), NodeConfig("node2", port=2)),
+                           ha=HaConfig(lease_duration_ms=LEASE_MS, lease_renew_interval_ms=500),
+                           domains={"d": parse_domain("d", {})})
+    node = Node(config, "node1")
+    node.start("127.0.0.1:1")
+    try:
+        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving partition 0")
+        assert 1 not in node.partitions                      # node2's, free for half a lease
+        link = Link("client")
+        node.open_link(link)
+        started = time.monotonic()
+        node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=uri_on(1), write=True)))
+        parked_for = time.monotonic() - started
+        node.on_frame(link, pb.Frame(heartbeat=pb.Heartbeat()))
+        node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=2, queue_id=2, uri=uri_on(0), write=True)))
+        node.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[
+            pb.PutMessage(queue_id=2, guid=bytes(16), payload=b"meanwhile")])))
+        handled_in = time.monotonic() - started
+        answered = frames(link, LEASE_MS / 1000 + 10)
+    finally:
+        node.stop(graceful=False)
+    assert parked_for < 0.5 and handled_in < 2, (parked_for, handled_in)
+    kinds = [(f.WhichOneof("body"), at - started) for at, f in answered]
+    order = [k for k, _ in kinds]
+    assert order[:3] == ["heartbeat", "open_queue_response", "ack"], kinds
+    first = answered[1][1].open_queue_response
+    assert first.request_id == 2 and first.status.code == ResultCode.SUCCESS
+    assert answered[2][1].ack.messages[0].code == ResultCode.SUCCESS
+    late = [f.open_queue_response for _, f in answered if f.WhichOneof("body") == "open_queue_response"
+            and f.open_queue_response.request_id == 1]
+    assert len(late) == 1 and late[0].status.code == ResultCode.SUCCESS, kinds
+    assert kinds[2][1] < 2.5 < [t for k, t in kinds if k == "open_queue_response"][-1], kinds
