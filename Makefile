@@ -29,11 +29,11 @@ test: setup
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
+	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m pytest -m unit
 
 typecheck: $(STAMP)
-	$(BIN)/python -m pip install --quiet mypy
-	$(BIN)/python -m mypy taproot primary proxies replicas pipelines storage conf protocol
+	$(BIN)/python -m mypy
 
 # BlazingMQ's scenarios against an embedded cluster; plots and JSON in bench-out/.
 bench: setup

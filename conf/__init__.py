@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+import tomllib
 
 from protocol import limits
 from protocol.retransmit import RetransmissionLimits
@@ -101,7 +102,7 @@ class PipelineConfig:
 @dataclass(frozen=True)
 class MaintenanceConfig:
     # How often the running pipeline removes finished history, compacts and
-    # vacuums (pipelines/maintenance.py); 0: only by hand (`taproot maintain`).
+    # vacuums (pipelines/retention.py); 0: only by hand (`taproot maintain`).
     interval_s: int = 3600
     # Vacuum keeps files younger than this: the furthest a reader (the dedup
     # stream, a time-travel query) may lag behind.

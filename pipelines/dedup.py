@@ -32,8 +32,7 @@ from pyspark.sql import functions as F
 
 from conf import DomainConfig
 from pipelines.fanout import DomainsProvider, target_apps_sql
-from storage.tables import (DELIVERY_LEGACY_COLUMNS, DELIVERY_PUTS_VERSION_KEY, DELIVERY_SCHEMA,
-                            PartitionPaths)
+from storage.tables import DELIVERY_LEGACY_COLUMNS, DELIVERY_PUTS_VERSION_KEY, DELIVERY_SCHEMA, PartitionPaths
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     remove_crash_leftovers(paths.dedup_checkpoint)
     legacy = legacy_delivery_columns(spark, paths.delivery)
     # skipChangeCommits: retention removes finished history from the PUT log
-    # (pipelines/maintenance.py); those commits hold no new PUTs.
+    # (pipelines/retention.py); those commits hold no new PUTs.
     puts = (spark.readStream.format("delta")
             .option("maxFilesPerTrigger", max_files_per_trigger)
             .option("skipChangeCommits", "true")

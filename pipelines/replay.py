@@ -34,8 +34,8 @@ import sys
 import time
 import uuid
 from concurrent.futures import Future
-from os.path import join
 from dataclasses import dataclass, field
+from os.path import join
 from typing import Callable
 
 import pyarrow as pa

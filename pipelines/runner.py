@@ -16,12 +16,12 @@ import pyarrow as pa
 import conf
 from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
-from pipelines.maintenance import maintain
+from pipelines.retention import maintain
 from protocol import pb, pb_grpc
 from protocol.stream import write_ready_file
 from storage import deltars, tables
-from storage.leases import LeaseTable
 from storage import spark as spark_factory
+from storage.leases import LeaseTable
 
 log = logging.getLogger(__name__)
 

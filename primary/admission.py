@@ -10,8 +10,8 @@ state, are asked separately (`primary.quota`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from conf import DomainConfig
 from primary.dispatcher import ConsumerOptions
 from protocol import ResultCode, pb
 from protocol.codes import COMPRESSION_NAMES
@@ -19,6 +19,9 @@ from protocol.expression import ExpressionError, compile_expression
 from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH
 from protocol.properties import validate_wire
 from protocol.uri import QueueUri, parse_queue_uri
+
+if TYPE_CHECKING:
+    from conf import DomainConfig
 
 COMPRESSIONS = (pb.COMPRESSION_NONE, *COMPRESSION_NAMES)
 PAUSED = ConsumerOptions(0, 0, 0)
@@ -34,7 +37,7 @@ class Refusal:
 class Open:
     """An open that passed every check: where it goes and with what options."""
     uri: QueueUri
-    domain: DomainConfig
+    domain: "DomainConfig"
     options: ConsumerOptions      # the domain's defaults filled in (read queues)
 
 
@@ -55,7 +58,7 @@ def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions)
                            options.consumer_priority, tuple(subscriptions))
 
 
-def check_open(req: pb.OpenQueue, domains: dict[str, DomainConfig]) -> Open | Refusal:
+def check_open(req: pb.OpenQueue, domains: "dict[str, DomainConfig]") -> Open | Refusal:
     """The URI, the domain, the access asked for, the app id against the
     domain's mode and apps, and the consumer options."""
     uri = parse_queue_uri(req.uri)
@@ -84,7 +87,7 @@ def check_open(req: pb.OpenQueue, domains: dict[str, DomainConfig]) -> Open | Re
     return Open(uri, domain, options)
 
 
-def check_capacity(domain: DomainConfig, queue: str, read: bool, write: bool, consumers: int,
+def check_capacity(domain: "DomainConfig", queue: str, read: bool, write: bool, consumers: int,
                    producers: int) -> Refusal | None:
     """The domain's max_consumers / max_producers per queue."""
     for wanted, count, limit, what in ((read, consumers, domain.max_consumers, "consumers"),
@@ -95,7 +98,7 @@ def check_capacity(domain: DomainConfig, queue: str, read: bool, write: bool, co
     return None
 
 
-def check_put(message: pb.PutMessage, domain: DomainConfig) -> Refusal | None:
+def check_put(message: pb.PutMessage, domain: "DomainConfig") -> Refusal | None:
     """One PUT to a queue open for writing: GUID, payload size, compression, properties."""
     if len(message.guid) != GUID_LENGTH:
         return Refusal(ResultCode.INVALID_ARGUMENT, f"GUID must be {GUID_LENGTH} bytes, got {len(message.guid)}")

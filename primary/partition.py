@@ -11,7 +11,7 @@ own decision for each row to the delivery log; the tailer reconciles the two
 payload: messages are read from the PUT log by seq when needed.
 
 Threads: one group-commit thread for PUTs, one for CONFIRMs, one tailer for
-the delivery log, and one compactor per owned table (`maintenance.py`).
+the delivery log, and one compactor per owned table (`compaction.py`).
 Routing state (`QueueState.dispatcher`) is guarded by `Partition.lock`; the
 express decisions by `Partition._decisions_lock`, which the PUT commit holds
 from before its Delta commit until its decisions are recorded, so the tailer
@@ -28,9 +28,9 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import pyarrow as pa
@@ -38,18 +38,18 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
+from primary.compaction import Compactor
 from primary.dispatcher import QueueDispatcher, StoredMessage
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
-from primary.maintenance import Compactor
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
+from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
 from storage.leases import Fenced
-from protocol.clock import wall_time_us
 
 if TYPE_CHECKING:
     from primary.links import Link
@@ -429,7 +429,8 @@ class Partition:
             parts.append(self._rows(
                 [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
                 pa.array([i.message.payload for i in singles], pa.binary()),
-                pa.array([p[0] for p in props], tables.PROPERTY_MAP), pa.array([p[1] for p in props], tables.PROPERTY_MAP),
+                pa.array([p[0] for p in props], tables.PROPERTY_MAP),
+                pa.array([p[1] for p in props], tables.PROPERTY_MAP),
                 pa.array([i.message.put_time_us or None for i in singles], pa.int64()),
                 pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
         for bulk in bulks:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import conf
 from primary.node import Node
-from protocol.procstat import stat_fields
 from protocol import pb, pb_grpc
+from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
 
 log = logging.getLogger(__name__)

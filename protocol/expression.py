@@ -237,8 +237,8 @@ class _Typer:
                 if lt and rt and lt != rt:
                     for node_, other in ((left, rt), (right, lt)):
                         if node_[0] == "prop":
-                            raise ExpressionError(f"property {node_[1]!r} is used both as {lt if node_ is left else rt} "
-                                                  f"and as {other}")
+                            used = lt if node_ is left else rt
+                            raise ExpressionError(f"property {node_[1]!r} is used both as {used} and as {other}")
                     raise ExpressionError(f"{op} compares a {lt} with a {rt}")
                 side = lt or rt
                 if side is None:

@@ -14,8 +14,8 @@ import threading
 from typing import Sequence
 
 from protocol import pb_grpc
-from protocol.stream import serve_broker, serve_session
 from protocol.retransmit import RetransmissionLimits
+from protocol.stream import serve_broker, serve_session
 from replicas.upstream import Upstream
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from typing import Callable
 import grpc
 
 from protocol import pb, pb_grpc
-from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
 from protocol.retransmit import RetransmissionLimits
+from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
 from replicas.relay import UPSTREAM, Relay
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from protocol import ResultCode
 from taproot.batching import BatchPolicy
-from taproot.errors import (AckError, ConnectionError, InvalidArgumentError, PostError, RefusedError,
-                            RequestError, TaprootError, TimeoutError)
+from taproot.errors import (
+    AckError,
+    ConnectionError,
+    InvalidArgumentError,
+    PostError,
+    RefusedError,
+    RequestError,
+    TaprootError,
+    TimeoutError,
+)
 
 if TYPE_CHECKING:
     from taproot.session import Ack, Message, Queue, Session

@@ -27,7 +27,7 @@ from protocol import ResultCode, pb
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
 from taproot import events
-from taproot.batching import BatchPolicy, Batcher
+from taproot.batching import Batcher, BatchPolicy
 from taproot.errors import AckError, ConnectionError, TaprootError
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,14 @@ EXPIRY_INTERVAL_MS = 500.0      # how often the buffer's time bound is checked
 class ConnectionState(enum.Enum):
     """Where a session stands with its broker.
 
-    | state        | PUTs                        | requests | CONFIRMs | next                          |
-    |--------------|-----------------------------|----------|----------|-------------------------------|
-    | DISCONNECTED | buffered (bounded, refused beyond) | wait | dropped  | CONNECTED, LOST, STOPPED      |
-    | CONNECTED    | sent (the producer waits when the buffer is full) | sent | sent | HELD, DISCONNECTED, LOST, STOPPED |
-    | HELD         | buffered for the next host  | sent     | sent     | DISCONNECTED, LOST, STOPPED   |
-    | LOST         | failed UNKNOWN              | fail     | fail     | (final)                       |
-    | STOPPED      | failed CANCELED             | fail     | fail     | (final)                       |
+    | state        | PUTs                         | requests | CONFIRMs | next                        |
+    |--------------|------------------------------|----------|----------|-----------------------------|
+    | DISCONNECTED | buffered; refused past a bound | wait   | dropped  | CONNECTED, LOST, STOPPED    |
+    | CONNECTED    | sent; a full buffer blocks   | sent     | sent     | HELD, DISCONNECTED, LOST,   |
+    |              |                              |          |          | STOPPED                     |
+    | HELD         | buffered for the next host   | sent     | sent     | DISCONNECTED, LOST, STOPPED |
+    | LOST         | failed UNKNOWN               | fail     | fail     | (final)                     |
+    | STOPPED      | failed CANCELED              | fail     | fail     | (final)                     |
 
     DISCONNECTED is also where a session starts (not started yet) and where
     it waits between hosts. HELD: the host sent StopRequest (it is stopping).

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from protocol.limits import GUID_LENGTH
+
 _PACK = struct.Struct(">Q8s")
 
 

@@ -199,7 +199,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_maintain(args: argparse.Namespace) -> int:
     """Retention and maintenance by hand (the running pipeline also schedules it)."""
     _logging(args.log_level)
-    from pipelines.maintenance import maintain
+    from pipelines.retention import maintain
 
     config = _config(args)
     spark = _spark("taproot-maintain")
@@ -341,8 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", nargs="+", metavar="NAME",
                    help="all (BlazingMQ's table), queues (1 to 10,000 queues over the same 4 clients), or: "
                         "priority-1q priority-10q priority-100q fanout-5c fanout-30c broadcast-1c broadcast-5c "
-                        "queues-1 queues-10 queues-100 queues-1000 queues-10000, and Taproot-only fanout-5c-subs (five apps, "
-                        "three with subscriptions; each app checks it got exactly what its rule matches) "
+                        "queues-1 queues-10 queues-100 queues-1000 queues-10000, and Taproot-only fanout-5c-subs "
+                        "(five apps, three with subscriptions; each app checks it got exactly what its rule "
+                        "matches) "
                         "(default: priority-1q)")
     p.add_argument("--mode", choices=["priority", "fanout", "broadcast"], help="a custom scenario instead")
     p.add_argument("--queues", type=int, help="custom scenario: queues")

@@ -9,8 +9,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from taproot.batching import BatchPolicy
 from protocol.clock import wall_time_us
+from taproot.batching import BatchPolicy
 from taproot.session import Session
 
 

@@ -142,9 +142,8 @@ def test_comparison_table_gives_taproot_over_peer_ratios():
 
 @pytest.mark.integration
 def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
-    from taproot_ops.bench.runner import run
-
     from taproot_ops.bench.cpu import tree_cpu_seconds
+    from taproot_ops.bench.runner import run
 
     # Four queues, two per client session: two producer and two consumer sessions.
     scenario = Scenario("test", "priority", queues=4, queues_per_client=2, rate=400, duration_s=2, size=256)

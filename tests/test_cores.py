@@ -9,7 +9,7 @@ from primary.group_commit import GroupCommitter, GroupPolicy
 from protocol import ResultCode, parse_queue_uri, pb
 from protocol.properties import from_wire, maps_to_wire, to_wire, validate_wire, wire_to_maps
 from taproot import errors
-from taproot.batching import BatchPolicy, Batcher
+from taproot.batching import Batcher, BatchPolicy
 from taproot.guid import GUID_LENGTH, GuidGenerator
 
 

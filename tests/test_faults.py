@@ -23,10 +23,9 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-
 from conftest import cluster_from, wait_until
-from protocol.uri import partition_of
-from protocol.uri import QueueUri
+
+from protocol.uri import QueueUri, partition_of
 from storage import tables
 from storage.leases import LeaseTable
 
@@ -267,10 +266,11 @@ def test_primary_frozen_past_its_lease_is_fenced_and_never_writes_again(tree):
     new = lease(tree, 0)
     assert new.holder != name and new.epoch > old_epoch
     # The PUT log: nothing with the old epoch was committed after the new epoch's first commit.
-    from deltalake import DeltaTable
     import pyarrow as pa
+    from deltalake import DeltaTable
     puts = DeltaTable(tables.PartitionPaths(tree.data_dir, 0).puts)
-    rows = pa.RecordBatchReader.from_stream(puts.load_cdf(starting_version=0, columns=["epoch", "_commit_version"])).read_all()
+    cdf = puts.load_cdf(starting_version=0, columns=["epoch", "_commit_version"])
+    rows = pa.RecordBatchReader.from_stream(cdf).read_all()
     by_epoch: dict[int, list[int]] = {}
     for epoch, version in zip(rows["epoch"].to_pylist(), rows["_commit_version"].to_pylist()):
         by_epoch.setdefault(epoch, []).append(version)

@@ -39,7 +39,8 @@ def test_fanout_domain_with_subscriptions():
                            "subscriptions": {"eu": "region = 'EU'"}, "max_delivery_attempts": 5})
     assert d.apps == ("billing", "eu") and d.subscriptions == {"eu": "region = 'EU'"}
     assert parse_domain("p", {}).apps == ("",)
-    assert parse_domain("p", {}).delivery == "express" and parse_domain("q", {"delivery": "pipeline"}).delivery == "pipeline"
+    assert parse_domain("p", {}).delivery == "express"
+    assert parse_domain("q", {"delivery": "pipeline"}).delivery == "pipeline"
 
 
 def test_corrupt_domain_file_names_the_file(tmp_path):

@@ -4,13 +4,13 @@ fake clock, no sockets. Set TAPROOT_SIM_SEEDS=N to run more schedules."""
 import os
 
 import pytest
-
 import simulation
+from simulation import Simulation
+
 from primary.dispatcher import QueueDispatcher
 from protocol import ResultCode, pb
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
 from replicas.relay import Relay
-from simulation import Simulation
 
 SEEDS = int(os.environ.get("TAPROOT_SIM_SEEDS", "30"))
 

@@ -93,7 +93,8 @@ def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
     latency = spark.sql("SELECT count(*), count(confirm_ms), min(delivery_ms) > 0 FROM taproot_latency "
                         "WHERE queue = 'views'").first()
     assert tuple(latency) == (6, len(got), True)
-    rates = spark.sql("SELECT sum(puts), sum(delivered), sum(confirms) FROM taproot_rates WHERE queue = 'views'").first()
+    rates = spark.sql("SELECT sum(puts), sum(delivered), sum(confirms) FROM taproot_rates "
+                      "WHERE queue = 'views'").first()
     assert tuple(rates) == (6, 6, len(got))
     assert spark.sql("SELECT count(*) FROM taproot_dead_letters WHERE domain = 'keep'").first()[0] == 0
     # The express lane and the pipeline decided these alike.
@@ -102,7 +103,7 @@ def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
 
 
 def test_retention_removes_finished_old_messages_only_and_nothing_comes_back(cluster, spark):
-    from pipelines.maintenance import maintain
+    from pipelines.retention import maintain
 
     finished = post(cluster.proxy_address, "taproot://hist/jobs", [b"done%d" % i for i in range(5)])
     assert len(consume(cluster.proxy_address, "taproot://hist/jobs", 5)) == 5

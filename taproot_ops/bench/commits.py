@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from primary.maintenance import Compactor
+from primary.compaction import Compactor
 from storage import deltars, tables
 
 

@@ -22,7 +22,14 @@ import time
 import pika
 
 from taproot_ops.bench.report import Samples
-from taproot_ops.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
+from taproot_ops.bench.runner import (
+    Shared,
+    in_threads,
+    merge_consumers,
+    merge_producers,
+    payload_factory,
+    push_latency_ms,
+)
 from taproot_ops.bench.scenarios import Scenario
 from taproot_ops.bench.taproot_driver import CONSUMER_WINDOW
 

@@ -22,8 +22,8 @@ def fill(address: str, uri: str, count: int, size: int, frame: int = 5_000) -> f
 
 
 def _delivered(data_dir: str, partitions: int, uri: str) -> int:
-    from protocol.uri import partition_of
     from protocol import parse_queue_uri
+    from protocol.uri import partition_of
     from storage import deltars, tables
 
     parsed = parse_queue_uri(uri)

@@ -8,10 +8,17 @@ import time
 from concurrent.futures import Future
 
 from taproot.batching import BatchPolicy
-from taproot_ops.bench.report import Samples
-from taproot_ops.bench.runner import Shared, in_threads, merge_consumers, merge_producers, payload_factory, push_latency_ms
-from taproot_ops.bench.scenarios import APP_RULES, N_VALUES, Scenario, app_matches
 from taproot.session import Message, Session
+from taproot_ops.bench.report import Samples
+from taproot_ops.bench.runner import (
+    Shared,
+    in_threads,
+    merge_consumers,
+    merge_producers,
+    payload_factory,
+    push_latency_ms,
+)
+from taproot_ops.bench.scenarios import APP_RULES, N_VALUES, Scenario, app_matches
 
 CONSUMER_WINDOW = 10_000  # max unconfirmed messages per consumer
 PRODUCERS_SIGNAL_READY = True  # the runner starts the clock once every producer's queues are open

@@ -8,7 +8,7 @@ p50 ~15 ms, each compaction ~110 ms in the background.
 
 Compaction commits carry dataChange=false, so Spark streams reading the table
 skip them, and they cannot conflict with blind appends. Removed files stay on
-disk until a VACUUM (retention and vacuum are the maintenance pipeline's job).
+disk until a VACUUM (retention and vacuum are `pipelines/retention.py`'s job).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import json
 
 import pyarrow as pa
 
-from primary.maintenance import Compactor
+from primary.compaction import Compactor
 from storage import deltars, tables
 from tests.conftest import wait_until
 
