@@ -26,6 +26,8 @@ run: setup
 	$(BIN)/taproot run
 
 test: setup
+	$(BIN)/python -m ruff check --quiet .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

@@ -282,7 +282,7 @@ def _build(cls: type, raw: Mapping[str, Any], where: str, **fixed: Any) -> Any:
                 raise ConfigError(f"{path}: must be between {lo} and {hi}, got {value}")
         values[key] = value
     missing = [n for n, f in known.items() if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and n not in values]  # type: ignore[misc]
+               and f.default_factory is dataclasses.MISSING and n not in values]
     if missing:
         raise ConfigError(f"{where or 'top level'}: missing required field(s) {', '.join(missing)}")
     return cls(**values)

@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 
 from conf import DomainConfig
 from pipelines.fanout import DomainsProvider, target_apps_sql
@@ -137,7 +138,7 @@ def already_written(delivery_path: str, app_id: str, batch_id: int) -> bool:
 def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
                       trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
                       on_batch: Callable[[int, int], None] | None = None, available_now: bool = False,
-                      domains: DomainsProvider | None = None):
+                      domains: DomainsProvider | None = None) -> StreamingQuery:
     """Start the dedup query for one partition and return it.
 
     `on_batch(partition, batch_id)` runs after each committed batch (the runner

@@ -36,7 +36,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from os.path import join
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -47,6 +47,12 @@ from protocol.properties import maps_to_wire
 from storage import tables
 from taproot import Session, TaprootError
 from taproot.compression import ALGORITHMS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from taproot.session import Queue
+
 
 BULK_ROWS = 5_000                  # messages per columnar PUT frame at full speed
 STAGE_FILE_BYTES = 64 * 1024 * 1024   # payload bytes per staged file (one is in memory at a time)
@@ -80,8 +86,9 @@ class ReplayResult:
                 f"Spark selected and staged them in {self.select_seconds:.1f} s ({overall} msg/s overall)")
 
 
-def select_history(spark, data_dir: str, partitions: int, source: str, *, since: str | None = None,
-                   until: str | None = None, version: int | None = None, where: str | None = None):
+def select_history(spark: "SparkSession", data_dir: str, partitions: int, source: str, *,
+                   since: str | None = None, until: str | None = None, version: int | None = None,
+                   where: str | None = None) -> "DataFrame":
     """The DataFrame of messages to replay (not yet ordered)."""
     from pyspark.sql import functions as F
 
@@ -137,7 +144,7 @@ class _Pacer:
             time.sleep(delay)
 
 
-def replay(spark, data_dir: str, partitions: int, hosts: list[str], source: str, target: str, *,
+def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[str], source: str, target: str, *,
            since: str | None = None, until: str | None = None, version: int | None = None,
            where: str | None = None, rate: float = 0.0, original_rate: bool = False,
            bulk_rows: int = BULK_ROWS, stage_file_bytes: int = STAGE_FILE_BYTES,
@@ -157,7 +164,7 @@ def replay(spark, data_dir: str, partitions: int, hosts: list[str], source: str,
         started = time.monotonic()
         pacer = _Pacer(rate, original_rate)
         with Session(hosts) as session, session.open_queue(target, write=True) as queue:
-            futures: list[tuple[Future, int]] = []
+            futures: list[tuple[Future[Any], int]] = []
             last_report = 0.0
             for chunk in stage.read():
                 if rate or original_rate:
@@ -199,11 +206,12 @@ class _Staged:
         except (FileNotFoundError, OSError):
             pass
 
-    def write(self, history, file_bytes: int) -> int:
+    def write(self, history: "DataFrame", file_bytes: int) -> int:
         """Run the Spark job; return how many messages were selected."""
         from pyspark.sql import functions as F
 
         size = history.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("payload")).alias("bytes")).first()
+        assert size is not None  # an aggregate has one row
         count = int(size.n)
         if count == 0:
             return 0
@@ -213,7 +221,7 @@ class _Staged:
          .write.mode("error").parquet(self.path))
         return count
 
-    def read(self):
+    def read(self) -> Iterator[pa.Table]:
         """The staged rows in `seq` order, a file at a time."""
         import pyarrow.parquet as pq
 
@@ -236,21 +244,22 @@ def _part_number(path: str) -> int:
     return int(name.split("-")[1])
 
 
-def _filesystem(path: str):
+def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem for a local path or an object-store URI (s3a:// is S3)."""
     if "://" not in path:
         return pafs.LocalFileSystem(), path
     if path.startswith("s3a://"):
         path = "s3://" + path[len("s3a://"):]
-    return pafs.FileSystem.from_uri(path)
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return fs, str(inner)
 
 
-def _post_slice(queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, int]) -> list:
+def _post_slice(queue: Queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, int]) -> list[Future[Any]]:
     columns = {name: chunk[name].to_pylist() for name in ("payload", "properties", "property_types",
                                                           "compression")}
     put_us = chunk["put_time"].cast(pa.int64()).to_pylist()
     post = queue._session._post  # the stored bytes as they are: no re-compression, no re-validation
-    futures = []
+    futures: list[Future[Any]] = []
     for i in range(chunk.num_rows):
         pacer.wait(put_us[i])
         futures.append(post(queue, columns["payload"][i],
@@ -259,7 +268,7 @@ def _post_slice(queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, int]) ->
     return futures
 
 
-def _settle(futures: list, result: ReplayResult, block: bool) -> list:
+def _settle(futures: list[tuple[Future[Any], int]], result: ReplayResult, block: bool) -> list[tuple[Future[Any], int]]:
     """Count finished (future, messages) pairs; return the ones still waiting."""
     waiting = []
     for future, count in futures:

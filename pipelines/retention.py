@@ -35,11 +35,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 import conf
 from storage import deltars, tables
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +86,10 @@ def _cutoffs_sql(domains: dict[str, conf.DomainConfig], now: datetime) -> str | 
     return " OR ".join(branches) if branches else None
 
 
-def removable_guids(spark, paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig],
-                    now: datetime):
-    """DataFrame(guid) of the partition's finished, old messages (the newest kept)."""
+def removable_guids(spark: "SparkSession", paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig],
+                    now: datetime) -> "DataFrame | None":
+    """DataFrame(guid) of the partition's finished, old messages (the newest
+    kept); None when no domain has a retention."""
     old = _cutoffs_sql(domains, now)
     if old is None:
         return None
@@ -104,7 +110,7 @@ def removable_guids(spark, paths: tables.PartitionPaths, domains: dict[str, conf
             .select("guid"))
 
 
-def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig], *,
+def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig], *,
                        now: datetime | None = None, vacuum_retention_hours: int = 24,
                        target_file_bytes: int = 16 * 1024 * 1024) -> PartitionReport:
     from delta.tables import DeltaTable as SparkDeltaTable
@@ -167,7 +173,7 @@ def maintain_partition(spark, paths: tables.PartitionPaths, domains: dict[str, c
     return report
 
 
-def maintain(spark, config: conf.ClusterConfig, *, now: datetime | None = None,
+def maintain(spark: "SparkSession", config: conf.ClusterConfig, *, now: datetime | None = None,
              vacuum_retention_hours: int | None = None) -> Report:
     report = Report()
     hours = config.maintenance.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours

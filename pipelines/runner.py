@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import grpc
 import pyarrow as pa
@@ -22,6 +23,11 @@ from protocol.stream import write_ready_file
 from storage import deltars, tables
 from storage import spark as spark_factory
 from storage.leases import LeaseTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ def wait_for_table(path: str, stop: threading.Event, timeout_s: float = 600) -> 
     return False
 
 
-def create_delivery_table(spark, path: str) -> None:
+def create_delivery_table(spark: "SparkSession", path: str) -> None:
     """Create the delivery log (Spark owns it) with its documented schema and
     properties; add the columns a table made by an older Taproot lacks."""
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
@@ -94,7 +100,7 @@ def create_delivery_table(spark, path: str) -> None:
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({ddl})")
 
 
-def warm_up(spark, history_window_ms: int) -> float:
+def warm_up(spark: "SparkSession", history_window_ms: int) -> float:
     """Run the dedup path twice on scratch tables before taking real traffic.
 
     A cold JVM on 2 cores spends tens of seconds in class loading and code
@@ -119,7 +125,7 @@ def warm_up(spark, history_window_ms: int) -> float:
     return time.monotonic() - started
 
 
-def run_maintenance(spark, config: conf.ClusterConfig) -> None:
+def run_maintenance(spark: "SparkSession", config: conf.ClusterConfig) -> None:
     """Scheduled retention and maintenance; a failure is logged and retried next time
     (a conflict with the primary's own compaction is the usual one)."""
     try:
@@ -128,7 +134,7 @@ def run_maintenance(spark, config: conf.ClusterConfig) -> None:
         log.exception("maintenance failed; next attempt in %d s", config.maintenance.interval_s)
 
 
-def log_progress(query, logged: dict[str, int]) -> None:
+def log_progress(query: "StreamingQuery", logged: dict[str, int]) -> None:
     """One log line per new micro-batch: its rows, its duration, and where the time went."""
     for progress in query.recentProgress:
         batch = progress["batchId"]

@@ -10,7 +10,7 @@ state, are asked separately (`primary.quota`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from primary.dispatcher import ConsumerOptions
 from protocol import ResultCode, pb
@@ -58,7 +58,7 @@ def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions)
                            options.consumer_priority, tuple(subscriptions))
 
 
-def check_open(req: pb.OpenQueue, domains: "dict[str, DomainConfig]") -> Open | Refusal:
+def check_open(req: pb.OpenQueue, domains: "Mapping[str, DomainConfig]") -> Open | Refusal:
     """The URI, the domain, the access asked for, the app id against the
     domain's mode and apps, and the consumer options."""
     uri = parse_queue_uri(req.uri)

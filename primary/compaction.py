@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from deltalake import DeltaTable
 
@@ -50,7 +51,7 @@ class Compactor:
             self._commits = 0
             self._wake.set()
 
-    def compact_now(self) -> dict:
+    def compact_now(self) -> dict[str, Any]:
         metrics = DeltaTable(self.path).optimize.compact(target_size=self.target_file_bytes)
         self.compactions += 1
         log.info("%s: compacted %d files into %d", self.name, metrics.get("numFilesRemoved", 0),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from protocol.expression import Expression
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
@@ -43,9 +43,9 @@ class StoredMessage:
     __slots__ = ("guid", "seq", "payload", "_wire", "_maps", "put_time_us", "delivery_count", "expires_us",
                  "compression", "_props")
 
-    def __init__(self, guid: bytes, seq: int, payload: bytes, properties: list | None = None,
+    def __init__(self, guid: bytes, seq: int, payload: bytes, properties: list[Any] | None = None,
                  put_time_us: int = 0, delivery_count: int = 0, expires_us: int = 0, compression: int = 0,
-                 *, maps: tuple | None = None, _props: dict | None = None):
+                 *, maps: tuple[Any, Any] | None = None, _props: dict[str, Any] | None = None):
         self.guid, self.seq, self.payload = guid, seq, payload
         self._wire = properties   # list[pb.Property]; opaque here
         self._maps = maps         # or the tables' (values, types) pair lists, turned into _wire on demand
@@ -58,7 +58,7 @@ class StoredMessage:
         return f"StoredMessage(guid={self.guid.hex()}, seq={self.seq}, delivery_count={self.delivery_count})"
 
     @property
-    def properties(self) -> list:
+    def properties(self) -> list[Any]:
         if self._wire is None:
             self._wire = maps_to_wire(*self._maps) if self._maps else []
         return self._wire
@@ -68,7 +68,7 @@ class StoredMessage:
         return len(self.payload)
 
     @property
-    def typed_properties(self) -> dict:
+    def typed_properties(self) -> dict[str, Any]:
         if self._props is None:
             self._props = from_wire(self.properties)
         return self._props

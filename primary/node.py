@@ -34,7 +34,7 @@ import conf
 from conf import ClusterConfig, DomainConfig
 from primary import admission
 from primary.admission import PAUSED, Open, Refusal
-from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
+from primary.dispatcher import ConsumerOptions, Push, QueueDispatcher, StoredMessage
 from primary.leadership import Leadership, Where
 from primary.partition import Partition, PendingColumns, PendingConfirm, PendingPut, QueueState, send_acks
 from primary.quota import DomainQuota
@@ -538,8 +538,10 @@ class Node:
             state, app = handle.state, handle.app
             confirms: list[PendingConfirm] = []
 
-            def confirm_all(d, guids=guids, queue_id=queue_id, state=state, app=app, confirms=confirms):
-                pushes = []
+            def confirm_all(d: QueueDispatcher, guids: list[bytes] = guids, queue_id: int = queue_id,
+                            state: QueueState = state, app: str = app,
+                            confirms: list[PendingConfirm] = confirms) -> list[Push]:
+                pushes: list[Push] = []
                 for guid in guids:
                     stored, more = d.confirm((link, queue_id), guid)
                     pushes.extend(more)

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
-from primary.dispatcher import QueueDispatcher, StoredMessage
+from primary.dispatcher import Dropped, Push, QueueDispatcher, StoredMessage
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.quota import DomainQuota
@@ -52,9 +52,10 @@ from storage import deltars, tables
 from storage.leases import Fenced
 
 if TYPE_CHECKING:
-    from primary.links import Link
+    from protocol.stream import Link
 
 log = logging.getLogger(__name__)
+Targets = dict[tuple["QueueState", str], list[StoredMessage]]   # (queue, app) -> what to push
 PUSH_FRAME_MESSAGES_MAX = 1000
 TTL_SWEEP_INTERVAL_S = 0.5
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
@@ -166,14 +167,15 @@ class DeadLetter:
     detail: str
 
 
-def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
+def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
     """Send dispatcher output ((link, queue_id), message) as PushBatch frames, one
     or more per link, in order. Consecutive pushes of one message (same GUID and
     delivery count) to several queues of one link travel as one PushMessage with
     `queue_ids`: fanout apps and broadcast consumers below a proxy or replica
     cost one copy on that link, not one per consumer."""
     by_link: dict["Link", list[pb.PushMessage]] = {}
-    for (link, queue_id), message in pushes:
+    for key, message in pushes:
+        link, queue_id = cast("tuple[Link, int]", key)
         messages = by_link.setdefault(link, [])
         if messages:
             last = messages[-1]
@@ -185,7 +187,8 @@ def send_pushes(pushes: list, frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX)
         messages.append(pb.PushMessage(
             queue_id=queue_id, guid=message.guid, payload=message.payload,
             properties=message.properties, put_time_us=message.put_time_us,
-            delivery_count=message.delivery_count, sequence=message.seq, compression=message.compression))
+            delivery_count=message.delivery_count, sequence=message.seq,
+            compression=message.compression))  # type: ignore[arg-type]  # a Compression value
     for link, messages in by_link.items():
         for start in range(0, len(messages), frame_messages_max):
             link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
@@ -256,7 +259,7 @@ class Partition:
         every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
         self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target),
                            Compactor(self.paths.confirms, every, f"confirms-{index}", target))
-        self.on_pushes: Callable[[list], None] = send_pushes
+        self.on_pushes: Callable[[list[Push]], None] = send_pushes
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -290,8 +293,8 @@ class Partition:
                                                       self.quota_for(uri.domain))
             return state
 
-    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list],
-              send: bool = True) -> list:
+    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list[Push]],
+              send: bool = True) -> list[Push]:
         """Run `action` on the app's dispatcher under the lock, then send its
         pushes (or return them, with `send=False`, to a caller holding the
         push lock) and dead-letter whatever it dropped."""
@@ -306,7 +309,7 @@ class Partition:
             self._dead_letter(state, app, dropped)
         return [] if send else pushes
 
-    def _dead_letter(self, state: QueueState, app: str, dropped: list) -> None:
+    def _dead_letter(self, state: QueueState, app: str, dropped: list[Dropped]) -> None:
         for message, reason, detail in dropped:
             log.warning("partition %d: taproot://%s/%s%s: message seq %d removed from delivery: %s (%s)",
                         self.index, state.uri.domain, state.uri.queue, f"?id={app}" if app else "",
@@ -416,7 +419,7 @@ class Partition:
         return state
 
     # -- PUT path -----------------------------------------------------------
-    def _commit_puts(self, items: list) -> None:
+    def _commit_puts(self, items: list[PendingPut | PendingColumns]) -> None:
         """One Delta commit for every PUT of the group (single PUTs and columnar
         batches alike), then the ACKs."""
         build_started = time.perf_counter()
@@ -441,7 +444,7 @@ class Partition:
         count = batch.num_rows
         code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
-        targets: dict = {}
+        targets: Targets = {}
         # Held from before the commit until its express decisions are
         # recorded: a delivery row for these seqs cannot be reconciled before.
         with self._decisions_lock:
@@ -521,13 +524,13 @@ class Partition:
         self._reconciler.decided(message.seq, state, message.guid, apps)
         return apps
 
-    def _decide_and_target(self, targets: dict, state: QueueState, message: StoredMessage, duplicate: bool) -> None:
+    def _decide_and_target(self, targets: Targets, state: QueueState, message: StoredMessage, duplicate: bool) -> None:
         apps = self._decide(state, message, duplicate)
         if apps is not None:
             _add_targets(targets, state, message, apps)
 
-    def _rows(self, queues: list[QueueState], guid, payload, properties, property_types, producer_us,
-              compression, now_us: int) -> pa.Table:
+    def _rows(self, queues: list[QueueState], guid: Any, payload: Any, properties: Any, property_types: Any,
+              producer_us: Any, compression: Any, now_us: int) -> pa.Table:
         """PUT-log rows, numbered from the partition's next sequence number."""
         count = len(queues)
         first_seq = self._next_seq
@@ -777,7 +780,7 @@ class Partition:
                         len(disagreements) - DISAGREEMENTS_LOGGED_MAX)
         now = datetime.now(timezone.utc)
 
-        def apps(values) -> pa.Array:
+        def apps(values: Iterable[Any]) -> pa.Array:
             return pa.array([None if v is None else list(v) for v in values], pa.list_(pa.string()))
         batch = pa.table({
             "domain": pa.array([d.key.uri.domain for d in disagreements], pa.string()),
@@ -794,7 +797,7 @@ class Partition:
         self._append_or_log(self._disagreements, batch, "disagreement")
 
 
-def _add_targets(targets: dict, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
+def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
     """Count the message against its quota until `apps` are done, and queue
     it for each app (one StoredMessage per app, sharing payload and properties)."""
     state.delivered(message, apps)
@@ -827,7 +830,7 @@ def _max_of(values: pa.ChunkedArray) -> int:
     return -1 if value is None else int(value)
 
 
-def _per_app(targets: pa.Table, domains) -> pa.Table:
+def _per_app(targets: pa.Table, domains: Mapping[str, DomainConfig]) -> pa.Table:
     """(domain, queue, guid, seq, apps) -> one row per (message, app). A null
     `apps` (a row from before fanout existed) means every app of its domain."""
     apps = targets["apps"]
@@ -848,7 +851,7 @@ def _unfinished(per_app: pa.Table, done: list[pa.Table]) -> pa.Table:
     return per_app.sort_by("seq")
 
 
-def _expire(dispatcher: QueueDispatcher) -> list:
+def _expire(dispatcher: QueueDispatcher) -> list[Push]:
     dispatcher.expire()
     return []
 
@@ -866,7 +869,7 @@ def _max_stat(table: DeltaTable, column: str) -> int:
     return -1 if value is None else int(value)
 
 
-def _message_columns(items: list) -> dict[str, pa.Array]:
+def _message_columns(items: "list[PendingConfirm] | list[DeadLetter]") -> dict[str, pa.Array]:
     """The columns the confirm and dead-letter logs share: which message, for which app."""
     return {
         "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),

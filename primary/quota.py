@@ -25,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from conf import DomainConfig
 from protocol import ResultCode
@@ -55,14 +56,14 @@ class _Level:
 class DomainQuota:
     """The limits of one domain and of each of its queues."""
 
-    def __init__(self, domain: DomainConfig, clock=time.monotonic):
+    def __init__(self, domain: DomainConfig, clock: Callable[[], float] = time.monotonic):
         self.domain = domain
         self._clock = clock
         self._lock = threading.Lock()
         self._total = _Level(f"domain {domain.name}")
         self._queues: dict[str, _Level] = {}
         # guid -> [queue, size, apps still to finish (None until delivered)]
-        self._outstanding: dict[bytes, list] = {}
+        self._outstanding: dict[bytes, list[Any]] = {}
         self._recently_done: OrderedDict[bytes, float] = OrderedDict()
 
     # -- inspection ----------------------------------------------------------

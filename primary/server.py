@@ -9,10 +9,14 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
+
+import grpc
 
 import conf
 from primary.node import Node
-from protocol import pb, pb_grpc
+from protocol import pb
+from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
 
@@ -23,11 +27,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, node: Node):
         self.node = node
 
-    def Session(self, request_iterator, context):  # noqa: N802 (gRPC naming)
+    def Session(self, request_iterator: Iterator[pb.Frame],  # noqa: N802 (gRPC naming)
+                context: grpc.ServicerContext) -> Iterator[pb.Frame]:
         return serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
                              self.node.close_link)
 
-    def NotifyDelivery(self, request, context):  # noqa: N802
+    def NotifyDelivery(self, request: pb.DeliveryNotice,  # noqa: N802
+                       context: grpc.ServicerContext) -> pb.NoticeAck:
         self.node.notify_delivery(request.partition)
         return pb.NoticeAck()
 

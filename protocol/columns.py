@@ -31,7 +31,8 @@ def encode(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, SCHEMA) as writer:
         writer.write_table(table.select(SCHEMA.names).cast(SCHEMA))
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def guids_of(table: pa.Table) -> bytes:
@@ -42,7 +43,8 @@ def guids_of(table: pa.Table) -> bytes:
     offsets = column.buffers()[1]
     first, last = (int.from_bytes(offsets[4 * i:4 * i + 4], "little", signed=True)
                    for i in (column.offset, column.offset + len(column)))
-    return column.buffers()[2][first:last].to_pybytes()
+    data: bytes = column.buffers()[2][first:last].to_pybytes()
+    return data
 
 
 def fixed_width_binary(data: bytes, width: int) -> pa.Array:

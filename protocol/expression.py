@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Any, Mapping, Union
 
 MAX_LENGTH = 128
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -85,7 +85,7 @@ def _tokenize(text: str) -> list[_Tok]:
 
 # AST: tuples. ("lit", value) ("prop", name) ("exists", name) ("not", x)
 # ("neg", x) ("bin", op, left, right)
-Node = tuple
+Node = tuple[Any, ...]
 
 _BINARY_LEVELS: list[tuple[str, ...]] = [
     ("||",), ("&&",), ("=", "==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%"),
@@ -302,7 +302,8 @@ def _int(value: int) -> int | None:
 def _eval(node: Node, props: Mapping[str, object], types: Mapping[str, str]) -> Value:
     kind = node[0]
     if kind == "lit":
-        return node[1]
+        value: Value = node[1]
+        return value
     if kind == "prop":
         return _property(node[1], props, types[node[1]])
     if kind == "exists":

@@ -133,7 +133,7 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     server has stopped; the caller then stops its role."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
                          options=SERVER_GRPC_OPTIONS)
-    pb_grpc.add_BrokerServicer_to_server(servicer, server)
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"{role}: cannot bind {host}:{port}")

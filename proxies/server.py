@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from protocol import pb_grpc
+import grpc
+
+from protocol import pb
+from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
 from replicas.upstream import Upstream
@@ -33,7 +36,8 @@ class ProxyServicer(pb_grpc.BrokerServicer):
     def __init__(self, proxy: Proxy):
         self.proxy = proxy
 
-    def Session(self, request_iterator, context):  # noqa: N802
+    def Session(self, request_iterator: Iterator[pb.Frame],  # noqa: N802 (gRPC naming)
+                context: grpc.ServicerContext) -> Iterator[pb.Frame]:
         return serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
                              self.proxy.close_link)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from protocol import pb
 from protocol.retransmit import RetransmissionLimits
@@ -68,7 +68,7 @@ class Forwarding:
             batch = getattr(frame, kind)
             if not any(m.queue_id in relayed for m in batch.messages):
                 return frame
-            by_upstream: dict[Upstream, list] = {}
+            by_upstream: dict[Upstream, list[Any]] = {}
             local = []
             for message in batch.messages:
                 upstream = relayed.get(message.queue_id)

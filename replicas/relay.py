@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Any, Hashable
 
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
@@ -49,7 +49,7 @@ from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
 UPSTREAM = "upstream"
-Out = list[tuple[object, "pb.Frame | None"]]
+Out = list[tuple[Any, "pb.Frame | None"]]  # (UPSTREAM or a downstream link, frame)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class _Route:
     read: bool
     open_request: pb.OpenQueue      # as sent up (upstream ids), options kept current
     open: bool = False              # the upstream answered SUCCESS on this connection
-    unconfirmed: set = field(default_factory=set)   # GUIDs pushed down and not confirmed yet
+    unconfirmed: set[bytes] = field(default_factory=set)   # GUIDs pushed down and not confirmed yet
     timeout_ms: float = 0.0         # retransmission time bound (min of the limit and the dedup window)
 
 
@@ -150,7 +150,7 @@ class Relay:
         # While disconnected the open waits: `upstream_restored` sends it.
         return [(UPSTREAM, pb.Frame(open_queue=up))] if self.connected else []
 
-    def _queue_request(self, link: Hashable, kind: str, req) -> Out:
+    def _queue_request(self, link: Hashable, kind: str, req: Any) -> Out:
         up_qid = self._up.get((link, req.queue_id))
         if up_qid is None:
             return [(link, _response(kind, req, ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open"))]
@@ -282,9 +282,9 @@ class Relay:
             del self._requests[key]
         # Its PUTs already sent stay buffered until their ACK (then dropped);
         # the ones not sent yet have no queue to go to once it is closed.
-        for key, held in self._buffer.items():
-            if held.item.link == link and key[0] not in self._routes:
-                self._release(key)
+        for buffered, held in self._buffer.items():
+            if held.item.link == link and buffered[0] not in self._routes:
+                self._release(buffered)
         return out
 
     def _forget_route(self, up_qid: int) -> None:
@@ -321,7 +321,7 @@ class Relay:
         return []  # heartbeats and stop responses to the relay itself
 
     def _route_acks(self, frame: pb.Frame) -> Out:
-        by_link: dict[Hashable, list] = {}
+        by_link: dict[Hashable, list[Any]] = {}
         acks = frame.ack.messages
         for ack in acks:
             entry = self._release((ack.queue_id, ack.guid))
@@ -334,7 +334,7 @@ class Relay:
     def _route_pushes(self, frame: pb.Frame) -> Out:
         """Route each PUSH to the links below; a message for several queues
         (`queue_ids`) goes down each link once, with that link's queue ids."""
-        by_link: dict[Hashable, list] = {}
+        by_link: dict[Hashable, list[Any]] = {}
         messages = frame.push.messages
         for message in messages:
             targets = list(message.queue_ids) or [message.queue_id]
@@ -359,7 +359,7 @@ class Relay:
                 by_link.setdefault(link, []).append(copy)
         return _regroup(frame, "push", pb.PushBatch, by_link, len(messages))
 
-    def _response(self, kind: str, body) -> Out:
+    def _response(self, kind: str, body: Any) -> Out:
         request = self._requests.pop(body.request_id, None)
         if request is None:
             return []
@@ -504,7 +504,7 @@ class _Ids:
 _CLOSED = _Route(None, 0, False, pb.OpenQueue())
 
 
-def _response(kind: str, req, code: ResultCode, text: str = "") -> pb.Frame:
+def _response(kind: str, req: Any, code: ResultCode, text: str = "") -> pb.Frame:
     response = pb.Frame()
     body = getattr(response, f"{kind}_response")
     body.request_id, body.queue_id = req.request_id, req.queue_id
@@ -512,7 +512,7 @@ def _response(kind: str, req, code: ResultCode, text: str = "") -> pb.Frame:
     return response
 
 
-def _regroup(frame: pb.Frame, field: str, batch_type, by_link: dict[Hashable, list], count: int) -> Out:
+def _regroup(frame: pb.Frame, field: str, batch_type: Any, by_link: dict[Hashable, list[Any]], count: int) -> Out:
     """One frame per link. When every message of `frame` (already rewritten
     in place) goes to one link, `frame` itself goes: building a new batch
     copies every message and its payload (5 ms per 1,000 1 KiB messages; a

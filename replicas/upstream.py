@@ -25,7 +25,7 @@ import grpc
 from protocol import pb, pb_grpc
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
-from replicas.relay import UPSTREAM, Relay
+from replicas.relay import UPSTREAM, Out, Relay
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.5
@@ -118,7 +118,7 @@ class Upstream:
             self._stopped_links.discard(link)
             self._send(self.relay.downstream_closed(link))
 
-    def _send(self, out) -> None:
+    def _send(self, out: Out) -> None:
         # Called with the lock held: upstream order must match relay order.
         for destination, frame in out:
             if destination == UPSTREAM:

@@ -38,6 +38,7 @@ node's lease keeper (`primary.leadership`) owns both.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
@@ -114,7 +115,7 @@ class LeaseTable:
         holder, address, released = self._holder
         return LeaseView(table.version(), epoch, holder, address, released)
 
-    def _write(self, app_epoch: int, row: dict | None, expected_epoch: int,
+    def _write(self, app_epoch: int, row: dict[str, Any] | None, expected_epoch: int,
                expected_version: int | None = None) -> bool:
         """Commit (a row or nothing) carrying txn(LEASE_APP, app_epoch), provided
         the snapshot's epoch is still `expected_epoch` (and, if given, the

@@ -33,11 +33,16 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from protocol.expression import sql_string
 from storage import tables
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 
 VIEWS = ("taproot_puts", "taproot_messages", "taproot_delivery", "taproot_confirms", "taproot_dead_letters",
          "taproot_disagreements", "taproot_backlog", "taproot_latency", "taproot_rates")
@@ -52,12 +57,12 @@ def partitions_of(data_dir: str) -> list[int]:
     return found or [0]
 
 
-def _union_sql(spark, paths: list[tuple[int, str]], schema) -> str:
+def _union_sql(spark: "SparkSession", paths: list[tuple[int, str]], schema: pa.Schema) -> str:
     """SQL reading the latest version of each table on every query (a view over
     `delta.`path`` is not pinned to a snapshot), with its partition number.
     Columns an older table lacks read as NULL; a table not created yet
     contributes no rows."""
-    from pyspark.sql.utils import AnalysisException
+    from pyspark.errors import AnalysisException
 
     selects = []
     fields = [f for f in schema if f.name != "partition"]
@@ -75,7 +80,7 @@ def _union_sql(spark, paths: list[tuple[int, str]], schema) -> str:
     return " UNION ALL ".join(selects)
 
 
-def _sql_type(f) -> str:
+def _sql_type(f: pa.Field) -> str:
     return tables.spark_ddl(pa.schema([f.with_nullable(True)])).split(" ", 1)[1]
 
 
@@ -84,7 +89,7 @@ def _quote(name: str) -> str:
 
 
 
-def register_views(spark, data_dir: str = "data", partitions: list[int] | None = None) -> list[str]:
+def register_views(spark: "SparkSession", data_dir: str = "data", partitions: list[int] | None = None) -> list[str]:
     """Register every Taproot view on `spark`; returns their names."""
     parts = [tables.PartitionPaths(data_dir, i) for i in (partitions or partitions_of(data_dir))]
     for name, attr, schema in (("taproot_puts", "puts", tables.PUTS_SCHEMA),

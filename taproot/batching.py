@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Batcher:
 
     def __init__(self, policy: BatchPolicy):
         self.policy = policy
-        self.items: list = []
+        self.items: list[Any] = []
         self.nbytes = 0
         self.first_ms = 0.0
 
@@ -40,6 +41,6 @@ class Batcher:
     def deadline_ms(self) -> float | None:
         return self.first_ms + self.policy.linger_ms if self.items else None
 
-    def take(self) -> list:
+    def take(self) -> list[Any]:
         items, self.items, self.nbytes = self.items, [], 0
         return items

@@ -384,7 +384,7 @@ class SessionCore:
                 held = self.buffer.release(ack.guid)
                 if held is None:
                     continue  # a retransmitted PUT's second ACK, or one already answered
-                if ack.code == ResultCode.SUCCESS:
+                if ResultCode.of(ack.code) is ResultCode.SUCCESS:
                     self._effects.answered.append((held.item.token, Ack(ack.guid, held.item.queue.uri)))
                 else:
                     self._answer(held, ResultCode.of(ack.code), ack.message)
@@ -393,7 +393,7 @@ class SessionCore:
             guids = ack.guids  # one copy: each access of a protobuf bytes field copies it
             held = self.buffer.release(guids)
             if held is not None:
-                if ack.code == ResultCode.SUCCESS:
+                if ResultCode.of(ack.code) is ResultCode.SUCCESS:
                     self._effects.answered.append(
                         (held.item.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))
                 else:
@@ -430,7 +430,7 @@ class SessionCore:
             return
         q = self.queues.get(queue_id)
         if q is not None:
-            if body.status.code == ResultCode.SUCCESS:
+            if ResultCode.of(body.status.code) is ResultCode.SUCCESS:
                 self.opened(queue_id, body)
                 self._restored.append(q.uri)
             else:

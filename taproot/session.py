@@ -98,7 +98,7 @@ def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
     return items
 
 
-class PutFuture(Future):
+class PutFuture(Future[Ack]):
     """The future of one PUT; `guid` is known as soon as `post` returns."""
 
     def __init__(self, guid: bytes):
@@ -167,7 +167,7 @@ class Queue:
                                    f"max_payload_bytes {self.max_payload_bytes}")
         return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
 
-    def post_columns(self, table: "pa.Table", compression: str | None = None) -> Future:
+    def post_columns(self, table: "pa.Table", compression: str | None = None) -> "Future[list[bytes]]":
         """Post many messages in one columnar frame (bulk producers, replay).
 
         `table` has a `payload` (binary) column and optionally `properties` and
@@ -484,7 +484,7 @@ class Session:
         self._check_live()
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = self._now_ms() + timeout * 1000
-        future: Future = Future()
+        future: Future[Any] = Future()
         with self._lock:
             # While reconnecting, a request waits for the next connection.
             while not self._core.state.linked and not self._core.state.final and self._now_ms() < deadline:
@@ -505,12 +505,12 @@ class Session:
             raise errors.request_error(response.status.code, response.status.message)
         return response
 
-    def _post(self, q: Queue, payload: bytes, properties: list, on_ack: Callable[[PutFuture], None] | None,
+    def _post(self, q: Queue, payload: bytes, properties: list[Any], on_ack: Callable[[PutFuture], None] | None,
               compression: int = 0) -> PutFuture:
         guid = self._guids.next()
         future = PutFuture(guid)
         if on_ack is not None:
-            future.add_done_callback(on_ack)
+            future.add_done_callback(on_ack)  # type: ignore[arg-type]  # it is called with this future
         message = pb.PutMessage(queue_id=q.queue_id, guid=guid, payload=payload, properties=properties,
                                 put_time_us=wall_time_us(), compression=compression)  # type: ignore[arg-type]
         with self._lock:
@@ -526,8 +526,8 @@ class Session:
             future.set_exception(refused)
         return future
 
-    def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> Future:
-        future: Future = Future()
+    def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> "Future[list[bytes]]":
+        future: Future[list[bytes]] = Future()
         frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data)
         with self._lock:
             self._check_live()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 import conf
 
@@ -78,8 +79,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
                cluster_file=args.config, warm=not args.no_warm_up)
 
 
-def _parse_properties(items: list[str]) -> dict:
-    out: dict = {}
+def _parse_properties(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep:
@@ -160,7 +161,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spark(app_name: str):
+def _spark(app_name: str) -> Any:
     """A local Spark session for a one-shot command."""
     from storage import spark as spark_factory
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from typing import Any
 
 from taproot_ops import loadgen
 from taproot_ops.embedded import ClusterStartError, EmbeddedCluster
@@ -70,7 +71,7 @@ def run_fanout_demo(address: str) -> None:
                 f.result(timeout=60)
         for app, queue in apps.items():
             want = 3 if app == "eu" else 6
-            got: list = []
+            got: list[Any] = []
             deadline = time.monotonic() + 120
             while len(got) < want and time.monotonic() < deadline:
                 message = queue.get(timeout_s=0.5)

@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import conf
 
@@ -30,12 +31,12 @@ class ClusterStartError(RuntimeError):
 @dataclass
 class Process:
     role: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     ready_file: Path
     log_file: Path
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
-    def wait_ready(self, timeout_s: float) -> dict:
+    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.ready_file.exists():

@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from protocol.clock import wall_time_us
 from taproot.batching import BatchPolicy
@@ -49,7 +50,7 @@ class ConsumeResult:
 
 
 def produce(address: str, uri: str, count: int, size: int = 1024, rate: float = 0.0,
-            batch: BatchPolicy | None = None, properties: dict | None = None) -> ProduceResult:
+            batch: BatchPolicy | None = None, properties: dict[str, Any] | None = None) -> ProduceResult:
     """Post `count` messages of `size` bytes (at `rate` msg/s, 0 = as fast as
     possible) and wait for every ACK."""
     result = ProduceResult()
@@ -57,8 +58,8 @@ def produce(address: str, uri: str, count: int, size: int = 1024, rate: float = 
     done = threading.Event()
     payload = os.urandom(size)
 
-    def on_ack(started_ns: int):
-        def callback(future: Future) -> None:
+    def on_ack(started_ns: int) -> Callable[[Future[Any]], None]:
+        def callback(future: Future[Any]) -> None:
             latency = (time.perf_counter_ns() - started_ns) / 1e6
             with lock:
                 if future.exception() is None:

@@ -15,6 +15,7 @@ latency over time).
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -23,12 +24,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from taproot_ops.bench.report import fmt_ms, plot
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 
 
-def scenarios_from(args) -> list[Scenario]:
+def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
     names = args.scenario or []
     expanded: list[str] = []
     for name in names:
@@ -65,7 +67,7 @@ def write_bench_config(directory: Path, scenarios: list[Scenario]) -> Path:
     return cluster_file
 
 
-def print_result(r: dict) -> None:
+def print_result(r: dict[str, Any]) -> None:
     failed = sum(r["failed"].values())
     print(f"{r['system']:>8} {r['label']}: produce {r['produce_msg_s']:,.0f} msg/s, consume "
           f"{r['consume_msg_s']:,.0f} msg/s; acked {r['acked']:,} of {r['posted']:,} (failed {failed:,}), "
@@ -100,8 +102,9 @@ def print_result(r: dict) -> None:
                   f"{authority['cpu_us_per_msg']:,.0f} us per message", flush=True)
 
 
-def run_system(system: str, address: str, scenarios: list[Scenario], args, out_dir: Path | None,
-               cpu_probe=None, memory_probe=None, cluster=None) -> list[dict]:
+def run_system(system: str, address: str, scenarios: list[Scenario], args: argparse.Namespace,
+               out_dir: Path | None,
+               cpu_probe: Any = None, memory_probe: Any = None, cluster: Any = None) -> list[dict[str, Any]]:
     """Each scenario on one system. With `cluster` (Taproot's embedded one),
     also the authority's lag and disagreements, from its tables."""
     from taproot_ops.bench.runner import run
@@ -133,7 +136,7 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args, out_d
     return results
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.replay:
         return _replay_main(args)
     try:
@@ -144,7 +147,7 @@ def main(args) -> int:
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"machine": {"cpus": mp.cpu_count(), "python": platform.python_version(),
+    report: dict[str, Any] = {"machine": {"cpus": mp.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}, "runs": []}
     systems = ["taproot"] + (["rabbitmq", "nats"] if args.compare else [])
     if args.system:
@@ -174,7 +177,7 @@ def main(args) -> int:
     return 1 if failed else 0
 
 
-def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[dict]:
+def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: Path | None) -> list[dict[str, Any]]:
     if args.hosts:
         return run_system("taproot", args.hosts[0], scenarios, args, out_dir)
     from taproot_ops.embedded import EmbeddedCluster
@@ -194,7 +197,7 @@ def _run_taproot(scenarios: list[Scenario], args, out_dir: Path | None) -> list[
                           lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
 
 
-def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
+def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) -> None:
     """A few seconds of traffic per mode first: Spark's first micro-batches
     compile and load classes, which no steady state pays."""
     from taproot_ops.bench.runner import run
@@ -206,7 +209,7 @@ def _warm_up(address: str, scenarios: list[Scenario], args) -> None:
         run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False)
 
 
-def _replay_main(args) -> int:
+def _replay_main(args: argparse.Namespace) -> int:
     import conf
     from taproot_ops.bench.replay import replay_scenario
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from taproot_ops.bench.report import Samples
 from taproot_ops.bench.runner import Shared, payload_factory, push_latency_ms
@@ -19,12 +19,13 @@ from taproot_ops.bench.scenarios import Scenario
 async def wait_start(shared: Shared) -> float:
     while shared.start_at.value == 0:
         await asyncio.sleep(0.01)
-    start = shared.start_at.value
+    start = float(shared.start_at.value)
     await asyncio.sleep(max(0.0, start - time.time()))
     return start
 
 
-async def produce(scenario: Scenario, shared: Shared, publish: Callable[[bytes], Awaitable[Awaitable]]) -> dict:
+async def produce(scenario: Scenario, shared: Shared,
+                  publish: Callable[[bytes], Awaitable[Awaitable[Any]]]) -> dict[str, Any]:
     """Publish for `scenario.duration_s`; return the ACK samples and counts."""
     rate_each = scenario.rate / (scenario.queues * scenario.producers) if scenario.rate else 0.0
     make = payload_factory(scenario.size)
@@ -32,9 +33,9 @@ async def produce(scenario: Scenario, shared: Shared, publish: Callable[[bytes],
     failed: dict[str, int] = {}
     window = asyncio.Semaphore(scenario.window)
     pending = [0, 0]
-    tasks: set[asyncio.Task] = set()
+    tasks: set[asyncio.Task[None]] = set()
 
-    async def settle(confirm: Awaitable, sent_ns: int) -> None:
+    async def settle(confirm: Awaitable[Any], sent_ns: int) -> None:
         try:
             await confirm
             acks.add(time.time(), (time.perf_counter_ns() - sent_ns) / 1e6)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,8 @@ import pyarrow.compute as pc
 from storage import deltars, tables
 
 
-def _rows(data_dir: str, partitions: int, domain: str, since: datetime, path_of, columns: list[str],
+def _rows(data_dir: str, partitions: int, domain: str, since: datetime,
+          path_of: Callable[[tables.PartitionPaths], str], columns: list[str],
           time_column: str) -> pa.Table:
     parts = []
     for p in range(partitions):
@@ -35,7 +37,7 @@ def _rows(data_dir: str, partitions: int, domain: str, since: datetime, path_of,
 
 
 def authority_lag(data_dir: str, partitions: int, domain: str, since_s: float, expected: int,
-                  timeout_s: float = 600.0, idle_s: float = 60.0, progress: bool = True) -> dict:
+                  timeout_s: float = 600.0, idle_s: float = 60.0, progress: bool = True) -> dict[str, Any]:
     """Wait (up to `timeout_s`, or `idle_s` without a new row) until the
     delivery log has `expected` rows of `domain` put since `since_s`, then
     return the lag's percentiles, the rows seen, the wait, and the

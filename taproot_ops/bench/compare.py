@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def _num(value: float | None, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:,.0f}{unit}"
@@ -13,11 +15,11 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}"
 
 
-def table(runs: list[dict]) -> str:
+def table(runs: list[dict[str, Any]]) -> str:
     """Markdown: per scenario, each system's produce/consume msg/s and ACK/PUSH
     p99, then Taproot's ratio to each peer (throughput: higher is better for
     Taproot; latency: lower is better for Taproot)."""
-    by_scenario: dict[str, dict[str, dict]] = {}
+    by_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     for r in runs:
         by_scenario.setdefault(r["label"], {})[r["system"]] = r
     lines = ["| scenario | system | produce msg/s | consume msg/s | PUT->ACK p99 ms | PUT->PUSH p99 ms | "

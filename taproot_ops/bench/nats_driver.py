@@ -15,6 +15,7 @@ fetch up to Taproot's consumer window at a time.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
@@ -56,18 +57,18 @@ def prepare(address: str, scenario: Scenario) -> None:
     asyncio.run(go())
 
 
-def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
-    async def producer(q: int) -> tuple[int, dict]:
+def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
+    async def producer(q: int) -> tuple[int, dict[str, Any]]:
         nc = await nats.connect(f"nats://{address}")
         _, subject = _stream(scenario, q)
         try:
             if scenario.mode == "broadcast":
                 subject = f"bcast.{scenario.name}.q{q}"
-                unflushed: list[asyncio.Future] = []
+                unflushed: list[asyncio.Future[None]] = []
 
-                async def publish(payload: bytes):
+                async def publish(payload: bytes) -> asyncio.Future[None]:
                     await nc.publish(subject, payload)
-                    done: asyncio.Future = asyncio.get_running_loop().create_future()
+                    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     unflushed.append(done)
                     if len(unflushed) >= FLUSH_EVERY:
                         asyncio.ensure_future(_flush(nc, _take(unflushed)))
@@ -87,19 +88,19 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             else:
                 js = nc.jetstream(publish_async_max_pending=scenario.window)
 
-                async def publish(payload: bytes):
+                async def publish(payload: bytes) -> Any:  # type: ignore[misc]  # redefined per branch
                     return await js.publish_async(subject, payload)
                 result = await aio.produce(scenario, shared, publish)
         finally:
             await nc.close()
         return q, result
 
-    async def main() -> list:
-        return await asyncio.gather(*(producer(q) for q, _ in clients))
+    async def main() -> list[tuple[int, dict[str, Any]]]:
+        return list(await asyncio.gather(*(producer(q) for q, _ in clients)))
     return merge_producers(asyncio.run(main()))
 
 
-async def _flush(nc, waiting: list) -> None:
+async def _flush(nc: Any, waiting: list[Any]) -> None:
     try:
         await nc.flush(timeout=60)
         for f in waiting:
@@ -109,19 +110,19 @@ async def _flush(nc, waiting: list) -> None:
             f.set_exception(exc)
 
 
-def _take(items: list) -> list:
+def _take(items: list[Any]) -> list[Any]:
     out = list(items)
     items.clear()
     return out
 
 
-def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
+def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
     async def consumer(q: int, n: int) -> aio.Recorder:
         recorder = aio.Recorder(scenario, shared, q)
         nc = await nats.connect(f"nats://{address}")
         try:
             if scenario.mode == "broadcast":
-                async def on_message(msg) -> None:
+                async def on_message(msg: Any) -> None:
                     recorder.received(msg.data)
                 await nc.subscribe(f"bcast.{scenario.name}.q{q}", cb=on_message, pending_msgs_limit=1_000_000)
                 await nc.flush()
@@ -145,6 +146,6 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
             await nc.close()
         return recorder
 
-    async def main() -> list:
+    async def main() -> list[Any]:
         return await asyncio.gather(*(consumer(q, n) for q, n in clients))
     return merge_consumers([r.pushes for r in asyncio.run(main())])

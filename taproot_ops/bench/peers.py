@@ -28,7 +28,8 @@ PACKAGES = {"rabbitmq": ("rabbitmq-server", "rabbitmq-server"), "nats": ("nats-s
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def ensure_installed(system: str) -> None:
@@ -45,7 +46,7 @@ def ensure_installed(system: str) -> None:
         subprocess.run(install, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def _wait_port(port: int, timeout_s: float, process: subprocess.Popen, log: Path) -> None:
+def _wait_port(port: int, timeout_s: float, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

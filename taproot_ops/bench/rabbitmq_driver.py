@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import Any, Callable
 
 import pika
 
@@ -68,9 +69,9 @@ def prepare(address: str, scenario: Scenario) -> None:
         connection.close()
 
 
-def _connect(address: str, on_channel) -> pika.SelectConnection:
+def _connect(address: str, on_channel: Callable[[Any], None]) -> pika.SelectConnection:
     """A connection whose I/O loop ends when it closes (or fails to open)."""
-    def stop(connection, *_reason) -> None:
+    def stop(connection: Any, *_reason: Any) -> None:
         connection.ioloop.stop()
     return pika.SelectConnection(_params(address), on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
                                  on_open_error_callback=stop, on_close_callback=stop)
@@ -95,7 +96,7 @@ class _Producer:
         self.channel = None
         self.connection = _connect(address, self._on_channel)
 
-    def _on_channel(self, channel) -> None:
+    def _on_channel(self, channel: Any) -> None:
         self.channel = channel
         channel.confirm_delivery(self._on_confirm)
         threading.Thread(target=self._wait_start, daemon=True).start()
@@ -128,7 +129,7 @@ class _Producer:
                 self.failed["NACK"] = self.failed.get("NACK", 0) + 1
                 self.unreported[1] += 1
 
-    def _on_confirm(self, frame) -> None:
+    def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         self._settle(method.delivery_tag, method.multiple, isinstance(method, pika.spec.Basic.Ack))
         self._pump()
@@ -153,10 +154,10 @@ class _Producer:
             self.connection.close()  # every publish confirmed: the I/O loop ends
 
 
-def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
+def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
     rate_each = scenario.rate / (scenario.queues * scenario.producers) if scenario.rate else 0.0
 
-    def producer(q: int, _n: int) -> tuple[int, dict]:
+    def producer(q: int, _n: int) -> tuple[int, dict[str, Any]]:
         run = _Producer(address, scenario, shared, q, rate_each)
         run.connection.ioloop.start()
         shared.add_progress(acked=run.unreported[0], failed=run.unreported[1])
@@ -167,7 +168,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
     return merge_producers(in_threads(clients, producer))
 
 
-def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
+def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
     def consumer(q: int, n: int) -> Samples:
         exchange, queues = _names(scenario, q)
         pushes = Samples()
@@ -179,7 +180,7 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 state["unreported"] = 0
             state["report"] = time.monotonic()
 
-        def on_message(ch, method, _props, body) -> None:
+        def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
             pushes.add(time.time(), push_latency_ms(body, time.time_ns()))
             ch.basic_ack(method.delivery_tag)
             state["last"] = time.monotonic()
@@ -194,16 +195,16 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
             else:
                 connection.ioloop.call_later(0.1, check)
 
-        def consume(ch, queue: str) -> None:
+        def consume(ch: Any, queue: str) -> None:
             ch.basic_consume(queue, on_message, auto_ack=False)
             with shared.ready.get_lock():
                 shared.ready.value += 1
             connection.ioloop.call_later(0.1, check)
 
-        def on_channel(ch) -> None:
-            def qos_ok(_frame) -> None:
+        def on_channel(ch: Any) -> None:
+            def qos_ok(_frame: Any) -> None:
                 if scenario.mode == "broadcast":
-                    def declared(frame) -> None:
+                    def declared(frame: Any) -> None:
                         name = frame.method.queue
                         ch.queue_bind(name, exchange, callback=lambda _f: consume(ch, name))
                     ch.queue_declare("", exclusive=True, auto_delete=True, callback=declared)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 def fill(address: str, uri: str, count: int, size: int, frame: int = 5_000) -> float:
@@ -31,8 +32,9 @@ def _delivered(data_dir: str, partitions: int, uri: str) -> int:
     table = deltars.try_open(tables.PartitionPaths(data_dir, partition_of(parsed, partitions)).delivery)
     if table is None:
         return 0
-    return table.to_pyarrow_table(columns=["queue"], filters=[("domain", "=", parsed.domain),
-                                                              ("queue", "=", parsed.queue)]).num_rows
+    rows = table.to_pyarrow_table(columns=["queue"], filters=[("domain", "=", parsed.domain),
+                                                              ("queue", "=", parsed.queue)])
+    return int(rows.num_rows)
 
 
 def _wait_delivered(data_dir: str, partitions: int, uri: str, count: int, timeout_s: float = 900) -> float:
@@ -45,14 +47,14 @@ def _wait_delivered(data_dir: str, partitions: int, uri: str, count: int, timeou
     return time.monotonic() - started
 
 
-def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, count: int, size: int) -> dict:
+def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, count: int, size: int) -> dict[str, Any]:
     """Fill a queue, let the pipeline deliver it, then replay it twice (a
     fresh Spark session, as `taproot replay` runs, then a warm one)."""
     from pipelines.replay import replay
     from storage.spark import session
 
     print(f"replay: posting {count:,} x {size} B to {uri} ...", flush=True)
-    out: dict = {"messages": count, "size": size, "fill_msg_s": fill(address, uri, count, size)}
+    out: dict[str, Any] = {"messages": count, "size": size, "fill_msg_s": fill(address, uri, count, size)}
     print(f"   filled at {out['fill_msg_s']:,.0f} msg/s; waiting for the pipeline to deliver them", flush=True)
     out["fill_delivered_s"] = _wait_delivered(data_dir, partitions, uri, count)
     spark = session("taproot-bench-replay")

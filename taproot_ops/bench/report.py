@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -15,9 +16,9 @@ PERCENTILES = (50, 90, 99, 100)
 class Samples:
     """Event times (epoch seconds) and latencies (ms), as compact arrays so
     worker processes can ship millions of them."""
-    times: array = field(default_factory=lambda: array("d"))
-    latency_ms: array = field(default_factory=lambda: array("d"))
-    apps: dict = field(default_factory=dict)   # app subscriptions: app -> {received, wrong}
+    times: array[float] = field(default_factory=lambda: array("d"))
+    latency_ms: array[float] = field(default_factory=lambda: array("d"))
+    apps: dict[int, Any] = field(default_factory=dict)   # app subscriptions: app -> {received, wrong}
 
     def add(self, at_s: float, latency_ms: float) -> None:
         self.times.append(at_s)
@@ -32,14 +33,14 @@ class Samples:
         return len(self.times)
 
 
-def percentiles(latency_ms) -> dict[str, float | None]:
+def percentiles(latency_ms: Sequence[float]) -> dict[str, float | None]:
     if len(latency_ms) == 0:
         return {("max" if q == 100 else f"p{q}"): None for q in PERCENTILES}
     values = np.asarray(latency_ms)
     return {("max" if q == 100 else f"p{q}"): float(np.percentile(values, q)) for q in PERCENTILES}
 
 
-def sustained_rate(times) -> float:
+def sustained_rate(times: Sequence[float]) -> float:
     """Events per second between the first and the last event."""
     if len(times) < 2:
         return 0.0
@@ -47,14 +48,14 @@ def sustained_rate(times) -> float:
     return len(times) / span if span > 0 else 0.0
 
 
-def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict[str, list]:
+def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict[str, list[Any]]:
     """Per-bucket count (as msg/s) and latency p50/p99, from `start_s`."""
     if not len(samples):
         return {"t": [], "rate": [], "p50": [], "p99": []}
     times = np.asarray(samples.times) - start_s
     latency = np.asarray(samples.latency_ms)
     buckets = np.floor(times / bucket_s).astype(np.int64)
-    out: dict[str, list] = {"t": [], "rate": [], "p50": [], "p99": []}
+    out: dict[str, list[Any]] = {"t": [], "rate": [], "p50": [], "p99": []}
     for b in range(int(buckets.min()), int(buckets.max()) + 1):
         mask = buckets == b
         n = int(mask.sum())
@@ -65,7 +66,7 @@ def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict
     return out
 
 
-def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int], start_s: float) -> dict:
+def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int], start_s: float) -> dict[str, Any]:
     return {
         "posted": posted,
         "acked": len(acks),
@@ -81,13 +82,13 @@ def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int
     }
 
 
-def fmt_ms(values: dict) -> str:
+def fmt_ms(values: dict[str, Any]) -> str:
     if values.get("p50") is None:
         return "n/a"
     return " ".join(f"{k}={v:,.1f}" for k, v in values.items()) + " ms"
 
 
-def plot(result: dict, path: str, title: str) -> None:
+def plot(result: dict[str, Any], path: str, title: str) -> None:
     """Throughput and latency over time, one PNG."""
     import matplotlib
     matplotlib.use("Agg")

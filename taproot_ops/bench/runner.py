@@ -22,17 +22,20 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from taproot_ops.bench.report import Samples, summarize
 from taproot_ops.bench.scenarios import Scenario
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 
 STAMP = struct.Struct(">Q")
 SYSTEMS = {"taproot": "taproot_ops.bench.taproot_driver", "rabbitmq": "taproot_ops.bench.rabbitmq_driver",
            "nats": "taproot_ops.bench.nats_driver"}
 
 
-def payload_factory(size: int):
+def payload_factory(size: int) -> Callable[[], bytes]:
     filler = b"\x5a" * max(0, size - STAMP.size)
 
     def make() -> bytes:
@@ -41,21 +44,22 @@ def payload_factory(size: int):
 
 
 def push_latency_ms(payload: bytes, now_ns: int) -> float:
-    return (now_ns - STAMP.unpack_from(payload)[0]) / 1e6
+    sent_ns: int = STAMP.unpack_from(payload)[0]
+    return (now_ns - sent_ns) / 1e6
 
 
 @dataclass
 class Shared:
     """What the main process and the workers share."""
-    ready: "mp.sharedctypes.Synchronized"        # consumers attached
-    start_at: "mp.sharedctypes.Synchronized"     # epoch s producers start; 0 until set
+    ready: "Synchronized[Any]"        # consumers attached
+    start_at: "Synchronized[Any]"     # epoch s producers start; 0 until set
     producers_done: "mp.synchronize.Event"
-    expected: "mp.sharedctypes.SynchronizedArray"  # per queue: ACKed messages (set when producers are done)
-    progress: "mp.sharedctypes.SynchronizedArray"  # [acked, received, failed]
-    received: "mp.sharedctypes.SynchronizedArray"  # per queue: received by all its consumers
+    expected: "SynchronizedArray[Any]"  # per queue: ACKed messages (set when producers are done)
+    progress: "SynchronizedArray[Any]"  # [acked, received, failed]
+    received: "SynchronizedArray[Any]"  # per queue: received by all its consumers
     drain_idle_s: float
-    producers_ready: "mp.sharedctypes.Synchronized"  # (queue, producer) pairs with their queues open
-    expected_by_n: "mp.sharedctypes.SynchronizedArray"  # per queue and property n: ACKed (app subscriptions)
+    producers_ready: "Synchronized[Any]"  # (queue, producer) pairs with their queues open
+    expected_by_n: "SynchronizedArray[Any]"  # per queue and property n: ACKed (app subscriptions)
 
     def mark_producers_ready(self, count: int) -> None:
         with self.producers_ready.get_lock():
@@ -79,7 +83,7 @@ class Shared:
 
     def expected_for(self, queue: int, app: int | None) -> int:
         if app is None:
-            return self.expected[queue]
+            return int(self.expected[queue])
         from taproot_ops.bench.scenarios import N_VALUES, app_matches
         return sum(self.expected_by_n[queue * N_VALUES + n] for n in range(N_VALUES) if app_matches(app, n))
 
@@ -90,12 +94,12 @@ class Shared:
             self.progress[2] += failed
 
 
-def in_threads(clients: list, target) -> list:
+def in_threads(clients: list[Any], target: Callable[..., Any]) -> list[Any]:
     """`target(*client)` for every client, each in its own thread; the results in order."""
-    outs: list = [None] * len(clients)
+    outs: list[Any] = [None] * len(clients)
     errors: list[BaseException] = []
 
-    def run(i, client):
+    def run(i: int, client: Any) -> None:
         try:
             outs[i] = target(*client)
         except BaseException as exc:
@@ -110,7 +114,7 @@ def in_threads(clients: list, target) -> list:
     return outs
 
 
-def merge_producers(outs: list[tuple[int, dict]]) -> dict:
+def merge_producers(outs: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     total, posted = Samples(), 0
     failed: dict[str, int] = {}
     per_queue: dict[int, int] = {}
@@ -128,7 +132,7 @@ def merge_producers(outs: list[tuple[int, dict]]) -> dict:
     return {"acks": total, "posted": posted, "failed": failed, "acked_per_queue": per_queue, "acked_by_n": by_n}
 
 
-def merge_consumers(pushes: list[Samples]) -> dict:
+def merge_consumers(pushes: list[Samples]) -> dict[str, Any]:
     total = Samples()
     for p in pushes:
         total.extend(p)
@@ -136,7 +140,7 @@ def merge_consumers(pushes: list[Samples]) -> dict:
 
 
 def _worker(system: str, role: str, address: str, scenario: Scenario, clients: list[tuple[int, int]],
-            shared: Shared, results: "mp.Queue") -> None:
+            shared: Shared, results: "mp.Queue[Any]") -> None:
     try:
         driver = importlib.import_module(SYSTEMS[system])
         if role == "producer":
@@ -149,14 +153,14 @@ def _worker(system: str, role: str, address: str, scenario: Scenario, clients: l
         results.put((role, RuntimeError(f"{system} {role}: {exc}\n{traceback.format_exc()}")))
 
 
-def _spread(items: list, parts: int) -> list[list]:
+def _spread(items: list[Any], parts: int) -> list[list[Any]]:
     parts = max(1, min(parts, len(items)))
     return [items[i::parts] for i in range(parts)]
 
 
 def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
         progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None,
-        memory_probe: Callable[[], dict[str, float]] | None = None) -> dict:
+        memory_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
     """One scenario. `cpu_probe` gives the server processes' CPU seconds so
     far (by name); with it the result has each one's CPU time over the run
     and the CPU cost per message. `memory_probe` gives their resident MiB,
@@ -205,7 +209,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         last_print = 0.0
         per_queue = [0] * scenario.queues
         by_n = [0] * (scenario.queues * N_VALUES)
-        apps: dict[int, dict] = {}
+        apps: dict[int, dict[str, Any]] = {}
         rss: dict[str, list[tuple[float, float]]] = {}
         last_sample = 0.0
         while producer_results + consumer_results < len(procs):
@@ -286,7 +290,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     return result
 
 
-def _raise_reported(results) -> None:
+def _raise_reported(results: "mp.Queue[Any]") -> None:
     """A worker that failed before the run started (a refused open, say)."""
     try:
         role, out = results.get_nowait()
@@ -297,7 +301,7 @@ def _raise_reported(results) -> None:
     results.put((role, out))  # not expected before the start; keep it for the main loop
 
 
-def _check_alive(procs, results) -> None:
+def _check_alive(procs: list[Any], results: "mp.Queue[Any]") -> None:
     for p in procs:
         if p.exitcode not in (None, 0):
             raise RuntimeError(f"a benchmark worker exited with code {p.exitcode}")

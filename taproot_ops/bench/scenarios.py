@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 MODES = ("priority", "fanout", "broadcast")
 
@@ -52,7 +52,7 @@ class Scenario:
         """How many consumers receive each message."""
         return 1 if self.mode == "priority" else self.consumers
 
-    def with_(self, **changes) -> "Scenario":
+    def with_(self, **changes: Any) -> "Scenario":
         return replace(self, **changes)
 
 

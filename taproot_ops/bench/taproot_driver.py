@@ -6,6 +6,7 @@ import queue as _queue
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any, Callable
 
 from taproot.batching import BatchPolicy
 from taproot.session import Message, Session
@@ -61,7 +62,7 @@ def sessions_of(scenario: Scenario, clients: list[tuple[int, int]]) -> list[tupl
     return [(tuple(queues[i:i + k]), n) for n, queues in by_n.items() for i in range(0, len(queues), k)]
 
 
-def _open_all(session: Session, requests: list[tuple[str, dict]]) -> list:
+def _open_all(session: Session, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     """Open many queues at once: each open is a round trip, so 5,000 in turn
     would take seconds before the run starts."""
     if len(requests) == 1:
@@ -71,17 +72,17 @@ def _open_all(session: Session, requests: list[tuple[str, dict]]) -> list:
         return list(pool.map(lambda r: session.open_queue(r[0], **r[1]), requests))
 
 
-def _close_all(queues: list) -> None:
+def _close_all(queues: list[Any]) -> None:
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=min(16, len(queues))) as pool:
         list(pool.map(lambda q: q.close(), queues))
 
 
-def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
+def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
     rate_each = scenario.rate / (scenario.queues * scenario.producers) if scenario.rate else 0.0
     make = payload_factory(scenario.size)
 
-    def producer(queue_indexes: tuple[int, ...], _n: int) -> tuple[None, dict]:
+    def producer(queue_indexes: tuple[int, ...], _n: int) -> tuple[None, dict[str, Any]]:
         acks = Samples()
         failed: dict[str, int] = {}
         acked_per_queue = dict.fromkeys(queue_indexes, 0)
@@ -90,8 +91,8 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
         pending = [0, 0]  # acked, failed since the last progress report
         outstanding = threading.Semaphore(0)
 
-        def on_ack(queue_index: int, sent_ns: int, n: int):
-            def done(future: Future) -> None:
+        def on_ack(queue_index: int, sent_ns: int, n: int) -> Callable[[Future[Any]], None]:
+            def done(future: Future[Any]) -> None:
                 now_ns = time.perf_counter_ns()
                 with lock:
                     exc = future.exception()
@@ -153,7 +154,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
     return merge_producers(in_threads(sessions_of(scenario, clients), producer))
 
 
-def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict:
+def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int]], shared: Shared) -> dict[str, Any]:
     def consumer(queue_indexes: tuple[int, ...], n: int) -> Samples:
         pushes = Samples()
         wrong = [0]   # fanout-5c-subs: messages this app's subscription does not match
