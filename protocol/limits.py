@@ -11,3 +11,6 @@ MAX_UNCONFIRMED_BYTES = 32 * 1024 * 1024
 CONSUMER_PRIORITY_MAX = 2**30                 # priorities lie in [-2^30, 2^30]
 PUT_FRAME_MESSAGES_MAX = 1000                 # PUTs per frame a hop builds when it resends
 DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs
+# One producer's retransmission buffer (the SDK); a hop's holds many producers'
+# (`protocol.retransmit.RetransmissionLimits`).
+SESSION_MAX_PENDING_PUTS = 100_000

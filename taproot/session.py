@@ -44,7 +44,7 @@ import grpc
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
 from protocol.clock import Clock, MonotonicClock, wall_time_us
 from protocol.expression import ExpressionError, compile_expression
-from protocol.limits import GUID_LENGTH, MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
+from protocol.limits import GUID_LENGTH, MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES, SESSION_MAX_PENDING_PUTS
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
@@ -286,7 +286,8 @@ class Session:
 
     def __init__(self, hosts: Sequence[str] = ("127.0.0.1:30115",), *, batch: BatchPolicy | None = None,
                  connect_timeout_s: float = 10.0, request_timeout_s: float = 30.0,
-                 max_pending_puts: int = 100_000, max_pending_bytes: int = RetransmissionLimits.max_bytes,
+                 max_pending_puts: int = SESSION_MAX_PENDING_PUTS,
+                 max_pending_bytes: int = RetransmissionLimits.max_bytes,
                  retransmission_timeout_s: float = RetransmissionLimits.timeout_ms / 1000, reconnect: bool = True,
                  reconnect_interval_s: float = 0.2,
                  on_event: Callable[[events.SessionEvent], None] | None = None, clock: Clock | None = None):
