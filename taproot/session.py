@@ -230,6 +230,37 @@ class Queue:
                 return
             yield message
 
+    def get_batch(self, max_messages: int = 1000, timeout_s: float | None = None) -> list[Message]:
+        """Up to `max_messages` pushed messages, in push order: waits up to
+        `timeout_s` for the first, then takes only what has already arrived.
+        Empty after `timeout_s` (or once the queue is closed). Confirm the
+        lot with one `confirm(batch)`: one CONFIRM frame for all of them."""
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        first = self.get(timeout_s)
+        if first is None:
+            return []
+        batch = [first]
+        inbox = self._inbox
+        while len(batch) < max_messages:
+            try:
+                item = inbox.get_nowait()
+            except _queue.Empty:
+                break
+            if item is _CLOSE:
+                inbox.put(_CLOSE)  # the next call reports it
+                break
+            batch.append(item)  # type: ignore[arg-type]
+        return batch
+
+    def batches(self, max_messages: int = 1000, timeout_s: float | None = None) -> Iterator[list[Message]]:
+        """Yield `get_batch` results until none arrives for `timeout_s` (forever if None)."""
+        while True:
+            batch = self.get_batch(max_messages, timeout_s)
+            if not batch:
+                return
+            yield batch
+
     def confirm(self, messages: Message | Iterable[Message]) -> None:
         items = [messages] if isinstance(messages, Message) else list(messages)
         self._session._confirm(self, [m.guid for m in items])
@@ -515,8 +546,7 @@ class Session:
         message = pb.PutMessage(queue_id=q.queue_id, guid=guid, payload=payload, properties=properties,
                                 put_time_us=wall_time_us(), compression=compression)  # type: ignore[arg-type]
         with self._lock:
-            while self._core.buffer.full and self._core.state.linked:
-                self._lock.wait(0.1)  # connected: block the producer (flow control), never drop
+            self._wait_for_room_locked(len(payload), 1)
             self._check_live()
             refused = self._core.post(q.queue_id, message, future, self._now_ms())
             if refused is None:
@@ -530,14 +560,23 @@ class Session:
     def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> "Future[list[bytes]]":
         future: Future[list[bytes]] = Future()
         frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data)
+        count = len(guids) // GUID_LENGTH
         with self._lock:
+            self._wait_for_room_locked(len(data), count)
             self._check_live()
-            refused = self._core.post_columns(q.queue_id, frame, guids, len(guids) // GUID_LENGTH, future,
-                                              self._now_ms())
+            refused = self._core.post_columns(q.queue_id, frame, guids, count, future, self._now_ms())
             self._send_effects_locked()
         if refused is not None:
             future.set_exception(refused)
         return future
+
+    def _wait_for_room_locked(self, nbytes: int, count: int) -> None:
+        """Connected, a producer waits while its PUTs would not fit the
+        retransmission buffer (flow control: the ACKs make room), never
+        dropped. Disconnected, or larger than the empty buffer, it is refused."""
+        buffer = self._core.buffer
+        while len(buffer) and buffer.refusal(nbytes, count) is not None and self._core.state.linked:
+            self._lock.wait(0.1)
 
     def _confirm(self, q: Queue, guids: list[bytes]) -> None:
         if self._core.state is ConnectionState.STOPPED:

@@ -161,6 +161,21 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_bulk_producer_and_batch_consumers_ack_and_deliver_everything(cluster):
+    from taproot_ops.bench.runner import run
+    from taproot_ops.bench.scenarios import TAPROOT_ONLY
+
+    scenario = TAPROOT_ONLY["priority-1q-batch"].with_(rate=4_000, duration_s=2, size=256, batch=200)
+    assert "bulk producers, batch consumers" in scenario.label
+    result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False)
+    assert result["failed"] == {} and result["posted"] == result["acked"] >= 4_000
+    assert result["posted"] % 200 == 0   # whole frames
+    assert result["received"] == result["expected_received"] == result["acked"]
+    with pytest.raises(ValueError, match="not broadcast"):
+        Scenario("x", "broadcast", bulk=True)
+
+
+@pytest.mark.integration
 @pytest.mark.spark
 def test_fanout_with_app_subscriptions_gives_each_app_exactly_its_messages_and_the_authority_agrees(cluster):
     """`fanout-5c-subs` on the shared cluster: each app gets what its rule

@@ -116,3 +116,29 @@ def test_columnar_puts_are_acked_as_a_whole_after_they_are_in_delta(cluster, via
             queue.post_columns(bad).result(timeout=30)
         assert info.value.code == ResultCode.INVALID_ARGUMENT and "max_payload_bytes" in info.value.message
         assert info.value.guid not in committed_guids(cluster)  # refused as a whole
+
+
+def test_a_bulk_producer_waits_for_room_and_a_batch_consumer_takes_lots(cluster):
+    """post_columns blocks while the retransmission buffer is full (flow
+    control, as post() does) instead of refusing; get_batch hands over what
+    has arrived, up to its maximum, and one confirm takes the lot."""
+    import pyarrow as pa
+
+    uri = "taproot://demo/bulk-batch"
+    with Session([cluster.proxy_address], max_pending_puts=2_500) as session, \
+            session.open_queue(uri, read=True, max_unconfirmed_messages=5_000) as consumer, \
+            session.open_queue(uri, write=True) as producer:
+        frame = pa.table({"payload": pa.array([b"m%d" % i for i in range(1000)], pa.binary())})
+        futures = [producer.post_columns(frame) for _ in range(8)]   # 8,000 rows through a 2,500 buffer
+        guids = [g for f in futures for g in f.result(timeout=60)]
+        assert len(set(guids)) == 8_000
+        got: list = []
+        sizes = []
+        while len(got) < 8_000:
+            batch = consumer.get_batch(max_messages=3_000, timeout_s=30)
+            assert batch, f"only {len(got)} of 8,000 arrived"
+            sizes.append(len(batch))
+            got.extend(batch)
+            consumer.confirm(batch)
+        assert max(sizes) <= 3_000 and [m.guid for m in got] == guids   # push order is PUT order
+        assert consumer.get_batch(timeout_s=0.2) == []

@@ -24,6 +24,11 @@ class Samples:
         self.times.append(at_s)
         self.latency_ms.append(latency_ms)
 
+    def add_many(self, at_s: float, latency_ms: float, count: int) -> None:
+        """`count` events with one time and latency (the rows of one frame)."""
+        self.times.extend(array("d", [at_s]) * count)
+        self.latency_ms.extend(array("d", [latency_ms]) * count)
+
     def extend(self, other: "Samples") -> None:
         self.times.extend(other.times)
         self.latency_ms.extend(other.latency_ms)

@@ -25,6 +25,8 @@ class Scenario:
     window: int = 10_000    # unacknowledged PUTs a producer may have (every system)
     queues_per_client: int = 1  # Taproot: each producer/consumer session serves this many queues
     app_subscriptions: bool = False  # Taproot fanout: some apps subscribe (APP_RULES); producers post property n
+    bulk: bool = False      # Taproot: producers post columnar frames of `batch` rows (`post_columns`)
+    batch_consumer: bool = False  # Taproot: consumers take `get_batch` lots and confirm each with one call
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -34,13 +36,17 @@ class Scenario:
                 raise ValueError(f"{name} must be at least 1")
         if self.rate < 0 or self.duration_s <= 0:
             raise ValueError("rate must be >= 0 and duration > 0")
+        if self.bulk and self.mode == "broadcast":
+            raise ValueError("columnar PUTs are for stored queues, not broadcast")
 
     @property
     def label(self) -> str:
+        clients = [*(["bulk producers"] if self.bulk else []), *(["batch consumers"] if self.batch_consumer else [])]
+        suffix = f" ({', '.join(clients)})" if clients else ""
         if self.queues_per_client > 1:
             return (f"{self.mode} {self.queues}Q/{self.sessions(self.producers)}P/"
-                    f"{self.sessions(self.consumers)}C ({self.queues_per_client} queues per client)")
-        return f"{self.mode} {self.queues}Q/{self.producers * self.queues}P/{self.consumers * self.queues}C"
+                    f"{self.sessions(self.consumers)}C ({self.queues_per_client} queues per client)") + suffix
+        return f"{self.mode} {self.queues}Q/{self.producers * self.queues}P/{self.consumers * self.queues}C" + suffix
 
     def sessions(self, per_queue: int) -> int:
         """Client sessions of one role: `per_queue` for every group of
@@ -87,6 +93,10 @@ def app_matches(app: int, n: int) -> bool:
 # Taproot-only scenarios (the peers have no application subscriptions).
 TAPROOT_ONLY: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fanout-5c-subs", "fanout", 1, 1, 5, app_subscriptions=True),
+    # The client paths built for throughput: a bulk producer (columnar frames
+    # of `batch` rows) and batch consumers (issue 15's targets).
+    Scenario("priority-1q-batch", "priority", 1, 1, 1, bulk=True, batch_consumer=True),
+    Scenario("broadcast-5c-batch", "broadcast", 1, 1, 5, batch_consumer=True),
 )}
 
 

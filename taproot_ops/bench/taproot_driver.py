@@ -8,6 +8,8 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
+import pyarrow as pa
+
 from taproot.batching import BatchPolicy
 from taproot.session import Message, Session
 from taproot_ops.bench.report import Samples
@@ -91,20 +93,21 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
         pending = [0, 0]  # acked, failed since the last progress report
         outstanding = threading.Semaphore(0)
 
-        def on_ack(queue_index: int, sent_ns: int, n: int) -> Callable[[Future[Any]], None]:
+        def on_ack(queue_index: int, sent_ns: int, n: int, rows: int = 1) -> Callable[[Future[Any]], None]:
+            """A PUT's ACK, or a bulk frame's (`rows` messages, property n unset)."""
             def done(future: Future[Any]) -> None:
                 now_ns = time.perf_counter_ns()
                 with lock:
                     exc = future.exception()
                     if exc is None:
-                        acks.add(time.time(), (now_ns - sent_ns) / 1e6)
-                        acked_per_queue[queue_index] += 1
-                        acked_by_n[queue_index][n] += 1
-                        pending[0] += 1
+                        acks.add_many(time.time(), (now_ns - sent_ns) / 1e6, rows)
+                        acked_per_queue[queue_index] += rows
+                        acked_by_n[queue_index][n] += rows
+                        pending[0] += rows
                     else:
                         code = getattr(getattr(exc, "code", None), "name", type(exc).__name__)
-                        failed[code] = failed.get(code, 0) + 1
-                        pending[1] += 1
+                        failed[code] = failed.get(code, 0) + rows
+                        pending[1] += rows
                 outstanding.release()
             return done
 
@@ -122,6 +125,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             stop = start + scenario.duration_s
             began = time.perf_counter()
             last_report = time.monotonic()
+            frames = 0
             while True:
                 now = time.time()
                 if now >= stop:
@@ -130,18 +134,28 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     delay = began + posted / rate - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
-                queue_index, queue = targets[posted % len(targets)]  # round-robin over its queues
-                n = posted % N_VALUES
-                queue.post(make(), properties={"n": n} if scenario.app_subscriptions else None,
-                           on_ack=on_ack(queue_index, time.perf_counter_ns(), n))
-                posted += 1
+                if scenario.bulk:  # one columnar frame of `batch` rows, stamped once
+                    queue_index, queue = targets[frames % len(targets)]
+                    rows = scenario.batch
+                    sent_ns = time.perf_counter_ns()
+                    future = queue.post_columns(pa.table({"payload": pa.array([make()] * rows, pa.binary())}))
+                    future.add_done_callback(on_ack(queue_index, sent_ns, 0, rows))
+                    posted += rows
+                    frames += 1
+                else:
+                    queue_index, queue = targets[posted % len(targets)]  # round-robin over its queues
+                    n = posted % N_VALUES
+                    queue.post(make(), properties={"n": n} if scenario.app_subscriptions else None,
+                               on_ack=on_ack(queue_index, time.perf_counter_ns(), n))
+                    posted += 1
+                    frames += 1
                 if time.monotonic() - last_report > 0.25:
                     with lock:
                         shared.add_progress(acked=pending[0], failed=pending[1])
                         pending[0] = pending[1] = 0
                     last_report = time.monotonic()
             queues[0].flush()
-            for _ in range(posted):  # every PUT gets an ACK (or a failure)
+            for _ in range(frames):  # every PUT (or bulk frame) gets an ACK (or a failure)
                 if not outstanding.acquire(timeout=300):
                     failed["NO_ACK_IN_300_S"] = failed.get("NO_ACK_IN_300_S", 0) + 1
                     break
@@ -164,6 +178,8 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
         own = dict.fromkeys(queue_indexes, 0)
         unreported = dict.fromkeys(queue_indexes, 0)
         with Session([address]) as session:
+            if scenario.batch_consumer:
+                return _batch_consumer(session, scenario, queue_indexes, n, shared)
             queues = _open_all(session, [
                 (uri(scenario, q, n), {"read": True, "max_unconfirmed_messages": CONSUMER_WINDOW,
                                        "on_message": lambda m, q=q: inbox.put((q, m))})
@@ -205,3 +221,37 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
         return pushes
 
     return merge_consumers(in_threads(sessions_of(scenario, clients), consumer))
+
+
+def _batch_consumer(session: Session, scenario: Scenario, queue_indexes: tuple[int, ...], n: int,
+                    shared: Shared) -> Samples:
+    """One queue read with `get_batch`: each lot's PUSH latencies, then one
+    CONFIRM for the lot."""
+    if len(queue_indexes) != 1:
+        raise ValueError("batch consumers read one queue per session (queues_per_client = 1)")
+    queue_index = queue_indexes[0]
+    pushes = Samples()
+    queue = session.open_queue(uri(scenario, queue_index, n), read=True, max_unconfirmed_messages=CONSUMER_WINDOW)
+    with shared.ready.get_lock():
+        shared.ready.value += 1
+    own = unreported = 0
+    last_message = last_report = time.monotonic()
+    while True:
+        batch = queue.get_batch(scenario.batch, timeout_s=0.2)
+        now = time.monotonic()
+        if batch:
+            at_s, now_ns = time.time(), time.time_ns()
+            for message in batch:
+                pushes.add(at_s, push_latency_ms(message.payload, now_ns))
+            queue.confirm(batch)
+            own += len(batch)
+            unreported += len(batch)
+            last_message = now
+        if (not batch or now - last_report > 0.25) and unreported:
+            shared.add_received(queue_index, unreported)
+            unreported = 0
+            last_report = now
+        if not batch and shared.consumer_done(queue_index, own, scenario.copies, now - last_message):
+            break
+    queue.close()  # sends the last CONFIRMs first
+    return pushes
