@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from protocol.expression import Expression
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
-from protocol.properties import from_wire, maps_to_wire
+from protocol.properties import from_wire, maps_to_wire, wire_to_maps
 
 ConsumerKey = Hashable
 REASON_ATTEMPTS = "max_delivery_attempts"
@@ -62,6 +62,16 @@ class StoredMessage:
         if self._wire is None:
             self._wire = maps_to_wire(*self._maps) if self._maps else []
         return self._wire
+
+    @property
+    def property_maps(self) -> tuple[list[Any] | None, list[Any] | None]:
+        """(values, types) as the tables' string maps; (None, None) when it has none."""
+        if self._maps:
+            return self._maps[0], self._maps[1]
+        if self._wire:
+            values, types = wire_to_maps(self._wire)
+            return values, types
+        return None, None
 
     @property
     def size(self) -> int:

@@ -274,6 +274,7 @@ class Node:
             handle.state.consumers -= handle.read
             handle.state.producers -= handle.write
         if handle.read:
+            link.columnar.discard(queue_id)
             handle.partition.route(handle.state, handle.app, lambda d: d.remove_consumer((link, queue_id)))
 
     def _handles_of(self, link: Link) -> dict[int, OpenHandle]:
@@ -399,6 +400,8 @@ class Node:
             return
         self._reply_open(link, req, None, checked)
         if req.read:
+            if req.columnar_push:
+                link.columnar.add(req.queue_id)
             options = checked.options
             partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
 

@@ -46,6 +46,7 @@ from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
+from protocol.columns import encode_push
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Targets = dict[tuple["QueueState", str], list[StoredMessage]]   # (queue, app) -> what to push
 PUSH_FRAME_MESSAGES_MAX = 1000
+COLUMNAR_RUN_MIN = 8   # fewer pushes to one queue go as PushMessages: a columnar frame costs ~40 µs to build
 TTL_SWEEP_INTERVAL_S = 0.5
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
 DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has every one
@@ -168,30 +170,67 @@ class DeadLetter:
 
 
 def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
-    """Send dispatcher output ((link, queue_id), message) as PushBatch frames, one
-    or more per link, in order. Consecutive pushes of one message (same GUID and
-    delivery count) to several queues of one link travel as one PushMessage with
-    `queue_ids`: fanout apps and broadcast consumers below a proxy or replica
-    cost one copy on that link, not one per consumer."""
-    by_link: dict["Link", list[pb.PushMessage]] = {}
+    """Send dispatcher output ((link, queue_id), message) in order, per link.
+
+    A run of at least `COLUMNAR_RUN_MIN` pushes to one queue whose consumer
+    takes columnar frames (`Link.columnar`, asked for in its OpenQueue) goes
+    as PushColumns frames: one Arrow batch, which relays forward as bytes.
+    The rest go as PushBatch frames, where consecutive pushes of one message
+    (same GUID and delivery count) to several queues of one link travel as
+    one PushMessage with `queue_ids`: fanout apps and broadcast consumers
+    below a proxy or replica cost one copy on that link, not one per consumer."""
+    by_link: dict["Link", list[tuple[int, StoredMessage]]] = {}
     for key, message in pushes:
         link, queue_id = cast("tuple[Link, int]", key)
-        messages = by_link.setdefault(link, [])
-        if messages:
-            last = messages[-1]
-            if last.guid == message.guid and last.delivery_count == message.delivery_count:
-                if not last.queue_ids:
-                    last.queue_ids.append(last.queue_id)
-                last.queue_ids.append(queue_id)
-                continue
-        messages.append(pb.PushMessage(
-            queue_id=queue_id, guid=message.guid, payload=message.payload,
-            properties=message.properties, put_time_us=message.put_time_us,
-            delivery_count=message.delivery_count, sequence=message.seq,
-            compression=message.compression))  # type: ignore[arg-type]  # a Compression value
-    for link, messages in by_link.items():
-        for start in range(0, len(messages), frame_messages_max):
-            link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
+        by_link.setdefault(link, []).append((queue_id, message))
+    for link, items in by_link.items():
+        columnar = link.columnar
+        messages: list[pb.PushMessage] = []
+        i = 0
+        while i < len(items):
+            queue_id, message = items[i]
+            if queue_id in columnar:
+                end = i + 1
+                while end < len(items) and items[end][0] == queue_id:
+                    end += 1
+                if end - i >= COLUMNAR_RUN_MIN:
+                    _send_push_batches(link, messages, frame_messages_max)
+                    messages = []
+                    for start in range(i, end, frame_messages_max):
+                        run = [m for _, m in items[start:min(end, start + frame_messages_max)]]
+                        link.send(pb.Frame(push_columns=pb.PushColumns(
+                            queue_id=queue_id, count=len(run), arrow_ipc=_push_columns(run))))
+                    i = end
+                    continue
+            if messages:
+                last = messages[-1]
+                if last.guid == message.guid and last.delivery_count == message.delivery_count:
+                    if not last.queue_ids:
+                        last.queue_ids.append(last.queue_id)
+                    last.queue_ids.append(queue_id)
+                    i += 1
+                    continue
+            messages.append(pb.PushMessage(
+                queue_id=queue_id, guid=message.guid, payload=message.payload,
+                properties=message.properties, put_time_us=message.put_time_us,
+                delivery_count=message.delivery_count, sequence=message.seq,
+                compression=message.compression))  # type: ignore[arg-type]  # a Compression value
+            i += 1
+        _send_push_batches(link, messages, frame_messages_max)
+
+
+def _send_push_batches(link: "Link", messages: list[pb.PushMessage], frame_messages_max: int) -> None:
+    for start in range(0, len(messages), frame_messages_max):
+        link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
+
+
+def _push_columns(run: list[StoredMessage]) -> bytes:
+    """A PushColumns body: the messages' columns, properties as the tables' maps."""
+    maps = [m.property_maps for m in run]
+    return encode_push(
+        [m.guid for m in run], [m.seq for m in run], [m.payload for m in run],
+        [v for v, _ in maps], [t for _, t in maps], [m.put_time_us for m in run],
+        [m.delivery_count for m in run], [m.compression for m in run])
 
 
 def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:

@@ -1,9 +1,13 @@
-"""Columnar PUTs (`PutColumns`): many messages to one queue as one Arrow batch.
+"""Columnar frames: many messages to one queue as one Arrow batch.
 
-The SDK encodes, the broker decodes and checks every message with the same
-rules as a single PUT (GUID length, payload size, property names, types and
-values, compression), vectorised with pyarrow compute, so the per-message
-Python cost leaves the hot path. A frame is accepted or refused as a whole.
+PUTs (`PutColumns`): the SDK encodes, the broker decodes and checks every
+message with the same rules as a single PUT (GUID length, payload size,
+property names, types and values, compression), vectorised with pyarrow
+compute, so the per-message Python cost leaves the hot path. A frame is
+accepted or refused as a whole.
+
+PUSHes (`PushColumns`, `PUSH_SCHEMA`): the primary encodes a run of messages
+to one consumer queue; relays forward the bytes; the SDK decodes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ SCHEMA = pa.schema([
     pa.field("property_types", PROPERTY_MAP),
     pa.field("compression", pa.string()),
 ])
+PUSH_SCHEMA = pa.schema([
+    pa.field("guid", pa.binary()),
+    pa.field("seq", pa.int64()),
+    pa.field("payload", pa.binary()),
+    pa.field("properties", PROPERTY_MAP),
+    pa.field("property_types", PROPERTY_MAP),
+    pa.field("put_time_us", pa.int64()),
+    pa.field("delivery_count", pa.int32()),
+    pa.field("compression", pa.int8()),        # the wire code (0: none)
+])
 TYPES = ("bool", "int32", "int64", "string", "binary")
 COMPRESSIONS = tuple(COMPRESSION_CODES)
 
@@ -33,6 +47,43 @@ def encode(table: pa.Table) -> bytes:
         writer.write_table(table.select(SCHEMA.names).cast(SCHEMA))
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
+                properties: list[list[tuple[str, str]] | None], property_types: list[list[tuple[str, str]] | None],
+                put_times_us: list[int], delivery_counts: list[int], compressions: list[int]) -> bytes:
+    """One PushColumns body from per-column lists (one entry per message)."""
+    batch = pa.record_batch([
+        pa.array(guids, pa.binary()), pa.array(seqs, pa.int64()), pa.array(payloads, pa.binary()),
+        pa.array(properties, PROPERTY_MAP), pa.array(property_types, PROPERTY_MAP),
+        pa.array(put_times_us, pa.int64()), pa.array(delivery_counts, pa.int32()),
+        pa.array(compressions, pa.int8()),
+    ], schema=PUSH_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, PUSH_SCHEMA) as writer:
+        writer.write_batch(batch)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def decode_push(data: bytes) -> pa.Table | str:
+    """A PushColumns body, or why it cannot be read."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        return f"arrow_ipc is not an Arrow IPC stream: {exc}"
+    if table.schema != PUSH_SCHEMA:
+        return f"arrow_ipc is not a PUSH frame: {table.schema}"
+    return table
+
+
+def push_guids(data: bytes) -> list[bytes] | None:
+    """The GUIDs of a PushColumns body (what a relay tracks), or None if unreadable."""
+    table = decode_push(data)
+    if isinstance(table, str):
+        return None
+    guids: list[bytes] = table["guid"].to_pylist()
+    return guids
 
 
 def guids_of(table: pa.Table) -> bytes:

@@ -61,6 +61,7 @@ class Link:
     def __init__(self, peer: str):
         self.id = next(_ids)
         self.peer = peer
+        self.columnar: set[int] = set()   # queue ids whose consumer takes PushColumns frames
         self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._closed = threading.Event()
 

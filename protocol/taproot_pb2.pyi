@@ -64,20 +64,22 @@ class QueueOptions(_message.Message):
     def __init__(self, max_unconfirmed_messages: _Optional[int] = ..., max_unconfirmed_bytes: _Optional[int] = ..., consumer_priority: _Optional[int] = ..., subscriptions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenQueue(_message.Message):
-    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options")
+    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options", "columnar_push")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_PUSH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     uri: str
     read: bool
     write: bool
     options: QueueOptions
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ...) -> None: ...
+    columnar_push: bool
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
     __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms")
@@ -178,6 +180,16 @@ class PutColumns(_message.Message):
     queue_id: int
     arrow_ipc: bytes
     def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+
+class PushColumns(_message.Message):
+    __slots__ = ("queue_id", "count", "arrow_ipc")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    count: int
+    arrow_ipc: bytes
+    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
 
 class AckColumns(_message.Message):
     __slots__ = ("queue_id", "guids", "code", "message")
@@ -280,7 +292,7 @@ class FrameError(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns")
+    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns", "push_columns")
     OPEN_QUEUE_FIELD_NUMBER: _ClassVar[int]
     OPEN_QUEUE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CONFIGURE_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +309,7 @@ class Frame(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PUT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ACK_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     open_queue: OpenQueue
     open_queue_response: OpenQueueResponse
     configure_queue: ConfigureQueue
@@ -313,7 +326,8 @@ class Frame(_message.Message):
     error: FrameError
     put_columns: PutColumns
     ack_columns: AckColumns
-    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ...) -> None: ...
+    push_columns: PushColumns
+    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ..., push_columns: _Optional[_Union[PushColumns, _Mapping]] = ...) -> None: ...
 
 class DeliveryNotice(_message.Message):
     __slots__ = ("partition", "delivery_version")

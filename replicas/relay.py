@@ -301,6 +301,8 @@ class Relay:
             return self._route_acks(frame)
         if kind == "push":
             return self._route_pushes(frame)
+        if kind == "push_columns":
+            return self._route_push_columns(frame)
         if kind == "ack_columns":
             ack = frame.ack_columns
             entry = self._release((ack.queue_id, ack.guids))
@@ -358,6 +360,20 @@ class Relay:
                     copy.queue_ids.extend(queue_ids)
                 by_link.setdefault(link, []).append(copy)
         return _regroup(frame, "push", pb.PushBatch, by_link, len(messages))
+
+    def _route_push_columns(self, frame: pb.Frame) -> Out:
+        """A columnar PUSH frame goes down as it came, its queue id rewritten;
+        only its GUIDs are read (what a graceful stop waits to see confirmed)."""
+        push = frame.push_columns
+        route = self._routes.get(push.queue_id)
+        if route is None:
+            return []  # the downstream link is gone; the primary redelivers
+        from protocol import columns  # pyarrow only when columnar frames are used
+        guids = columns.push_guids(push.arrow_ipc)
+        if guids is not None:  # unreadable: the consumer will say so; the primary redelivers when it goes
+            route.unconfirmed.update(guids)
+        push.queue_id = route.queue_id
+        return [(route.link, frame)]
 
     def _response(self, kind: str, body: Any) -> Out:
         request = self._requests.pop(body.request_id, None)

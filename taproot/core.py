@@ -109,11 +109,13 @@ class Effects:
     answered: list[tuple[Any, Any]] = field(default_factory=list)      # (PUT token, Ack | [guids] | AckError)
     responses: list[tuple[Any, Any]] = field(default_factory=list)     # (request token, response | TaprootError)
     pushes: list[pb.PushMessage] = field(default_factory=list)
+    push_frames: list[pb.PushColumns] = field(default_factory=list)   # columnar PUSHes, decoded by the shell
     closed: list[int] = field(default_factory=list)                    # queue ids that ended
     events: list[events.SessionEvent] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return any((self.frames, self.answered, self.responses, self.pushes, self.closed, self.events))
+        return any((self.frames, self.answered, self.responses, self.pushes, self.push_frames, self.closed,
+                    self.events))
 
 
 class SessionCore:
@@ -400,6 +402,8 @@ class SessionCore:
                     self._answer(held, ResultCode.of(ack.code), ack.message)
         elif kind == "push":
             self._effects.pushes.extend(frame.push.messages)
+        elif kind == "push_columns":
+            self._effects.push_frames.append(frame.push_columns)
         elif kind in ("open_queue_response", "configure_queue_response", "close_queue_response",
                       "stop_response"):
             body = getattr(frame, kind)

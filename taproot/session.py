@@ -470,7 +470,7 @@ class Session:
             raise errors.InvalidArgumentError(ResultCode.INVALID_ARGUMENT, "open for read, write or both")
         queue_id = next(self._queue_ids)
         record = QueueRecord(queue_id, str(parsed), read, write)
-        open_queue = pb.OpenQueue(queue_id=queue_id, uri=uri, read=read, write=write)
+        open_queue = pb.OpenQueue(queue_id=queue_id, uri=uri, read=read, write=write, columnar_push=read)
         if read:
             options = self._options(max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority)
             options.subscriptions.extend(_subscriptions(subscription))
@@ -639,6 +639,8 @@ class Session:
                 token.set_result(response)
         if effects.pushes:
             self._deliver(effects.pushes)
+        for frame in effects.push_frames:
+            self._deliver_columns(frame)
         for queue_id in effects.closed:
             with self._lock:
                 ended = not self._core.state.final  # else the session ended: its queues stay, failing
@@ -667,6 +669,33 @@ class Session:
                 q._deliver(Message(m.guid, payload, properties if n == 0 else dict(properties), q.uri,
                                    m.delivery_count, m.sequence, m.put_time_us,
                                    COMPRESSION_NAMES.get(m.compression), q))
+
+    def _deliver_columns(self, frame: pb.PushColumns) -> None:
+        """A columnar PUSH frame: one Arrow batch to one queue, handed over as
+        `Message`s in its order."""
+        from protocol import columns
+        from protocol.properties import maps_to_wire
+
+        q = self._queues.get(frame.queue_id)
+        if q is None:
+            return  # queue closed meanwhile: the broker redelivers elsewhere
+        table = columns.decode_push(frame.arrow_ipc)
+        if isinstance(table, str):
+            log.error("%s: a PUSH frame of %d messages could not be read: %s", q.uri, frame.count, table)
+            return  # unconfirmed: redelivered once this consumer goes
+        data = {name: table[name].to_pylist() for name in table.column_names}
+        uri, deliver = q.uri, q._deliver
+        for guid, seq, payload, values, types, put_time_us, count, compression in zip(
+                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
+                data["put_time_us"], data["delivery_count"], data["compression"]):
+            if compression:
+                try:
+                    payload = decompress(payload, compression)
+                except ValueError as exc:
+                    log.error("%s: message %s: %s", uri, guid.hex(), exc)
+            properties = from_wire(maps_to_wire(values, types)) if values else {}
+            deliver(Message(guid, payload, properties, uri, count, seq, put_time_us,
+                            COMPRESSION_NAMES.get(compression), q))
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
                  channel: grpc.Channel) -> None:

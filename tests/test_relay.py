@@ -206,8 +206,9 @@ def test_relay_rejects_server_frames_from_clients_and_reused_queue_ids():
 
 
 class FakeLink:
-    def __init__(self):
+    def __init__(self, columnar=()):
         self.frames = []
+        self.columnar = set(columnar)
 
     def send(self, frame):
         self.frames.append(frame)
@@ -225,6 +226,38 @@ def test_one_message_for_several_queues_of_a_link_goes_down_it_once():
     pushed = [(m.guid, list(m.queue_ids) or [m.queue_id]) for m in frame.push.messages]
     assert pushed == [(g(1), [1, 2, 3]), (g(2), [1, 2])]
     assert [(m.queue_id, list(m.queue_ids)) for m in b.frames[0].push.messages] == [(9, [])]
+
+
+def test_a_run_of_pushes_to_a_columnar_consumer_goes_as_one_arrow_frame_and_relays_pass_it_on():
+    from primary.dispatcher import StoredMessage
+    from primary.partition import COLUMNAR_RUN_MIN, send_pushes
+    from protocol import columns
+
+    link = FakeLink(columnar={1})
+    run = [StoredMessage(g(i), i, b"p%d" % i, maps=([("n", str(i))], [("n", "int32")]) if i % 2 else None,
+                         put_time_us=i, delivery_count=1) for i in range(COLUMNAR_RUN_MIN + 2)]
+    few = [StoredMessage(g(100 + i), 100 + i, b"f") for i in range(COLUMNAR_RUN_MIN - 1)]
+    send_pushes([((link, 1), m) for m in run] + [((link, 2), m) for m in run[:2]] + [((link, 1), m) for m in few])
+    kinds = [f.WhichOneof("body") for f in link.frames]
+    assert kinds == ["push_columns", "push"]   # queue 2 does not take columns; a short run goes as messages
+    frame = link.frames[0].push_columns
+    table = columns.decode_push(frame.arrow_ipc)
+    assert frame.queue_id == 1 and frame.count == table.num_rows == len(run)
+    assert table["guid"].to_pylist() == [m.guid for m in run] and table["seq"].to_pylist() == list(range(len(run)))
+    assert table["properties"].to_pylist()[1] == [("n", "1")] and table["properties"].to_pylist()[0] is None
+    assert [(m.queue_id, m.guid) for m in link.frames[1].push.messages] == \
+        [(2, run[0].guid), (2, run[1].guid)] + [(1, m.guid) for m in few]
+
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(7, 1, read=True, write=False))
+    opened(relay, up)
+    frame.queue_id = up.open_queue.queue_id
+    (dest, down), = relay.from_upstream(pb.Frame(push_columns=frame))
+    assert dest == "A" and down.push_columns.queue_id == 7 and down.push_columns.arrow_ipc == frame.arrow_ipc
+    assert relay.unconfirmed_count == len(run)
+    relay.from_downstream("A", pb.Frame(confirm=pb.ConfirmBatch(messages=[
+        pb.ConfirmMessage(queue_id=7, guid=m.guid) for m in run])))
+    assert relay.unconfirmed_count == 0
 
 
 def test_relay_splits_a_multi_queue_push_by_link_and_keeps_one_copy_per_link():

@@ -205,3 +205,12 @@ def test_columnar_frames_keep_their_place_in_put_order_across_a_resend():
     core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=g(2) + g(3))))
     assert core.take().answered == [("cols", [g(2), g(3)])]
     assert core.buffer.messages == 2
+
+
+def test_a_consumer_asks_for_columnar_pushes_and_the_core_hands_the_frames_to_the_shell():
+    core = SessionCore()
+    core.connected("h1", 0)
+    frame = pb.PushColumns(queue_id=3, count=2, arrow_ipc=b"...")
+    core.on_frame(pb.Frame(push_columns=frame))
+    effects = core.take()
+    assert effects.push_frames == [frame] and effects.pushes == [] and bool(effects)
