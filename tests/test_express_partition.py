@@ -31,7 +31,8 @@ G = [bytes([i]) * 16 for i in range(40)]
 def config(tmp_path, **domain_fields) -> ClusterConfig:
     domains = {"d": parse_domain("d", domain_fields.pop("d", {})),
                "fan": parse_domain("fan", {"mode": "fanout", "app_ids": ["a", "b", "c"],
-                                           "subscriptions": {"b": "region = 'EU'"}})}
+                                           "subscriptions": {"b": "region = 'EU'"}}),
+               "fanall": parse_domain("fanall", {"mode": "fanout", "app_ids": ["a", "b"]})}
     return ClusterConfig(data_dir=str(tmp_path), domains=domains)
 
 
@@ -289,3 +290,35 @@ def test_pushes_keep_put_order_while_confirms_free_the_window_concurrently(parti
         time.sleep(0.001)
     reader.join(70)
     assert len(got) == len(guids) and got == guids
+
+
+def test_a_columnar_frame_to_apps_without_subscriptions_is_decided_once_per_frame_with_the_same_outcome(partition):
+    """The frame fast path (`_express_frame`): duplicates within the frame and
+    against the history are not pushed; every other row goes to every app, in
+    order; the decisions agree with the pipeline's rows."""
+    from primary.partition import PendingColumns
+    from protocol import columns
+
+    a, b = Consumer(partition, "fanall", app="a"), Consumer(partition, "fanall", app="b")
+    state = partition.queue_state(QueueUri("fanall", "q"), partition.config.domains["fanall"])
+    link = Link("bulk")
+
+    def frame(guids: list[bytes]) -> None:
+        n = len(guids)
+        table = pa.table({"guid": pa.array(guids, pa.binary()), "payload": pa.array([g[:1] * 4 for g in guids]),
+                          "properties": pa.array([None] * n, columns.PROPERTY_MAP),
+                          "property_types": pa.array([None] * n, columns.PROPERTY_MAP),
+                          "compression": pa.array([None] * n, pa.string())}, schema=columns.SCHEMA)
+        assert partition.put_committer.submit([PendingColumns(link, 1, state, table, b"".join(guids))], 0)
+        assert link._out.get(timeout=10).ack_columns.code == pb.SUCCESS
+
+    frame([G[0], G[1], G[0], G[2]])   # a duplicate inside the frame
+    frame([G[1], G[3]])               # and one against the history
+    for consumer in (a, b):
+        pushed = consumer.pushed(4, timeout_s=5)
+        assert [m.guid for m in pushed] == [G[0], G[1], G[2], G[3]]
+        assert [m.sequence for m in pushed] == [0, 1, 3, 5] and pushed[0].payload == G[0][:1] * 4
+        assert consumer.pushed(1, timeout_s=0.3) == []
+    FakePipeline(partition.paths).deliver([(seq, ["a", "b"]) for seq in (0, 1, 3, 5)])
+    wait_until(lambda: partition._judged_seq >= 5, 10, what="the pipeline's rows reconciled")
+    assert disagreements(partition.paths) == []
