@@ -154,3 +154,61 @@ def test_broadcast_reaches_every_top_priority_matching_consumer_and_keeps_nothin
     message = msgs(1)[0]
     assert sorted(k for k, _ in d.broadcast(message)) == ["a", "b"]
     assert d.pending_count == 0 and d.unconfirmed_count == 0
+
+
+class _GeneralOnly(QueueDispatcher):
+    """The dispatcher without its one-consumer fast path: the oracle."""
+
+    def _dispatch_to_one(self, consumer, now):
+        return self._dispatch_any(now, False)
+
+
+def test_the_one_consumer_fast_path_pushes_exactly_what_the_general_path_does():
+    import random
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        clock = [1_000]
+        fast = QueueDispatcher(max_delivery_attempts=rng.choice([0, 2, 3]), clock=lambda c=clock: c[0])
+        oracle = _GeneralOnly(max_delivery_attempts=fast.max_delivery_attempts, clock=lambda c=clock: c[0])
+        seq = 0
+        keys = ["c0"]
+        first = ConsumerOptions(rng.randint(1, 6), rng.choice([0, 10, 50, 1 << 20]))
+        for d in (fast, oracle):
+            d.add_consumer("c0", first)
+        log = []
+        for _ in range(60):
+            op = rng.random()
+            clock[0] += rng.randint(0, 30)
+            if op < 0.4:
+                batch = []
+                for _ in range(rng.randint(1, 5)):
+                    seq += 1
+                    batch.append((seq, rng.randint(1, 20), rng.choice([0, 0, 5, 40])))
+                results = [d.add_messages(StoredMessage(bytes([s % 256, s // 256]) * 8, s, b"x" * size,
+                                                        expires_us=clock[0] + ttl if ttl else 0)
+                                          for s, size, ttl in batch) for d in (fast, oracle)]
+            elif op < 0.7 and keys:
+                key = keys[0]
+                held = fast.unconfirmed_of(key)
+                if not held:
+                    continue
+                guid = rng.choice(held)
+                results = [d.confirm(key, guid)[1] for d in (fast, oracle)]
+            elif op < 0.8 and keys:
+                results = [d.remove_consumer(keys[0]) for d in (fast, oracle)]
+                keys = []
+            elif op < 0.9 and not keys:
+                keys = [f"c{seq}"]
+                options = ConsumerOptions(rng.randint(0, 6), rng.choice([0, 10, 50, 1 << 20]))
+                results = [d.add_consumer(keys[0], options) for d in (fast, oracle)]
+            elif keys:
+                options = ConsumerOptions(rng.randint(0, 6), rng.choice([0, 10, 50, 1 << 20]))
+                results = [d.configure_consumer(keys[0], options) for d in (fast, oracle)]
+            else:
+                continue
+            pushed = [[(k, m.seq, m.delivery_count) for k, m in r] for r in results]
+            assert pushed[0] == pushed[1], f"seed {seed}: {log[-3:]}"
+            log.append(pushed[0])
+            assert [(m.seq, r) for m, r, _ in fast.take_dropped()] == \
+                [(m.seq, r) for m, r, _ in oracle.take_dropped()], f"seed {seed}"
