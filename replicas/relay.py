@@ -88,6 +88,9 @@ class Relay:
         self._requests: dict[int, _Request] = {}           # up request id -> request
         # (up qid, guid or the columnar frame's GUIDs) -> what to resend, in PUT order
         self._buffer: RetransmissionBuffer[tuple[int, bytes], _Buffered] = RetransmissionBuffer(self.limits)
+        # up qid -> buffer keys not sent on this upstream yet, in PUT order: what
+        # its (re)open sends, without a scan of the whole buffer per queue.
+        self._unsent: dict[int, list[tuple[int, bytes]]] = {}
         self.connected = connected
         self.stopping = False            # the upstream sent StopRequest: hold PUTs
         self.now_ms = 0.0
@@ -194,6 +197,8 @@ class Relay:
             self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
             if self.sending and self._routes[up_qid].open:
                 out_messages.append(message)
+            else:
+                self._unsent.setdefault(up_qid, []).append((up_qid, message.guid))
         out: Out = []
         if out_messages:
             # A new frame, not `frame` itself: the buffer keeps these messages
@@ -220,6 +225,7 @@ class Relay:
         self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
         if self.sending and self._routes[up_qid].open:
             return [(UPSTREAM, pb.Frame(put_columns=up))]
+        self._unsent.setdefault(up_qid, []).append((up_qid, guids))
         return []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
@@ -289,6 +295,7 @@ class Relay:
 
     def _forget_route(self, up_qid: int) -> None:
         route = self._routes.pop(up_qid, None)
+        self._unsent.pop(up_qid, None)
         if route is not None:
             self._up.pop((route.link, route.queue_id), None)
 
@@ -429,15 +436,17 @@ class Relay:
         return entry.link, pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
             queue_id=entry.queue_id, guid=entry.frame.guid, code=wire(code), message=text)]))
 
-    def _resend(self, up_qid: int | None = None) -> Out:
-        """The buffered PUTs (of one queue, or of every open one), in PUT order."""
+    def _resend(self, up_qid: int) -> Out:
+        """The buffered PUTs of a queue just opened upstream that this
+        upstream has not had yet, in PUT order."""
         if not self.sending:
             return []
         out: Out = []
         singles: list[pb.PutMessage] = []
-        for (qid, _), held in self._buffer.items():
-            if (up_qid is not None and qid != up_qid) or not self._routes.get(qid, _CLOSED).open:
-                continue
+        for key in self._unsent.pop(up_qid, ()):
+            held = self._buffer.get(key)
+            if held is None:
+                continue  # answered meanwhile
             entry = held.item
             if isinstance(entry.frame, pb.PutColumns):
                 if singles:
@@ -482,6 +491,9 @@ class Relay:
         succeeds) resend its buffered PUTs in order."""
         self.connected = True
         self.stopping = False
+        self._unsent = {}
+        for key, _ in self._buffer.items():  # one pass: each queue's PUTs, in order, for its reopen
+            self._unsent.setdefault(key[0], []).append(key)
         out: Out = []
         pending_opens = {r.upstream_queue_id: up_req for up_req, r in self._requests.items()
                          if r.kind == "open_queue"}
@@ -515,9 +527,6 @@ class Relay:
 class _Ids:
     request_id: int
     queue_id: int
-
-
-_CLOSED = _Route(None, 0, False, pb.OpenQueue())
 
 
 def _response(kind: str, req: Any, code: ResultCode, text: str = "") -> pb.Frame:

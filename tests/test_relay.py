@@ -293,3 +293,26 @@ def test_a_pause_is_pending_until_answered_so_a_drain_counts_pushes_in_flight():
     relay.pause_consumers()
     relay.upstream_lost()   # nothing to wait for from a lost upstream
     assert relay.pauses_pending == 0
+
+
+def test_a_restored_upstream_resends_each_queues_puts_without_a_scan_per_queue():
+    relay = Relay()
+    ups = []
+    for qid in range(1, 101):
+        (_, up), = relay.from_downstream("A", open_frame(qid, qid))
+        opened(relay, up)
+        ups.append(up)
+    for i in range(1000):
+        relay.from_downstream("A", put(1 + i % 100, g(i)))
+    relay.upstream_lost()
+    reopens = [f.open_queue for _, f in relay.upstream_restored()]
+    relay.from_upstream(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(queue_id=reopens[3].queue_id, guid=g(3))])))
+    calls = []
+    items = relay._buffer.items
+    relay._buffer.items = lambda: calls.append(1) or items()
+    resent = []
+    for req in reopens:
+        for _, frame in relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+                request_id=req.request_id, queue_id=req.queue_id, status=pb.Status(code=0)))):
+            resent.extend(m.guid for m in frame.put.messages)
+    assert calls == [] and sorted(resent) == sorted(g(i) for i in range(1000) if i != 3)
