@@ -16,7 +16,7 @@ from primary.dispatcher import ConsumerOptions
 from protocol import ResultCode, pb
 from protocol.codes import COMPRESSION_NAMES
 from protocol.expression import ExpressionError, compile_expression
-from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH
+from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH, PUT_TIME_US_MAX
 from protocol.properties import validate_wire
 from protocol.uri import QueueUri, parse_queue_uri
 
@@ -99,7 +99,8 @@ def check_capacity(domain: "DomainConfig", queue: str, read: bool, write: bool, 
 
 
 def check_put(message: pb.PutMessage, domain: "DomainConfig") -> Refusal | None:
-    """One PUT to a queue open for writing: GUID, payload size, compression, properties."""
+    """One PUT to a queue open for writing: GUID, payload size, compression,
+    producer timestamp, properties."""
     if len(message.guid) != GUID_LENGTH:
         return Refusal(ResultCode.INVALID_ARGUMENT, f"GUID must be {GUID_LENGTH} bytes, got {len(message.guid)}")
     if len(message.payload) > domain.max_payload_bytes:
@@ -107,5 +108,8 @@ def check_put(message: pb.PutMessage, domain: "DomainConfig") -> Refusal | None:
                        f"domain's max_payload_bytes {domain.max_payload_bytes}")
     if message.compression not in COMPRESSIONS:
         return Refusal(ResultCode.INVALID_ARGUMENT, f"unknown compression {message.compression}")
+    if not 0 <= message.put_time_us <= PUT_TIME_US_MAX:
+        return Refusal(ResultCode.INVALID_ARGUMENT, f"put_time_us {message.put_time_us} is outside "
+                       f"[0, {PUT_TIME_US_MAX}] (microseconds from 1970 to 2262-04-11)")
     reason = validate_wire(message.properties)
     return Refusal(ResultCode.INVALID_ARGUMENT, reason) if reason else None

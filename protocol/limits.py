@@ -14,3 +14,7 @@ DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs
 # One producer's retransmission buffer (the SDK); a hop's holds many producers'
 # (`protocol.retransmit.RetransmissionLimits`).
 SESSION_MAX_PENDING_PUTS = 100_000
+# A producer timestamp (`put_time_us`, microseconds since 1970) must lie where
+# every engine reading the tables can hold it: Parquet readers that use
+# nanoseconds (pyarrow with INT96, pandas) stop at 2262-04-11. 0 means unset.
+PUT_TIME_US_MAX = (2**63 - 1) // 1000

@@ -79,6 +79,10 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
+        # Timestamps as Parquet INT64 microseconds, not INT96 (nanoseconds to
+        # pyarrow and duckdb, which overflow outside 1677-2262): every reader
+        # of the tables gets the values the primary wrote.
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE}")
         .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
         # Delta rebuilds table state with this many tasks (default 50); in local

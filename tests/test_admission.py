@@ -56,6 +56,11 @@ def test_a_good_open_carries_the_domains_consumer_defaults():
     (pb.PutMessage(guid=bytes(16), payload=b"x", compression=99), "unknown compression 99"),  # type: ignore[arg-type]
     (pb.PutMessage(guid=bytes(16), payload=b"x",
                    properties=[pb.Property(name="", string_value="v")]), "name"),
+    # Timestamps no table reader can hold: one such PUT once took its partition down for good.
+    (pb.PutMessage(guid=bytes(16), payload=b"x", put_time_us=10**16), "put_time_us 10000000000000000 is outside"),
+    (pb.PutMessage(guid=bytes(16), payload=b"x", put_time_us=2**63 - 1), "2262-04-11"),
+    (pb.PutMessage(guid=bytes(16), payload=b"x", put_time_us=-(2**63)), "put_time_us"),
+    (pb.PutMessage(guid=bytes(16), payload=b"x", put_time_us=-1), "put_time_us"),
 ])
 def test_a_bad_put_is_refused_invalid_argument(message, words):
     code, text = refusal(check_put(message, DOMAINS["d"]))
@@ -64,6 +69,8 @@ def test_a_bad_put_is_refused_invalid_argument(message, words):
 
 def test_a_good_put_passes_and_capacity_counts_per_queue():
     assert check_put(pb.PutMessage(guid=bytes(16), payload=b"x" * 100), DOMAINS["d"]) is None
+    for t in (0, 1_795_000_000_000_000, (2**63 - 1) // 1000):   # unset, now, the last representable
+        assert check_put(pb.PutMessage(guid=bytes(16), payload=b"x", put_time_us=t), DOMAINS["d"]) is None
     assert check_capacity(DOMAINS["d"], "taproot://d/q", read=True, write=False, consumers=1, producers=0) is None
     code, text = refusal(check_capacity(DOMAINS["d"], "taproot://d/q", True, False, consumers=2, producers=0))
     assert code == ResultCode.REFUSED and "allows at most 2 (max_consumers)" in text

@@ -171,3 +171,21 @@ def test_columnar_pushes_carry_properties_compression_and_order(cluster):
             if address == cluster.node_address:
                 consumer.confirm(got)   # the proxy's consumer left without confirming: redelivered here
                 assert all(m.delivery_count == 2 for m in got)
+
+
+def test_a_put_with_a_timestamp_no_table_reader_can_hold_is_refused_and_the_queue_carries_on(cluster):
+    """put_time_us = 10**16 (year 2286) was once ACKed, stored, and after a
+    restart kept its partition from recovering: now it is refused at once."""
+    for address in (cluster.proxy_address, cluster.node_address):
+        raw = RawSession(address)
+        assert raw.open(1, URI).status.code == ResultCode.SUCCESS
+        raw.send(pb.Frame(put=pb.PutBatch(messages=[
+            pb.PutMessage(queue_id=1, guid=b"t" * 16, payload=b"x", put_time_us=10**16),
+            pb.PutMessage(queue_id=1, guid=b"u" * 16, payload=b"x", put_time_us=1_795_000_000_000_000)])))
+        acks = {a.guid: a for a in raw.recv("ack").ack.messages}
+        while len(acks) < 2:
+            acks.update({a.guid: a for a in raw.recv("ack").ack.messages})
+        assert acks[b"t" * 16].code == ResultCode.INVALID_ARGUMENT and "put_time_us" in acks[b"t" * 16].message
+        assert acks[b"u" * 16].code == ResultCode.SUCCESS
+        raw.close()
+    assert b"t" * 16 not in committed_guids(cluster) and b"u" * 16 in committed_guids(cluster)

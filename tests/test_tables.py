@@ -75,6 +75,13 @@ def test_every_table_opens_with_spark_delta_rs_and_duckdb_without_taproot_code(c
     assert seen["deltars_time_travel_v0"] == seen["spark_time_travel_v0"] == 0  # version 0: the empty table
     assert seen["deltars_cdf_inserts"] == expected["puts"]      # the change feed of an append-only log
     assert seen["spark_cdf_inserts"] == expected["confirms"]
+    # Spark writes timestamps as INT64 microseconds, not INT96 (which pyarrow
+    # reads as nanoseconds, overflowing outside 1677-2262).
+    import pyarrow.parquet as pq
+    files = sorted(Path(paths.delivery).glob("*.parquet"), key=lambda f: f.stat().st_mtime)
+    physical = pq.ParquetFile(files[-1]).schema  # the newest file, written by this release
+    types = {physical.column(i).name: physical.column(i).physical_type for i in range(len(physical))}
+    assert types["put_time"] == types["delivered_time"] == "INT64", types
 
 
 def test_views_show_backlog_latency_rates_and_dead_letters(cluster, spark):
