@@ -144,44 +144,63 @@ class Upstream:
         return None
 
     def _upstream_loop(self) -> None:
+        """Connect, forward, and on any failure start over: this thread must
+        never end while the relay accepts clients (a frame that makes the
+        relay raise costs a reconnection, which resends what is unacknowledged)."""
         while not self._stop.is_set():
-            connected = self._connect()
-            if connected is None:
-                self._stop.wait(self.reconnect_interval_s)
-                continue
-            channel, address = connected
-            with self._lock:
-                self._up_out = queue.SimpleQueue()
-                self.address = address
-                self._send(self.relay.upstream_restored())
-                up_out = self._up_out
-            responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
-            self.connects += 1
-            log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
-                     self.relay.route_count, self.relay.unacked_count)
-            self.connected.set()
-            reason = "upstream stream ended"
             try:
-                for frame in responses:
-                    with self._lock:
-                        self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
-            except grpc.RpcError as exc:
-                reason = f"upstream lost: {exc.code().name}"
-            self.connected.clear()
-            with self._lock:
-                self._send(self.relay.upstream_lost())
-                self.address = None
-            up_out.put(CLOSE)
-            channel.close()
-            # Start the next round with the next host: the one just lost is
-            # probably the one that went away.
-            self._next_host += 1
-            if not self._stop.is_set():
-                log.warning("%s: %s from %s; %d PUTs buffered, reconnecting", self.name, reason, address,
-                            self.relay.unacked_count)
+                self._upstream_round()
+            except Exception:
+                log.exception("%s: the upstream loop failed; reconnecting", self.name)
+                self.connected.clear()
                 self._stop.wait(self.reconnect_interval_s)
+
+    def _upstream_round(self) -> None:
+        if self._stop.is_set():
+            return
+        connected = self._connect()
+        if connected is None:
+            self._stop.wait(self.reconnect_interval_s)
+            return
+        channel, address = connected
+        with self._lock:
+            self._up_out = queue.SimpleQueue()
+            self.address = address
+            self._send(self.relay.upstream_restored())
+            up_out = self._up_out
+        responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
+        self.connects += 1
+        log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
+                 self.relay.route_count, self.relay.unacked_count)
+        self.connected.set()
+        reason = "upstream stream ended"
+        try:
+            for frame in responses:
+                with self._lock:
+                    self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
+        except grpc.RpcError as exc:
+            reason = f"upstream lost: {exc.code().name}"
+        except Exception as exc:
+            log.exception("%s: relaying an upstream frame failed", self.name)
+            reason = f"relaying an upstream frame failed ({type(exc).__name__}: {exc})"
+        self.connected.clear()
+        with self._lock:
+            self._send(self.relay.upstream_lost())
+            self.address = None
+        up_out.put(CLOSE)
+        channel.close()
+        # Start the next round with the next host: the one just lost is
+        # probably the one that went away.
+        self._next_host += 1
+        if not self._stop.is_set():
+            log.warning("%s: %s from %s; %d PUTs buffered, reconnecting", self.name, reason, address,
+                        self.relay.unacked_count)
+            self._stop.wait(self.reconnect_interval_s)
 
     def _expire_loop(self) -> None:
         while not self._stop.wait(EXPIRE_INTERVAL_S):
-            with self._lock:
-                self._send(self.relay.expire(time.monotonic() * 1000))
+            try:
+                with self._lock:
+                    self._send(self.relay.expire(time.monotonic() * 1000))
+            except Exception:
+                log.exception("%s: expiring buffered PUTs failed; trying again", self.name)

@@ -592,18 +592,26 @@ class Session:
             self._send_effects_locked()
 
     def _flusher(self) -> None:
+        """Batches out on time and the buffer's time bound, until the session
+        ends; a failure is logged and the next round goes on (a dead flusher
+        would leave PUTs lingering and never time out)."""
         while True:
-            with self._lock:
-                if self._core.state.final:
-                    return
-                now = self._now_ms()
-                wake = self._core.tick(now)
-                effects = self._core.take()
-                self._send_locked(effects)
-                if not effects:
-                    self._lock.wait(max(0.0, min(wake - now, 500.0)) / 1000)
-                    continue
-            self._carry_out(effects)
+            try:
+                with self._lock:
+                    if self._core.state.final:
+                        return
+                    now = self._now_ms()
+                    wake = self._core.tick(now)
+                    effects = self._core.take()
+                    self._send_locked(effects)
+                    if not effects:
+                        self._lock.wait(max(0.0, min(wake - now, 500.0)) / 1000)
+                        continue
+                self._carry_out(effects)
+            except Exception:
+                log.exception("session flusher failed; carrying on")
+                with self._lock:
+                    self._lock.wait(0.1)
 
     def _send_effects_locked(self) -> None:
         """Frames go out now, in order (lock held); answers and events, which

@@ -3,6 +3,8 @@ tables on a temp dir; no Spark (PUT -> ACK path and bad input)."""
 
 from __future__ import annotations
 
+import time
+
 import pyarrow.compute as pc
 import pytest
 
@@ -189,3 +191,46 @@ def test_a_put_with_a_timestamp_no_table_reader_can_hold_is_refused_and_the_queu
         assert acks[b"u" * 16].code == ResultCode.SUCCESS
         raw.close()
     assert b"t" * 16 not in committed_guids(cluster) and b"u" * 16 in committed_guids(cluster)
+
+
+def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cluster):
+    """Issue 16, defect 7: the proxy's forwarding thread caught only gRPC
+    errors, so any other exception ended forwarding for good while clients
+    stayed connected. Now the failure costs a reconnection: the buffered PUT
+    is resent and ACKed once."""
+    import queue as _queue
+
+    from protocol.stream import Link
+    from proxies.server import Proxy
+
+    proxy = Proxy([cluster.node_address])
+    proxy.start(connect_timeout_s=10)
+    original = proxy.relay.from_upstream
+    failures = [1]
+
+    def flaky(frame, now_ms=None):
+        if frame.WhichOneof("body") == "ack" and failures:
+            failures.pop()
+            raise RuntimeError("seeded relay bug")
+        return original(frame, now_ms)
+
+    proxy.relay.from_upstream = flaky  # type: ignore[method-assign]
+    link = Link("client")
+    proxy.open_link(link)
+    try:
+        proxy.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=URI, write=True)))
+        assert link._out.get(timeout=10).open_queue_response.status.code == ResultCode.SUCCESS
+        guid = b"r" * 16
+        proxy.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=guid, payload=b"x")])))
+        acks = []
+        deadline = time.monotonic() + 20
+        while not acks and time.monotonic() < deadline:
+            try:
+                frame = link._out.get(timeout=0.2)
+            except _queue.Empty:
+                continue
+            acks.extend(a for a in frame.ack.messages if frame.WhichOneof("body") == "ack")
+        assert [(a.guid, a.code) for a in acks] == [(guid, ResultCode.SUCCESS)]
+        assert proxy.connects >= 2 and not failures
+    finally:
+        proxy.stop()
