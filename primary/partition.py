@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Targets = dict[tuple["QueueState", str], list[StoredMessage]]   # (queue, app) -> what to push
 PUSH_FRAME_MESSAGES_MAX = 1000
+SIDE_LOG_RETRIES_S = (0.1, 0.5, 2.0)   # pauses before retrying a failed confirm / dead-letter commit
 COLUMNAR_RUN_MIN = 8   # fewer pushes to one queue go as PushMessages: a columnar frame costs ~40 µs to build
 TTL_SWEEP_INTERVAL_S = 0.5
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
@@ -465,21 +466,16 @@ class Partition:
         now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
         singles = [i for i in items if isinstance(i, PendingPut)]
         bulks = [i for i in items if isinstance(i, PendingColumns)]
-        parts = []
-        if singles:
-            props = [wire_to_maps(i.message.properties) for i in singles]
-            parts.append(self._rows(
-                [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
-                pa.array([i.message.payload for i in singles], pa.binary()),
-                pa.array([p[0] for p in props], tables.PROPERTY_MAP),
-                pa.array([p[1] for p in props], tables.PROPERTY_MAP),
-                pa.array([i.message.put_time_us or None for i in singles], pa.int64()),
-                pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
-        for bulk in bulks:
-            t = bulk.table
-            parts.append(self._rows([bulk.queue] * t.num_rows, t["guid"], t["payload"], t["properties"],
-                                    t["property_types"], pa.nulls(t.num_rows, pa.int64()), t["compression"], now_us))
-        batch = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        next_seq = self._next_seq
+        try:
+            batch = self._put_batch(singles, bulks, now_us)
+        except Exception as exc:
+            # Nothing was written: answer at once rather than leave the
+            # producers to their timeout.
+            self._next_seq = next_seq
+            log.exception("partition %d: building the rows of %d PUTs failed", self.index, len(items))
+            self._refuse_puts(singles, bulks, ResultCode.STORAGE_FAILURE, f"the commit could not be built: {exc}")
+            return
         count = batch.num_rows
         code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
@@ -520,6 +516,37 @@ class Partition:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
+
+    def _put_batch(self, singles: list[PendingPut], bulks: list[PendingColumns], now_us: int) -> pa.Table:
+        """The PUT-log rows of one group commit: the singles, then each bulk's rows."""
+        parts = []
+        if singles:
+            props = [wire_to_maps(i.message.properties) for i in singles]
+            parts.append(self._rows(
+                [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
+                pa.array([i.message.payload for i in singles], pa.binary()),
+                pa.array([p[0] for p in props], tables.PROPERTY_MAP),
+                pa.array([p[1] for p in props], tables.PROPERTY_MAP),
+                pa.array([i.message.put_time_us or None for i in singles], pa.int64()),
+                pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
+        for bulk in bulks:
+            t = bulk.table
+            parts.append(self._rows([bulk.queue] * t.num_rows, t["guid"], t["payload"], t["properties"],
+                                    t["property_types"], pa.nulls(t.num_rows, pa.int64()), t["compression"], now_us))
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    @staticmethod
+    def _refuse_puts(singles: list[PendingPut], bulks: list[PendingColumns], code: ResultCode, text: str) -> None:
+        """Answer a group that was not committed, and give its quota back."""
+        for i in singles:
+            i.queue.unadmit([i.message.guid])
+        for b in bulks:
+            b.queue.unadmit(b.table["guid"].to_pylist())
+        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code), message=text))
+                   for i in singles])
+        for b in bulks:
+            b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
+                                                           message=text)))
 
     def _express(self, batch: pa.Table, singles: list[PendingPut], bulks: list[PendingColumns],
                  now_us: int) -> dict[tuple[QueueState, str], list[StoredMessage]]:
@@ -638,15 +665,25 @@ class Partition:
     def _append_or_log(self, appender: deltars.Appender, batch: pa.Table, what: str) -> bool:
         """Commit a batch to one of the primary's side logs (confirms, dead
         letters, disagreements), whose loss costs a redelivery or a record,
-        never a message: a failure is logged; fenced, the partition steps
-        down (the new primary delivers these messages again)."""
-        try:
-            appender.append(batch)
-            return True
-        except Fenced:
-            self.on_fenced()
-        except Exception:
-            log.exception("partition %d: %s commit of %d rows failed", self.index, what, batch.num_rows)
+        never a message. A failure is retried (`SIDE_LOG_RETRIES_S`), then
+        logged; fenced, the partition steps down (the new primary delivers
+        these messages again)."""
+        for attempt, pause_s in enumerate((*SIDE_LOG_RETRIES_S, None)):
+            try:
+                appender.append(batch)
+                return True
+            except Fenced:
+                self.on_fenced()
+                return False
+            except Exception:
+                if pause_s is None:
+                    log.exception("partition %d: %s commit of %d rows failed %d times; given up (after a "
+                                  "restart these messages are delivered again)", self.index, what,
+                                  batch.num_rows, attempt + 1)
+                    return False
+                log.warning("partition %d: %s commit of %d rows failed; retrying in %.1f s", self.index, what,
+                            batch.num_rows, pause_s, exc_info=True)
+                time.sleep(pause_s)
         return False
 
     def _commit_dead(self, items: list[DeadLetter]) -> None:

@@ -322,3 +322,50 @@ def test_a_columnar_frame_to_apps_without_subscriptions_is_decided_once_per_fram
     FakePipeline(partition.paths).deliver([(seq, ["a", "b"]) for seq in (0, 1, 3, 5)])
     wait_until(lambda: partition._judged_seq >= 5, 10, what="the pipeline's rows reconciled")
     assert disagreements(partition.paths) == []
+
+
+def test_a_group_whose_rows_cannot_be_built_is_refused_at_once_and_the_next_one_commits(partition, monkeypatch):
+    """Issue 16, defect 8: an exception while building a group's rows escaped
+    the commit function, and its PUTs waited for their timeout (60-300 s)."""
+    consumer = Consumer(partition)
+    producer = Producer(partition)
+    original = partition._rows
+    calls = [0]
+
+    def broken(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("seeded: a column that does not convert")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(partition, "_rows", broken)
+    started = time.monotonic()
+    acks = producer.put(G[:3])
+    assert [a.code for a in acks] == [pb.STORAGE_FAILURE] * 3 and time.monotonic() - started < 5
+    assert "could not be built" in acks[0].message
+    acks = producer.put(G[3:5])
+    assert [a.code for a in acks] == [pb.SUCCESS] * 2
+    pushed = consumer.pushed(2, timeout_s=5)
+    assert [m.guid for m in pushed] == G[3:5] and [m.sequence for m in pushed] == [0, 1]   # no seq lost
+
+
+def test_a_confirm_commit_that_fails_for_a_moment_is_retried_not_dropped(partition, monkeypatch):
+    """Issue 16, defect 8: a failed confirm (or dead-letter) commit was logged
+    and dropped; a passing storage error now costs a retry, not the record."""
+    consumer = Consumer(partition)
+    Producer(partition).put(G[:1])
+    (message,) = consumer.pushed(1, timeout_s=5)
+    original = partition._confirms.append
+    failures = [OSError("seeded: storage busy"), OSError("seeded: storage busy")]
+
+    def flaky(batch):
+        if failures:
+            raise failures.pop()
+        return original(batch)
+
+    monkeypatch.setattr(partition._confirms, "append", flaky)
+    consumer.confirm(message)
+    wait_until(lambda: deltars.try_open(partition.paths.confirms) is not None and G[0] in deltars.try_open(
+        partition.paths.confirms).to_pyarrow_table(columns=["guid"])["guid"].to_pylist(), 10,
+        what="the confirm row, after two failed commits")
+    assert failures == []
