@@ -344,21 +344,37 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML; anything that keeps it from being read is a ConfigError."""
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a configuration") from None
+
+
+def _array_of_tables(raw: Any, where: str) -> list[Any] | None:
+    if raw is None or isinstance(raw, list):
+        return raw
+    raise ConfigError(f"{where}: must be an array of tables ([[{where}]] sections), got {type(raw).__name__} "
+                      f"{raw!r}")
 
 
 def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -> ClusterConfig:
     raw = dict(raw)
     top: dict[str, Any] = {}
     cluster_raw = raw.pop("cluster", {})
-    nodes_raw = raw.pop("nodes", None)
-    proxies_raw = raw.pop("proxies", None)
+    nodes_raw = _array_of_tables(raw.pop("nodes", None), "nodes")
+    proxies_raw = _array_of_tables(raw.pop("proxies", None), "proxies")
     primary_raw = raw.pop("primary", {})
     pipeline_raw = raw.pop("pipeline", {})
     maintenance_raw = raw.pop("maintenance", {})
@@ -366,10 +382,11 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
                           "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha)")
-    base = _build(ClusterConfig, cluster_raw, "cluster")
-    top.update(dataclasses.asdict(base))
-    for key in ("nodes", "proxies", "primary", "pipeline", "maintenance", "ha", "domains"):
-        top.pop(key)
+    # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
+    sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
+                    maintenance=MaintenanceConfig(), ha=HaConfig(), domains={})
+    base = _build(ClusterConfig, cluster_raw, "cluster", **sections)
+    top.update({f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name not in sections})
     nodes = tuple(_build(NodeConfig, n, f"nodes[{i}]") for i, n in enumerate(nodes_raw or [{"name": "node1"}]))
     proxies = tuple(_build(ProxyConfig, p, f"proxies[{i}]") for i, p in enumerate(proxies_raw or []))
     names = [n.name for n in nodes] + [p.name for p in proxies]

@@ -67,14 +67,16 @@ class DomainsReloader:
 
     def __call__(self) -> Mapping[str, DomainConfig]:
         with self._lock:
-            stamp = conf.domain_files(self.directory)
-            if stamp != self._stamp:
-                self._stamp = stamp
-                try:
+            try:
+                stamp = conf.domain_files(self.directory)
+                if stamp != self._stamp:
+                    self._stamp = stamp
                     self._domains = conf.load_domains(self.directory)
                     log.info("domains reloaded: %s", ", ".join(sorted(self._domains)))
-                except conf.ConfigError as exc:
-                    log.error("domain reload rejected, keeping the previous configuration: %s", exc)
+            except conf.ConfigError as exc:
+                log.error("domain reload rejected, keeping the previous configuration: %s", exc)
+            except Exception:   # never the pipeline's batch: it keeps the last good domains
+                log.exception("domain reload failed, keeping the previous configuration")
             return self._domains
 
 

@@ -212,16 +212,21 @@ class Node:
 
     # -- configuration reload -------------------------------------------------
     def _watch_domains(self) -> None:
+        """Reload the domains when a file changes, for the node's whole life: a
+        bad file is logged and the last good configuration stays; nothing ends
+        this thread but the node's stop."""
         assert self._domains_dir is not None
         while not self._stopping.wait(DOMAIN_POLL_S):
-            stamp = conf.domain_files(self._domains_dir)
-            if stamp == self._domain_stamp:
-                continue
-            self._domain_stamp = stamp
             try:
+                stamp = conf.domain_files(self._domains_dir)
+                if stamp == self._domain_stamp:
+                    continue
+                self._domain_stamp = stamp
                 self.reload_domains(conf.load_domains(self._domains_dir))
             except conf.ConfigError as exc:
                 log.error("domain reload rejected, keeping the previous configuration: %s", exc)
+            except Exception:
+                log.exception("domain reload failed, keeping the previous configuration")
 
     def reload_domains(self, domains: dict[str, DomainConfig]) -> None:
         """Apply new domain definitions to a running node. A domain whose mode

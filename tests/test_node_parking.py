@@ -76,3 +76,26 @@ def test_an_open_waiting_for_a_failover_is_parked_while_the_links_other_frames_f
             and f.open_queue_response.request_id == 1]
     assert len(late) == 1 and late[0].status.code == ResultCode.SUCCESS, kinds
     assert kinds[2][1] < 2.5 < [t for k, t in kinds if k == "open_queue_response"][-1], kinds
+
+
+def test_a_bad_domain_file_leaves_the_nodes_reloads_running(tmp_path):
+    """Issue 16, defect 2: a domain file that was not UTF-8, or a directory
+    named x.toml, killed the node's domain-watcher thread, and a valid domain
+    added later stayed unknown until a restart."""
+    domains = tmp_path / "domains"
+    domains.mkdir()
+    (domains / "d.toml").write_text('mode = "priority"\n')
+    config = ClusterConfig(data_dir=str(tmp_path / "data"), domains={"d": parse_domain("d", {})})
+    node = Node(config, "node1", domains_dir=domains)
+    node.start("127.0.0.1:1")
+    try:
+        (domains / "bad.toml").write_bytes(b"\xff\xfe not text")
+        (domains / "dir.toml").mkdir()
+        time.sleep(2.5)   # two polls meet the bad files
+        assert set(node.config.domains) == {"d"} and node._watcher.is_alive()
+        (domains / "bad.toml").unlink()
+        (domains / "dir.toml").rmdir()
+        (domains / "later.toml").write_text('mode = "priority"\n')
+        wait_until(lambda: "later" in node.config.domains, 10, what="the domain added after the bad files")
+    finally:
+        node.stop(graceful=False)

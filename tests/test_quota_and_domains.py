@@ -103,3 +103,51 @@ def test_failed_commit_gives_the_room_back():
     q.admit("a", b"1", 1)
     q.unadmit(b"1")
     assert q.admit("a", b"2", 1) is None
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"nodes = 5\n", "nodes: must be an array of tables ([[nodes]] sections), got int 5"),
+    (b'[cluster]\nha = "x"\n', "cluster.ha: unknown field"),
+    (b'[cluster]\nnodes = "n1"\n', "cluster.nodes: unknown field"),
+    (b'[cluster]\ndomains = "x"\n', "cluster.domains: unknown field"),
+    (b"\xff\xfe not text\n", "not UTF-8 text"),
+    (("a = " + "[" * 3000 + "]" * 3000 + "\n").encode(), "nested too deeply"),
+])
+def test_a_cluster_file_that_cannot_be_a_configuration_is_a_config_error_not_a_traceback(tmp_path, content, words):
+    """Issue 16, defect 3: each of these raised TypeError, UnicodeDecodeError or
+    RecursionError (a traceback from check-config and every role), or was
+    silently accepted."""
+    path = tmp_path / "cluster.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        conf.load(path)
+    assert words in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_directory_where_a_config_file_should_be_is_a_config_error(tmp_path):
+    (tmp_path / "cluster.toml").mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        conf.load(tmp_path / "cluster.toml")
+    (tmp_path / "other.toml").write_text("")
+    (tmp_path / "domains" / "x.toml").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"x.toml: is a directory"):
+        conf.load(tmp_path / "other.toml")
+
+
+def test_the_pipelines_domain_reloader_keeps_the_last_good_domains_whatever_the_file(tmp_path):
+    """Issue 16, defect 2: a domain file that is not UTF-8, or a directory
+    named x.toml, failed the pipeline's batch and ended the process."""
+    from pipelines.fanout import DomainsReloader
+
+    domains = tmp_path / "domains"
+    domains.mkdir()
+    (domains / "good.toml").write_text('mode = "priority"\n')
+    reloader = DomainsReloader(domains, conf.load_domains(domains))
+    (domains / "bad.toml").write_bytes(b"\xff\xfe")
+    assert set(reloader()) == {"good"}
+    (domains / "bad.toml").unlink()
+    (domains / "dir.toml").mkdir()
+    assert set(reloader()) == {"good"}
+    (domains / "dir.toml").rmdir()
+    (domains / "later.toml").write_text('mode = "fanout"\napp_ids = ["a"]\n')
+    assert set(reloader()) == {"good", "later"}   # reloads carry on after the bad files
