@@ -54,6 +54,11 @@ class GroupCommitter(Generic[T]):
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def stopping(self) -> bool:
+        """`stop` was called: nothing more is taken."""
+        return self._stopping
+
     def submit(self, items: Sequence[T], nbytes: int) -> bool:
         with self._cond:
             if self._stopping or len(self._items) + len(items) > self._pending_max:

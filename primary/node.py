@@ -481,9 +481,10 @@ class Node:
             if not partition.put_committer.submit(items, nbytes):
                 for i in items:
                     i.queue.unadmit([i.message.guid])
+                refused = _not_taken(partition)
                 nacks.extend((i.link, pb.AckMessage(
-                    queue_id=i.queue_id, guid=i.message.guid, code=wire(ResultCode.LIMIT_MESSAGES),
-                    message="primary's pending PUT buffer is full")) for i in items)
+                    queue_id=i.queue_id, guid=i.message.guid, code=wire(refused.code),
+                    message=refused.message)) for i in items)
         for handle, messages in broadcasts.values():
             self._broadcast(handle, messages)  # handed to the consumers before the ACKs go
         if nacks:
@@ -520,7 +521,8 @@ class Node:
         item = PendingColumns(link, req.queue_id, handle.state, table, guids)
         if not handle.partition.put_committer.submit([item], pc.sum(sizes).as_py()):
             handle.state.unadmit(table["guid"].to_pylist())
-            nack(ResultCode.LIMIT_MESSAGES, "primary's pending PUT buffer is full")
+            not_taken = _not_taken(handle.partition)
+            nack(not_taken.code, not_taken.message)
 
     def _broadcast(self, handle: OpenHandle, messages: list[StoredMessage]) -> None:
         """Broadcast mode: no storage, no pipeline. The consumers attached right
@@ -573,3 +575,12 @@ class Node:
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:
         link.send(pb.Frame(heartbeat=beat))
+
+
+def _not_taken(partition: Partition) -> Refusal:
+    """Why a partition's committer did not take PUTs: it is stopping (the
+    partition moves to its next primary), or its pending buffer is full."""
+    if partition.put_committer.stopping:
+        return Refusal(ResultCode.REFUSED, f"partition {partition.index}'s primary is stopping; "
+                       "its next primary takes PUTs")
+    return Refusal(ResultCode.LIMIT_MESSAGES, "primary's pending PUT buffer is full")

@@ -99,3 +99,25 @@ def test_a_bad_domain_file_leaves_the_nodes_reloads_running(tmp_path):
         wait_until(lambda: "later" in node.config.domains, 10, what="the domain added after the bad files")
     finally:
         node.stop(graceful=False)
+
+
+def test_a_put_reaching_a_stopping_partition_is_refused_as_such(tmp_path):
+    """Issue 16, defect 9: a PUT during a node's stop was refused with
+    LIMIT_MESSAGES "pending PUT buffer is full"."""
+    config = ClusterConfig(data_dir=str(tmp_path), domains={"d": parse_domain("d", {})})
+    node = Node(config, "node1")
+    node.start("127.0.0.1:1")
+    try:
+        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving partition 0")
+        link = Link("client")
+        node.open_link(link)
+        node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=uri_on(0, 1),
+                                                             write=True)))
+        assert link._out.get(timeout=10).open_queue_response.status.code == ResultCode.SUCCESS
+        node.partitions[0].put_committer.stop()
+        node.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=b"s" * 16,
+                                                                             payload=b"x")])))
+        (ack,) = link._out.get(timeout=10).ack.messages
+        assert ack.code == ResultCode.REFUSED and "stopping" in ack.message
+    finally:
+        node.stop(graceful=False)
