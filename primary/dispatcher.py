@@ -252,39 +252,12 @@ class QueueDispatcher:
                 return consumer
         return None
 
-    def _dispatch_to_one(self, consumer: _Consumer, now: int) -> list[Push]:
-        """`_dispatch` when one consumer without a subscription is attached:
-        it takes messages in order while it has capacity (what `_pick` would
-        choose every time, without asking per message)."""
-        pushes: list[Push] = []
-        pending, unconfirmed, key = self._pending, consumer.unconfirmed, consumer.key
-        attempts = self.max_delivery_attempts
-        while pending and consumer.has_capacity():
-            message = pending.popleft()
-            if now and message.expires_us and message.expires_us <= now:
-                self._drop(message, REASON_TTL, "expired before it was pushed")
-                continue
-            if attempts and message.delivery_count >= attempts:
-                self._drop(message, REASON_ATTEMPTS, f"pushed {message.delivery_count} times, never confirmed")
-                continue
-            message.delivery_count += 1
-            unconfirmed[message.guid] = message
-            consumer.unconfirmed_bytes += message.size
-            pushes.append((key, message))
-        return pushes
-
     def _dispatch(self) -> list[Push]:
         pushes: list[Push] = []
         if not self._pending or not self._consumers:
             return pushes
         filtering = any(c.options.subscriptions for c in self._consumers.values())
         now = self._clock() if self._clock is not None else 0
-        if len(self._consumers) == 1 and not filtering:
-            return self._dispatch_to_one(next(iter(self._consumers.values())), now)
-        return self._dispatch_any(now, filtering)
-
-    def _dispatch_any(self, now: int, filtering: bool) -> list[Push]:
-        pushes: list[Push] = []
         skipped: list[StoredMessage] = []
         while self._pending:
             if not any(c.has_capacity() for c in self._consumers.values()):
