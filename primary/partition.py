@@ -242,6 +242,15 @@ def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:
         link.send(pb.Frame(ack=pb.AckBatch(messages=messages)))
 
 
+def _answer_puts(singles: list[PendingPut], bulks: list[PendingColumns], code: ResultCode, text: str) -> None:
+    """One ACK per single PUT and one per columnar frame, all with `code`."""
+    send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code), message=text))
+               for i in singles])
+    for b in bulks:
+        b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
+                                                       message=text)))
+
+
 class Partition:
     def __init__(self, index: int, config: ClusterConfig, epoch: int = 1,
                  quota_for: Callable[[str], DomainQuota | None] = lambda _: None,
@@ -477,7 +486,6 @@ class Partition:
             self._refuse_puts(singles, bulks, ResultCode.STORAGE_FAILURE, f"the commit could not be built: {exc}")
             return
         count = batch.num_rows
-        code, text = ResultCode.SUCCESS, ""
         started = time.perf_counter()
         targets: Targets = {}
         # Held from before the commit until its express decisions are
@@ -495,22 +503,13 @@ class Partition:
                 return
             except Exception as exc:
                 log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
-                code, text = ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}"
-                for i in singles:
-                    i.queue.unadmit([i.message.guid])
-                for b in bulks:
-                    b.queue.unadmit(b.table["guid"].to_pylist())
-            else:
-                self._commit_seqs.append((version, self._next_seq - 1))
+                self._refuse_puts(singles, bulks, ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}")
+                return
+            self._commit_seqs.append((version, self._next_seq - 1))
             # The ACKs first: the producers wait for them; the express
             # decisions come next, still before any delivery row is reconciled.
-            send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code),
-                                              message=text)) for i in singles])
-            for b in bulks:
-                b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids,
-                                                               code=wire(code), message=text)))
-            if code == ResultCode.SUCCESS:
-                targets = self._express(batch, singles, bulks, now_us)
+            _answer_puts(singles, bulks, ResultCode.SUCCESS, "")
+            targets = self._express(batch, singles, bulks, now_us)
         if targets:
             self._route_targets(targets)
         if log.isEnabledFor(logging.DEBUG):
@@ -542,11 +541,7 @@ class Partition:
             i.queue.unadmit([i.message.guid])
         for b in bulks:
             b.queue.unadmit(b.table["guid"].to_pylist())
-        send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code), message=text))
-                   for i in singles])
-        for b in bulks:
-            b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
-                                                           message=text)))
+        _answer_puts(singles, bulks, code, text)
 
     def _express(self, batch: pa.Table, singles: list[PendingPut], bulks: list[PendingColumns],
                  now_us: int) -> dict[tuple[QueueState, str], list[StoredMessage]]:
