@@ -11,6 +11,11 @@ time (`expire` hands back the entries held past their deadline, for the owner
 to answer TIMEOUT). The time bound must not exceed the receiving domain's
 dedup history window: a resend after that could be delivered twice.
 
+What is held but not sent on the current stream (the stream is new, or the
+queue is not open on it yet) is deferred by queue: each queue's (re)open
+takes its own entries in PUT order (`take_deferred`), with no scan of the
+whole buffer per queue. `put_frames` packs them into frames.
+
 Pure: no clock (times come in as `now_ms`), no threads, no I/O.
 """
 
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Generic, Hashable, Iterator, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
+from protocol import taproot_pb2 as pb
 from protocol.codes import ResultCode
 from protocol.limits import DEDUP_HISTORY_WINDOW_MS
 
@@ -62,6 +68,7 @@ class RetransmissionBuffer(Generic[K, T]):
         self.limits = limits or RetransmissionLimits()
         self._entries: "OrderedDict[K, Held[T]]" = OrderedDict()
         self._timeouts: Counter[float] = Counter()  # the held entries' time bounds (expire's shortest)
+        self._deferred: dict[Hashable, list[K]] = {}  # queue -> keys held but not sent on this stream
         self.messages = 0
         self.nbytes = 0
 
@@ -97,9 +104,6 @@ class RetransmissionBuffer(Generic[K, T]):
         self.nbytes += nbytes
         self.messages += count
 
-    def get(self, key: K) -> Held[T] | None:
-        return self._entries.get(key)
-
     def release(self, key: K) -> Held[T] | None:
         """The entry of `key` (its ACK came), or None if it is not held."""
         entry = self._entries.pop(key, None)
@@ -114,6 +118,27 @@ class RetransmissionBuffer(Generic[K, T]):
         self._timeouts[timeout] -= 1
         if self._timeouts[timeout] <= 0:
             del self._timeouts[timeout]
+
+    def defer(self, group: Hashable, key: K) -> None:
+        """`key`, held, was not sent: it goes when `group` (its queue) opens."""
+        self._deferred.setdefault(group, []).append(key)
+
+    def defer_all(self, group_of: Callable[[K, Held[T]], Hashable]) -> None:
+        """A new stream, on which nothing held was sent: every entry deferred
+        to its group, in one pass, in PUT order."""
+        self._deferred = {}
+        for key, entry in self._entries.items():
+            self._deferred.setdefault(group_of(key, entry), []).append(key)
+
+    def take_deferred(self, group: Hashable) -> list[Held[T]]:
+        """The entries of `group` not sent yet, in PUT order (those answered
+        meanwhile skipped); they count as sent from now on."""
+        entries = self._entries
+        return [entry for entry in (entries.get(key) for key in self._deferred.pop(group, ())) if entry is not None]
+
+    def forget_deferred(self, group: Hashable) -> None:
+        """`group` is gone: nothing of it is to be sent."""
+        self._deferred.pop(group, None)
 
     def items(self) -> Iterator[tuple[K, Held[T]]]:
         """Every entry, oldest first (what a resend goes through)."""
@@ -142,5 +167,27 @@ class RetransmissionBuffer(Generic[K, T]):
         entries = list(self._entries.items())
         self._entries.clear()
         self._timeouts.clear()
+        self._deferred.clear()
         self.messages = self.nbytes = 0
         return entries
+
+
+def put_frames(puts: Iterable[pb.PutMessage | pb.PutColumns], max_messages: int) -> list[pb.Frame]:
+    """Buffered PUTs as frames to resend, in order: runs of single PUTs as
+    PutBatch frames of at most `max_messages`, each columnar frame as it was."""
+    frames: list[pb.Frame] = []
+    singles: list[pb.PutMessage] = []
+    for put in puts:
+        if isinstance(put, pb.PutColumns):
+            if singles:
+                frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
+                singles = []
+            frames.append(pb.Frame(put_columns=put))
+            continue
+        singles.append(put)
+        if len(singles) >= max_messages:
+            frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
+            singles = []
+    if singles:
+        frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
+    return frames

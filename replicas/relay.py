@@ -44,7 +44,7 @@ from typing import Any, Hashable
 
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
-from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
+from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
@@ -88,9 +88,6 @@ class Relay:
         self._requests: dict[int, _Request] = {}           # up request id -> request
         # (up qid, guid or the columnar frame's GUIDs) -> what to resend, in PUT order
         self._buffer: RetransmissionBuffer[tuple[int, bytes], _Buffered] = RetransmissionBuffer(self.limits)
-        # up qid -> buffer keys not sent on this upstream yet, in PUT order: what
-        # its (re)open sends, without a scan of the whole buffer per queue.
-        self._unsent: dict[int, list[tuple[int, bytes]]] = {}
         self.connected = connected
         self.stopping = False            # the upstream sent StopRequest: hold PUTs
         self.now_ms = 0.0
@@ -198,7 +195,7 @@ class Relay:
             if self.sending and self._routes[up_qid].open:
                 out_messages.append(message)
             else:
-                self._unsent.setdefault(up_qid, []).append((up_qid, message.guid))
+                self._buffer.defer(up_qid, (up_qid, message.guid))  # goes when its queue is open upstream
         out: Out = []
         if out_messages:
             # A new frame, not `frame` itself: the buffer keeps these messages
@@ -225,7 +222,7 @@ class Relay:
         self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
         if self.sending and self._routes[up_qid].open:
             return [(UPSTREAM, pb.Frame(put_columns=up))]
-        self._unsent.setdefault(up_qid, []).append((up_qid, guids))
+        self._buffer.defer(up_qid, (up_qid, guids))
         return []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
@@ -295,7 +292,7 @@ class Relay:
 
     def _forget_route(self, up_qid: int) -> None:
         route = self._routes.pop(up_qid, None)
-        self._unsent.pop(up_qid, None)
+        self._buffer.forget_deferred(up_qid)
         if route is not None:
             self._up.pop((route.link, route.queue_id), None)
 
@@ -441,26 +438,8 @@ class Relay:
         upstream has not had yet, in PUT order."""
         if not self.sending:
             return []
-        out: Out = []
-        singles: list[pb.PutMessage] = []
-        for key in self._unsent.pop(up_qid, ()):
-            held = self._buffer.get(key)
-            if held is None:
-                continue  # answered meanwhile
-            entry = held.item
-            if isinstance(entry.frame, pb.PutColumns):
-                if singles:
-                    out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
-                    singles = []
-                out.append((UPSTREAM, pb.Frame(put_columns=entry.frame)))
-            else:
-                singles.append(entry.frame)
-                if len(singles) >= PUT_FRAME_MESSAGES_MAX:
-                    out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
-                    singles = []
-        if singles:
-            out.append((UPSTREAM, pb.Frame(put=pb.PutBatch(messages=singles))))
-        return out
+        held = self._buffer.take_deferred(up_qid)
+        return [(UPSTREAM, frame) for frame in put_frames((h.item.frame for h in held), PUT_FRAME_MESSAGES_MAX)]
 
     # -- the upstream connection ---------------------------------------------
     def upstream_lost(self) -> Out:
@@ -491,9 +470,7 @@ class Relay:
         succeeds) resend its buffered PUTs in order."""
         self.connected = True
         self.stopping = False
-        self._unsent = {}
-        for key, _ in self._buffer.items():  # one pass: each queue's PUTs, in order, for its reopen
-            self._unsent.setdefault(key[0], []).append(key)
+        self._buffer.defer_all(lambda key, _: key[0])  # each goes with its queue's reopen
         out: Out = []
         pending_opens = {r.upstream_queue_id: up_req for up_req, r in self._requests.items()
                          if r.kind == "open_queue"}

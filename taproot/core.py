@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from protocol import ResultCode, pb
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
-from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
 from taproot.errors import AckError, ConnectionError, TaprootError
@@ -135,7 +135,6 @@ class SessionCore:
         self._confirms_since_ms = 0.0
         self._requests: dict[int, _Request] = {}
         self._reopens: dict[int, int] = {}            # reopen request id -> queue id
-        self._unsent: dict[int, list[Any]] = {}       # queue id -> buffer keys to send once it is open, in order
         self._restored: list[str] = []                # queues reopened on this connection
         self._not_restored: list[str] = []
         self._request_ids = itertools.count(1)
@@ -199,9 +198,7 @@ class SessionCore:
             self._reopens[request.request_id] = q.queue_id
             self._send(pb.Frame(open_queue=request))
         self._puts.take()  # what the batch held is in the buffer too
-        self._unsent = {}
-        for key, held in self.buffer.items():  # one pass: each queue's PUTs, in order, for its reopen
-            self._unsent.setdefault(held.item.queue.queue_id, []).append(key)
+        self.buffer.defer_all(lambda _, held: held.item.queue.queue_id)  # each goes with its queue's reopen
         self._effects.events.append(events.Reconnected(host, len(self.buffer)))
         if not self._reopens:
             self._effects.events.append(events.StateRestored(host, 0, ()))
@@ -211,27 +208,10 @@ class SessionCore:
         order (batched single PUTs of other queues go first, so order holds
         within every queue)."""
         self._send_puts()
-        singles: list[pb.PutMessage] = []
-        count = 0
-        for key in self._unsent.pop(queue_id, ()):
-            held = self.buffer.get(key)
-            if held is None:
-                continue  # answered meanwhile (a timeout, or an ACK from the lost stream)
-            frame = held.item.frame
-            count += 1
-            if isinstance(frame, pb.PutColumns):
-                if singles:
-                    self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
-                    singles = []
-                self._send(pb.Frame(put_columns=frame))
-                continue
-            singles.append(frame)
-            if len(singles) >= min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX):
-                self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
-                singles = []
-        if singles:
-            self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
-        return count
+        held = self.buffer.take_deferred(queue_id)
+        self._effects.frames.extend(put_frames((h.item.frame for h in held),
+                                               min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX)))
+        return len(held)
 
     def connection_lost(self, reason: str) -> None:
         """The stream ended. With `reconnect`, everything waits for the next
@@ -256,7 +236,6 @@ class SessionCore:
         self.state = state
         self._puts.take()
         self._confirms = []
-        self._unsent = {}
         for _, held in self.buffer.clear():
             self._answer(held, code, reason)
         requests, self._requests, self._reopens = self._requests, {}, {}
@@ -317,7 +296,7 @@ class SessionCore:
             return AckError(refused[0], f"{refused[1]} while disconnected", message.guid)
         self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), nbytes, 1, now_ms, q.timeout_ms)
         if not (self.sending and q.open):
-            self._unsent.setdefault(queue_id, []).append(message.guid)  # goes once connected and open
+            self.buffer.defer(queue_id, message.guid)  # goes once connected and open
         elif self._puts.add(message, nbytes, now_ms):
             self._send_puts()
         return None
@@ -333,7 +312,7 @@ class SessionCore:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
         self.buffer.hold(guids, _Pending(token, q, frame, guids), nbytes, count, now_ms, q.timeout_ms)
         if not (self.sending and q.open):
-            self._unsent.setdefault(queue_id, []).append(guids)
+            self.buffer.defer(queue_id, guids)
         else:
             self._send_puts()  # keep PUT order: batched single PUTs go first
             self._send(pb.Frame(put_columns=frame))
@@ -452,7 +431,7 @@ class SessionCore:
                 log.warning("%s: reopen refused: %s", q.uri, body.status.message)
                 self._not_restored.append(q.uri)
                 self.queues.pop(queue_id, None)
-                self._unsent.pop(queue_id, None)
+                self.buffer.forget_deferred(queue_id)
                 self._effects.closed.append(queue_id)
                 code = ResultCode.of(body.status.code)
                 for key, held in self.buffer.items():

@@ -5,7 +5,7 @@ the clock is a number."""
 import pytest
 
 from protocol import ResultCode, pb, status
-from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
+from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from taproot import events
 from taproot.batching import BatchPolicy
 from taproot.core import Ack, ConnectionState, QueueRecord, SessionCore
@@ -73,6 +73,24 @@ def test_the_buffer_expires_by_each_entrys_own_bound():
     assert [h.item for _, h in buffer.expire(1000)] == ["long"]
     assert [h.item for _, h in buffer.expire(1020)] == ["capped"]
     assert len(buffer) == 0 and buffer._timeouts == {}
+
+
+def test_deferred_entries_go_by_queue_in_put_order_and_pack_into_frames():
+    buffer: RetransmissionBuffer[bytes, object] = RetransmissionBuffer()
+    columns = pb.PutColumns(queue_id=1, arrow_ipc=b"ipc")
+    items = {g(1): put(1), g(2): put(2, queue_id=2), g(3): columns, g(4): put(4), g(5): put(5)}
+    for key, item in items.items():
+        buffer.hold(key, item, 1, 1, now_ms=0)
+    buffer.defer_all(lambda _, held: held.item.queue_id)
+    buffer.release(g(4))                                   # answered meanwhile: skipped
+    buffer.defer(1, g(6))                                  # held later, not sent either
+    buffer.hold(g(6), put(6), 1, 1, now_ms=1)
+    taken = [h.item for h in buffer.take_deferred(1)]
+    assert taken == [put(1), columns, put(5), put(6)] and buffer.take_deferred(1) == []
+    frames = put_frames(taken, max_messages=1)
+    assert [f.WhichOneof("body") for f in frames] == ["put", "put_columns", "put", "put"]
+    buffer.forget_deferred(2)
+    assert buffer.take_deferred(2) == [] and len(buffer) == 5
 
 
 # -- the session core ------------------------------------------------------------
