@@ -665,13 +665,7 @@ class Session:
             targets = [q for q in (self._queues.get(i) for i in (m.queue_ids or [m.queue_id])) if q is not None]
             if not targets:
                 continue  # queue closed meanwhile: the broker redelivers elsewhere
-            payload = m.payload
-            if m.compression:
-                try:
-                    payload = decompress(m.payload, m.compression)
-                except ValueError as exc:
-                    # Delivered as received, so the application can see and dead-letter it.
-                    log.error("%s: message %s: %s", targets[0].uri, m.guid.hex(), exc)
+            payload = _decompressed(targets[0].uri, m.guid, m.payload, m.compression)
             properties = from_wire(m.properties)
             for n, q in enumerate(targets):
                 q._deliver(Message(m.guid, payload, properties if n == 0 else dict(properties), q.uri,
@@ -696,11 +690,7 @@ class Session:
         for guid, seq, payload, values, types, put_time_us, count, compression in zip(
                 data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
                 data["put_time_us"], data["delivery_count"], data["compression"]):
-            if compression:
-                try:
-                    payload = decompress(payload, compression)
-                except ValueError as exc:
-                    log.error("%s: message %s: %s", uri, guid.hex(), exc)
+            payload = _decompressed(uri, guid, payload, compression)
             properties = from_wire(maps_to_wire(values, types)) if values else {}
             deliver(Message(guid, payload, properties, uri, count, seq, put_time_us,
                             COMPRESSION_NAMES.get(compression), q))
@@ -753,3 +743,16 @@ class Session:
                 self._send_locked(effects)
             self._carry_out(effects)
             return
+
+
+def _decompressed(uri: str, guid: bytes, payload: bytes, compression: int) -> bytes:
+    """A pushed payload as the producer posted it. One that does not
+    decompress is delivered as received, so the application can see and
+    dead-letter it."""
+    if not compression:
+        return payload
+    try:
+        return decompress(payload, compression)
+    except ValueError as exc:
+        log.error("%s: message %s: %s", uri, guid.hex(), exc)
+        return payload
