@@ -38,6 +38,33 @@ from storage.tables import DELIVERY_LEGACY_COLUMNS, DELIVERY_PUTS_VERSION_KEY, D
 log = logging.getLogger(__name__)
 
 
+# The PUT columns the pipeline reads: what the delivery row copies, and the
+# properties the fanout's subscriptions test. Selected before the dedup so
+# Spark's Parquet reader never decodes a payload: a foreachBatch DataFrame is
+# the already-planned micro-batch, and a projection inside it is not pushed
+# down into the source.
+PIPELINE_PUT_COLUMNS = ("domain", "queue", "guid", "seq", "producer_time", "put_time",
+                        "properties", "property_types")
+
+
+def read_columns(legacy_columns: Sequence[str] = ()) -> list[str]:
+    """The PUT-log columns the query selects, with the legacy ones an older
+    delivery log needs copied."""
+    return [*PIPELINE_PUT_COLUMNS, *(c for c in legacy_columns if c not in PIPELINE_PUT_COLUMNS)]
+
+
+def put_stream(spark: SparkSession, puts_path: str, max_files_per_trigger: int = 1000,
+               legacy_columns: Sequence[str] = ()) -> DataFrame:
+    """The PUT log as a stream of the columns the pipeline reads.
+    skipChangeCommits: retention removes finished history from the PUT log
+    (pipelines/retention.py); those commits hold no new PUTs."""
+    return (spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", max_files_per_trigger)
+            .option("skipChangeCommits", "true")
+            .load(puts_path)
+            .select(*read_columns(legacy_columns)))
+
+
 def dedup_puts(puts: DataFrame, history_window_ms: int) -> DataFrame:
     """Drop rows whose GUID was already seen within `history_window_ms` (streaming only)."""
     return (puts.withWatermark("put_time", f"{history_window_ms} milliseconds")
@@ -177,12 +204,7 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
 
     remove_crash_leftovers(paths.dedup_checkpoint)
     legacy = legacy_delivery_columns(spark, paths.delivery)
-    # skipChangeCommits: retention removes finished history from the PUT log
-    # (pipelines/retention.py); those commits hold no new PUTs.
-    puts = (spark.readStream.format("delta")
-            .option("maxFilesPerTrigger", max_files_per_trigger)
-            .option("skipChangeCommits", "true")
-            .load(paths.puts))
+    puts = put_stream(spark, paths.puts, max_files_per_trigger, legacy)
     writer = (dedup_puts(puts, history_window_ms).writeStream
              .queryName(f"taproot-dedup-{paths.partition:03d}")
              .option("checkpointLocation", paths.dedup_checkpoint)

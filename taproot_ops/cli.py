@@ -372,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--replay", type=int, default=0, metavar="N",
                    help="instead: fill a queue with N messages of --size (default 32), then time replay of it")
+    p.add_argument("--pipeline", type=int, default=0, metavar="N",
+                   help="instead: the dedup pipeline alone over a PUT log of N rows written as the primary "
+                        "writes it (commits of --batch rows, default 1000; --size, default 1024): the JVM's "
+                        "CPU per row, marginal over a pass of N/3")
     p.set_defaults(func=cmd_bench)
     return parser
 

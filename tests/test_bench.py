@@ -205,3 +205,23 @@ def test_fanout_with_app_subscriptions_gives_each_app_exactly_its_messages_and_t
                               result["start_s"], result["acked"], timeout_s=180, progress=False)
     assert authority["rows"] == result["acked"] and authority["disagreements"] == 0
     assert 0 < authority["lag_ms"]["p50"] <= authority["lag_ms"]["p99"]
+
+
+@pytest.mark.unit
+def test_the_pipeline_bench_writes_a_put_log_as_the_primary_does(tmp_path):
+    from deltalake import DeltaTable
+
+    from storage import tables
+    from taproot_ops.bench.pipeline import pipeline_cost, write_put_log
+
+    path = str(tmp_path / "puts")
+    assert write_put_log(path, 2_500, 1_000, 64) == 3
+    table = DeltaTable(path)
+    assert table.version() == 3  # the creation, then one commit per 1,000 rows
+    rows = table.to_pyarrow_table()
+    assert rows.schema.names == tables.PUTS_SCHEMA.names
+    assert sorted(rows["seq"].to_pylist()) == list(range(2_500))
+    assert len(set(rows["guid"].to_pylist())) == 2_500
+    assert {len(p) for p in rows["payload"].to_pylist()} == {64}
+    with pytest.raises(ValueError, match="at least one commit"):
+        pipeline_cost(10, 1_000, 64)

@@ -103,3 +103,24 @@ def test_judged_puts_version_reads_the_offset_log(tmp_path):
     assert judged_puts_version(str(tmp_path), 5) is None      # inside the initial snapshot
     assert judged_puts_version(str(tmp_path), 6) is None
     assert judged_puts_version(str(tmp_path), 7) is None      # missing
+
+
+def test_the_stream_reads_no_payload_unless_an_older_delivery_log_copies_it(spark, tmp_path, capsys):
+    """The projection sits before the dedup, so the Parquet scan of every
+    micro-batch skips the payload column (a foreachBatch DataFrame is already
+    planned: selecting there would not reach the scan)."""
+    from pipelines.dedup import put_stream
+    path = str(tmp_path / "puts")
+    puts_df(spark, [bytes([i]) * 16 for i in range(3)]).write.format("delta").save(path)
+    stream = put_stream(spark, path)
+    assert "payload" not in stream.columns and {"guid", "seq", "properties"} <= set(stream.columns)
+    query = (stream.writeStream.format("memory").queryName("scan_columns")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    capsys.readouterr()
+    query.explain()
+    plan = capsys.readouterr().out
+    scans = [line for line in plan.splitlines() if "ReadSchema" in line]
+    assert scans and all("payload" not in line and "guid" in line for line in scans), plan
+    assert spark.table("scan_columns").count() == 3
+    assert "payload" in put_stream(spark, path, legacy_columns=("payload", "epoch")).columns

@@ -5,6 +5,7 @@
     taproot bench --mode fanout --consumers 5 --rate 10000 --duration 20
     taproot bench --scenario all --compare          # also RabbitMQ and NATS, same scenarios
     taproot bench --replay 1000000 --size 32        # replay throughput
+    taproot bench --pipeline 600000                 # the dedup pipeline's CPU per row, alone
 
 Producers and consumers run as separate processes against an embedded cluster
 (temp dir, ephemeral ports, the domains the scenarios need) or a running one
@@ -139,6 +140,8 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
 def main(args: argparse.Namespace) -> int:
     if args.replay:
         return _replay_main(args)
+    if getattr(args, "pipeline", 0):
+        return _pipeline_main(args)
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:
@@ -186,15 +189,24 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     config = write_bench_config(work / "conf", scenarios)
     data_dir = args.data_dir or str(work / "data")
     print(f"starting an embedded cluster in {data_dir} ...", flush=True)
-    with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
-        _warm_up(cluster.client_address, scenarios, args)
-        from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+    results: list[dict[str, Any]] = []
+    try:
+        with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
+            _warm_up(cluster.client_address, scenarios, args)
+            from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
 
-        def pids() -> dict[str, int]:
-            return {name: p.popen.pid for name, p in cluster.processes.items()}
+            def pids() -> dict[str, int]:
+                return {name: p.popen.pid for name, p in cluster.processes.items()}
 
-        return run_system("taproot", cluster.client_address, scenarios, args, out_dir,
-                          lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
+            results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
+                                 lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
+            return results
+    finally:
+        # The temp dir goes unless something failed: then its logs (data/logs) are what to read.
+        if results and not any(sum(r["failed"].values()) for r in results):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work} (the cluster's logs are in {data_dir}/logs)", flush=True)
 
 
 def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) -> None:
@@ -207,6 +219,21 @@ def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) 
         first = next(s for s in scenarios if s.mode == mode)  # its domain exists in the bench config
         warm = first.with_(name=f"warmup-{mode}", queues=1, rate=2000, duration_s=3)
         run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False)
+
+
+def _pipeline_main(args: argparse.Namespace) -> int:
+    from taproot_ops.bench.pipeline import pipeline_cost, print_pipeline_cost
+
+    try:
+        result = pipeline_cost(args.pipeline, args.batch or 1000, args.size or 1024)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_pipeline_cost(result)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
 
 
 def _replay_main(args: argparse.Namespace) -> int:
