@@ -37,6 +37,10 @@ DEFAULT_CLUSTER_FILE = PACKAGE_DIR / "cluster.toml"
 DOMAIN_NAME_RE = DOMAIN_RE
 QUEUE_MODES = ("priority", "fanout", "broadcast")
 DELIVERY_MODES = ("express", "pipeline")
+# "fsync": an ACK means the PUT's data file, its commit and their directory
+# entries are on stable storage (storage/deltars.py). "os": delta-rs writes
+# and the OS flushes when it likes: a power loss may lose ACKed PUTs.
+DURABILITY_MODES = ("fsync", "os")
 DEFAULT_HISTORY_WINDOW_MS = limits.DEDUP_HISTORY_WINDOW_MS
 
 
@@ -88,6 +92,10 @@ class PrimaryConfig:
     # compact_target_file_bytes or more are left alone, which bounds rewrites.
     compact_every_commits: int = 50
     compact_target_file_bytes: int = 16 * 1024 * 1024
+    # What an ACK promises about a power loss (DURABILITY_MODES): "fsync"
+    # (each group commit fsynced before its ACKs) or "os" (faster, not safe
+    # against a power loss or a kernel crash; a process crash loses nothing).
+    durability: str = "fsync"
 
 
 @dataclass(frozen=True)
@@ -396,13 +404,17 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     for i, proxy in enumerate(proxies):
         if proxy.upstream and proxy.upstream not in {n.name for n in nodes}:
             raise ConfigError(f"proxies[{i}].upstream: no node named {proxy.upstream!r}")
+    primary = _build(PrimaryConfig, primary_raw, "primary")
+    if primary.durability not in DURABILITY_MODES:
+        raise ConfigError(f"primary.durability: must be one of {', '.join(DURABILITY_MODES)}, "
+                          f"got {primary.durability!r}")
     ha = _build(HaConfig, ha_raw, "ha")
     if ha.lease_renew_interval_ms * 2 > ha.lease_duration_ms:
         raise ConfigError(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
                           f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
     return ClusterConfig(
         **top, nodes=nodes, proxies=proxies,
-        primary=_build(PrimaryConfig, primary_raw, "primary"),
+        primary=primary,
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
         ha=ha, domains=dict(domains),

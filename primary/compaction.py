@@ -9,22 +9,36 @@ p50 ~15 ms, each compaction ~110 ms in the background.
 Compaction commits carry dataChange=false, so Spark streams reading the table
 skip them, and they cannot conflict with blind appends. Removed files stay on
 disk until a VACUUM (retention and vacuum are `pipelines/retention.py`'s job).
+
+A durable compactor (local tables, `primary.durability = "fsync"`) writes its
+output files and fsyncs them before it commits, then fsyncs the commit, as
+`storage.deltars.Appender` does: delta-rs's optimize would commit the removal
+of the small files before its new file is on disk, and a power loss then
+could lose every row in them. Otherwise delta-rs's optimize does the work.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
-from deltalake import DeltaTable
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import RemoveAction
+
+from storage import deltars
 
 log = logging.getLogger(__name__)
 
 
 class Compactor:
-    def __init__(self, path: str, every_commits: int, name: str, target_file_bytes: int = 16 << 20):
+    def __init__(self, path: str, every_commits: int, name: str, target_file_bytes: int = 16 << 20,
+                 durable: bool = True):
         self.path = path
+        self.root = deltars.local_root(path) if durable else None
         self.every_commits = every_commits
         self.target_file_bytes = target_file_bytes
         self.name = name
@@ -52,7 +66,11 @@ class Compactor:
             self._wake.set()
 
     def compact_now(self) -> dict[str, Any]:
-        metrics = DeltaTable(self.path).optimize.compact(target_size=self.target_file_bytes)
+        table = DeltaTable(self.path)
+        if self.root is not None:
+            metrics = compact_durably(table, self.root, self.target_file_bytes)
+        else:
+            metrics = table.optimize.compact(target_size=self.target_file_bytes)
         self.compactions += 1
         log.info("%s: compacted %d files into %d", self.name, metrics.get("numFilesRemoved", 0),
                  metrics.get("numFilesAdded", 0))
@@ -69,3 +87,43 @@ class Compactor:
             except Exception:
                 # Not fatal: appends go on; the next trigger tries again.
                 log.exception("%s: compaction failed; will retry after more commits", self.name)
+
+
+COMPACTION_KEY = "taprootCompaction"   # in a durable compaction's commitInfo
+
+
+def compact_durably(table: DeltaTable, root: str, target_file_bytes: int) -> dict[str, Any]:
+    """Rewrite the table's files smaller than `target_file_bytes` into files
+    of about that size, each fsynced before the one commit that adds them and
+    removes the small ones (dataChange=false), then fsync that commit.
+    Returns optimize's metric names: numFilesAdded, numFilesRemoved."""
+    files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    small = sorted((size, path) for path, size in zip(files["path"], files["size_bytes"])
+                   if size < target_file_bytes)
+    if len(small) < 2:
+        return {"numFilesAdded": 0, "numFilesRemoved": 0}
+    bins: list[list[str]] = [[]]
+    filled = 0
+    for size, path in small:
+        if bins[-1] and filled + size > target_file_bytes:
+            bins.append([])
+            filled = 0
+        bins[-1].append(path)
+        filled += size
+    bins = [b for b in bins if len(b) > 1]
+    schema = pa.schema(table.schema().to_arrow())
+    actions: list[Any] = []
+    now_ms = int(time.time() * 1000)
+    for paths in bins:
+        rows = pa.concat_tables([pq.read_table(f"{root}/{p}").select(schema.names) for p in paths],
+                                promote_options="permissive").cast(schema)
+        add = deltars.write_data_file(root, rows)
+        add.data_change = False
+        actions.append(add)
+        actions += [RemoveAction(p, False, now_ms, size=files["size_bytes"][files["path"].index(p)])
+                    for p in paths]
+    table.create_write_transaction(actions, "append", schema,
+                                   commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: True}))
+    table.update_incremental()
+    deltars.sync_log(root, table.version())
+    return {"numFilesAdded": len(bins), "numFilesRemoved": sum(len(b) for b in bins)}

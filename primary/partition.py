@@ -272,10 +272,13 @@ class Partition:
         # Each appender first claims its table for this epoch (raises `Fenced`
         # if a newer primary already has), and every commit carries the epoch.
         self.on_fenced = on_fenced
-        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA, epoch=epoch)
-        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA, epoch=epoch)
-        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA, epoch=epoch)
-        self._disagreements = deltars.Appender(self.paths.disagreements, tables.DISAGREEMENTS_SCHEMA, epoch=epoch)
+        durable = config.primary.durability == "fsync"
+        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA, epoch=epoch, durable=durable)
+        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA, epoch=epoch, durable=durable)
+        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA, epoch=epoch,
+                                      durable=durable)
+        self._disagreements = deltars.Appender(self.paths.disagreements, tables.DISAGREEMENTS_SCHEMA, epoch=epoch,
+                                               durable=durable)
         # The tailer's own handle on the PUT log, to read messages by seq
         # (an Appender belongs to its commit thread).
         self._puts_reader = DeltaTable(self.paths.puts)
@@ -306,8 +309,8 @@ class Partition:
             f"dead-{index}", self._commit_dead, policy, 10_000_000)
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
         every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
-        self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target),
-                           Compactor(self.paths.confirms, every, f"confirms-{index}", target))
+        self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable),
+                           Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
 
     # -- lifecycle ----------------------------------------------------------

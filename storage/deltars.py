@@ -3,20 +3,80 @@
 `Appender` keeps one `DeltaTable` handle open: reusing it halves commit latency
 compared with reopening by URI (reference/spark-delta.md §4: 17 ms vs 37 ms p50).
 Not thread safe: one thread owns an `Appender`.
+
+Durability. delta-rs writes local files without fsync, so a commit it reports
+may still be in the page cache: a power loss could lose an ACKed PUT, or keep
+a commit whose data file was lost (a table no reader can open). A durable
+`Appender` (the default for local tables, `primary.durability = "fsync"`)
+therefore writes each commit in order:
+
+1. the Parquet data file, by pyarrow, then fsync of the file and its directory;
+2. the commit (delta-rs, `create_write_transaction` with that file's add
+   action and the same statistics delta-rs computes, `delta_stats`);
+3. fsync of the commit file, of a checkpoint if that commit made one, and of
+   `_delta_log/`.
+
+Only then does `append` return, and the caller ACK. Object stores (s3://, ...)
+acknowledge a PUT once it is stored, so they keep delta-rs's own writer.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import logging
+import os
+import time
+import uuid
+
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
 
 from storage.leases import FencedAppender
 from storage.tables import TABLE_PROPERTIES
 
+log = logging.getLogger(__name__)
+
+
+def set_aside_torn_commit(root: str) -> str | None:
+    """A power loss between delta-rs writing a commit file and its fsync can
+    leave that file empty or cut short: delta-rs then treats it as an empty
+    commit or cannot open the table at all. Only the newest commit can be in
+    that state, and with `durability = "fsync"` its PUTs were never ACKed
+    (the ACK waits for the fsync), so it is renamed aside (`.torn`) and the
+    table opens at the version before it. Returns the file set aside."""
+    log_dir = os.path.join(root, "_delta_log")
+    try:
+        commits = sorted(n for n in os.listdir(log_dir) if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
+    except OSError:
+        return None
+    if not commits:
+        return None
+    newest = os.path.join(log_dir, commits[-1])
+    try:
+        with open(newest, "rb") as fh:
+            lines = [line for line in fh.read().splitlines() if line.strip()]
+        if lines:
+            for line in lines:
+                json.loads(line)
+            return None
+    except (OSError, ValueError):
+        pass
+    os.replace(newest, newest + ".torn")
+    fsync_path(log_dir)
+    log.error("%s: commit %s was cut short (a power loss before its fsync); set aside as %s.torn. With "
+              "durability = \"os\", PUTs it held may have been ACKed", root, commits[-1], commits[-1])
+    return newest + ".torn"
+
 
 def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    root = local_root(path)
+    if root is not None:
+        set_aside_torn_commit(root)
     try:
         table = DeltaTable(path, storage_options=storage_options)
     except TableNotFoundError:
@@ -47,39 +107,174 @@ def try_open(path: str, storage_options: dict[str, str] | None = None) -> DeltaT
 APPEND_ATTEMPTS = 5
 
 
+def local_root(path: str) -> str | None:
+    """The directory of a table on the local file system, None for an object store."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory (a directory's fsync makes its new entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+STRING_STAT_BYTES = 64   # delta-rs keeps at most this many bytes of a string's min or max
+
+
+def _utf8_prefix(text: str, limit: int) -> str:
+    """The longest prefix of `text` that is at most `limit` bytes in UTF-8."""
+    size = 0
+    for i, char in enumerate(text):
+        size += len(char.encode())
+        if size > limit:
+            return text[:i]
+    return text
+
+
+def _next_char(char: str) -> str | None:
+    """The next code point, if it is a character of the same UTF-8 length, else None."""
+    code = ord(char) + 1
+    if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF or len(chr(code).encode()) != len(char.encode()):
+        return None
+    return chr(code)
+
+
+def _string_bound(text: str, upper: bool) -> str:
+    """A string statistic as delta-rs writes it: a long min is cut to its
+    first 64 bytes (a prefix sorts first); a long max is cut too and its last
+    character that can be is incremented, so it still sorts after every value
+    it stands for, or kept whole when none can be."""
+    if len(text.encode()) <= STRING_STAT_BYTES:
+        return text
+    prefix = _utf8_prefix(text, STRING_STAT_BYTES)
+    if not upper:
+        return prefix
+    for i in range(len(prefix) - 1, -1, -1):
+        successor = _next_char(prefix[i])
+        if successor is not None:
+            return prefix[:i] + successor
+    return text
+
+
+def _stat_value(value: object, upper: bool) -> object:
+    if isinstance(value, dt.datetime):
+        # delta-rs's format: milliseconds, UTC, "Z" (readers widen the max by 1 ms).
+        value = value.astimezone(dt.timezone.utc)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    if isinstance(value, str):
+        return _string_bound(value, upper)
+    return value
+
+
+def _has_stats(data_type: pa.DataType) -> bool:
+    """Columns delta-rs keeps statistics for: primitive, not binary, not nested."""
+    return not (pa.types.is_nested(data_type) or pa.types.is_binary(data_type)
+                or pa.types.is_large_binary(data_type) or pa.types.is_fixed_size_binary(data_type))
+
+
+def delta_stats(batch: pa.Table) -> str:
+    """A file's statistics as delta-rs writes them into its add action:
+    numRecords, and per primitive column its null count and, unless all null,
+    its min and max (`tests/test_durability.py` checks they are the same)."""
+    minimum: dict[str, object] = {}
+    maximum: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    for field in batch.schema:
+        if not _has_stats(field.type):
+            continue
+        column = batch[field.name]
+        nulls[field.name] = column.null_count
+        if column.null_count < len(column):
+            bounds = pc.min_max(column)
+            minimum[field.name] = _stat_value(bounds["min"].as_py(), upper=False)
+            maximum[field.name] = _stat_value(bounds["max"].as_py(), upper=True)
+    return json.dumps({"numRecords": batch.num_rows, "minValues": minimum, "maxValues": maximum,
+                       "nullCount": nulls}, separators=(",", ":"))
+
+
+def write_data_file(root: str, batch: pa.Table) -> AddAction:
+    """Write `batch` as one Parquet file in the table directory `root` and
+    make it durable (the file, then its directory entry); return its add action."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    path = os.path.join(root, name)
+    # Dictionaries for strings only and Parquet statistics only where Delta
+    # keeps them: trying to dictionary-encode 1 KiB payloads and computing
+    # min/max of binary columns more than doubled the write's CPU (5,000 rows:
+    # 7.8 ms -> 3.4 ms).
+    strings = [f.name for f in batch.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    with_stats = [f.name for f in batch.schema if _has_stats(f.type)]
+    with open(path, "wb") as fh:
+        pq.write_table(batch, fh, compression="snappy", use_dictionary=strings, write_statistics=with_stats)
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_path(root)
+    return AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000), True, delta_stats(batch))
+
+
+def sync_log(root: str, version: int) -> None:
+    """Make commit `version` durable: its JSON, the checkpoint it may have
+    made (with `_last_checkpoint`), then the `_delta_log/` directory."""
+    log_dir = os.path.join(root, "_delta_log")
+    fsync_path(os.path.join(log_dir, f"{version:020d}.json"))
+    checkpoint = os.path.join(log_dir, f"{version:020d}.checkpoint.parquet")
+    if os.path.exists(checkpoint):
+        fsync_path(checkpoint)
+        fsync_path(os.path.join(log_dir, "_last_checkpoint"))
+    fsync_path(log_dir)
+
+
 class Appender:
     """Blind appends to one table through a reused handle. With `epoch`, the
     table is claimed for that primary epoch first and every commit carries it
-    (`storage.leases.FencedAppender`): a stale primary's append raises `Fenced`."""
+    (`storage.leases.FencedAppender`): a stale primary's append raises `Fenced`.
+    `durable` (default): on a local table, `append` returns only once the
+    commit is on stable storage (the module's docstring)."""
 
     def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
-                 epoch: int | None = None):
+                 epoch: int | None = None, durable: bool = True):
         self.path = path
         self.schema = schema
         self.table = open_or_create(path, schema, storage_options)
+        self.root = local_root(path) if durable else None
         self.fence = None if epoch is None else FencedAppender(self.table, epoch, schema)
         if self.fence is not None:
             self.fence.fence()
+            if self.root is not None:
+                sync_log(self.root, self.table.version())
 
     def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None) -> int:
         """Commit `batch` as one Delta version and return that version.
 
         Another writer of the same engine (retention's delete, compaction) may
         commit in between; delta-rs then reports a conflict for the append,
-        which nothing was read for. Nothing was written, so it is safe to
-        refresh and try again, unless the refreshed snapshot shows a newer
+        which nothing was read for. Nothing was committed, so it is safe to
+        refresh and try again (a durable append keeps its data file and
+        commits it again), unless the refreshed snapshot shows a newer
         primary epoch (`Fenced`)."""
         if self.fence is not None:
             self.fence.check()
             commit_properties = self.fence.commit_properties()
+        hooks = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+        add = write_data_file(self.root, batch.cast(self.schema)) if self.root is not None else None
         for attempt in range(APPEND_ATTEMPTS):
             try:
-                write_deltalake(
-                    self.table, batch, mode="append", commit_properties=commit_properties,
-                    post_commithook_properties=PostCommitHookProperties(create_checkpoint=True,
-                                                                        cleanup_expired_logs=False),
-                )
-                return self.table.version()
+                if add is None:
+                    write_deltalake(self.table, batch, mode="append", commit_properties=commit_properties,
+                                    post_commithook_properties=hooks)
+                    return self.table.version()
+                self.table.create_write_transaction([add], "append", self.schema,
+                                                    commit_properties=commit_properties,
+                                                    post_commithook_properties=hooks)
+                self.table.update_incremental()  # the handle does not move to the version it committed
+                version = self.table.version()
+                assert self.root is not None
+                sync_log(self.root, version)
+                return version
             except CommitFailedError:
                 self.table.update_incremental()
                 if self.fence is not None:

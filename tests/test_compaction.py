@@ -2,10 +2,12 @@
 
 import datetime as dt
 import json
+import os
 
 import pyarrow as pa
+import pytest
 
-from primary.compaction import Compactor
+from primary.compaction import COMPACTION_KEY, Compactor
 from storage import deltars, tables
 from tests.conftest import wait_until
 
@@ -17,10 +19,11 @@ def rows(start: int, n: int) -> pa.Table:
                                  for i in range(start, start + n)], schema=tables.PUTS_SCHEMA)
 
 
-def test_compactor_bounds_file_count_and_keeps_every_row(tmp_path):
+@pytest.mark.parametrize("durable", [True, False], ids=["fsync", "os"])
+def test_compactor_bounds_file_count_and_keeps_every_row(tmp_path, durable):
     path = str(tmp_path / "puts")
-    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
-    compactor = Compactor(path, every_commits=10, name="test")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA, durable=durable)
+    compactor = Compactor(path, every_commits=10, name="test", durable=durable)
     compactor.start()
     try:
         for i in range(25):  # appends go on while compaction runs in the background
@@ -34,7 +37,7 @@ def test_compactor_bounds_file_count_and_keeps_every_row(tmp_path):
     seqs = sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist())
     assert seqs == list(range(100))
     # Compaction commits say dataChange=false, so streaming readers skip them.
-    optimize = [h["version"] for h in table.history() if h["operation"] == "OPTIMIZE"]
+    optimize = [h["version"] for h in table.history() if h["operation"] == "OPTIMIZE" or h.get(COMPACTION_KEY)]
     assert optimize
     for version in optimize:
         actions = [json.loads(line) for line in (tmp_path / "puts" / "_delta_log" / f"{version:020d}.json").open()]
@@ -42,10 +45,25 @@ def test_compactor_bounds_file_count_and_keeps_every_row(tmp_path):
         assert files and all(f["dataChange"] is False for f in files)
 
 
+def test_a_durable_compaction_fsyncs_its_files_before_it_commits(tmp_path, monkeypatch):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    for i in range(5):
+        appender.append(rows(i * 4, 4))
+    before = set(os.listdir(path))
+    calls: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    assert Compactor(path, every_commits=1, name="test").compact_now()["numFilesRemoved"] == 5
+    written = [f for f in set(os.listdir(path)) - before if f.endswith(".parquet")]
+    assert calls == [os.path.join(path, written[0]), path, os.path.join(path, "_delta_log", f"{6:020d}.json"),
+                     os.path.join(path, "_delta_log")]
+    assert sorted(deltars.try_open(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(20))
+
+
 def test_tables_from_an_older_release_gain_new_columns(tmp_path):
     """The primary opens a PUT log written before `compression` existed: the
     column is added (old rows read null) and new rows carry it."""
-    import pyarrow as pa
     from deltalake import DeltaTable
 
     from storage import deltars, tables

@@ -134,6 +134,10 @@ def test_config_errors_name_the_field(tmp_path):
         conf.parse_cluster({"nodes": [{"name": "n", "port": "x"}]}, {})
     with pytest.raises(conf.ConfigError, match=r"mode: must be one of"):
         conf.parse_domain("d", {"mode": "lifo"})
+    with pytest.raises(conf.ConfigError, match=r"primary.durability: must be one of fsync, os, got 'never'"):
+        conf.parse_cluster({"primary": {"durability": "never"}}, {})
+    assert conf.parse_cluster({}, {}).primary.durability == "fsync"
+    assert conf.parse_cluster({"primary": {"durability": "os"}}, {}).primary.durability == "os"
     (tmp_path / "cluster.toml").write_text("[cluster\nname=")
     with pytest.raises(conf.ConfigError, match="not valid TOML"):
         conf.load(tmp_path / "cluster.toml")

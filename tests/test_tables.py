@@ -201,3 +201,35 @@ def test_full_speed_replay_keeps_put_order_across_staged_files_and_cleans_up(clu
         got = collect(queue, 3000, 90)  # confirming as they come: more than one consumer window
     assert [m.payload for m in got] == payloads
     assert not {m.guid for m in got} & posted
+
+
+def test_spark_reads_a_durable_table_as_delta_rs_wrote_it_and_skips_files_by_its_statistics(spark, tmp_path):
+    """The files are pyarrow's and the statistics ours: Spark must read the
+    same rows (maps, timestamps, nulls) and prune by seq and put_time."""
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    from storage import tables
+    from tests.test_durability import T0, puts
+
+    durable = deltars.Appender(str(tmp_path / "durable"), tables.PUTS_SCHEMA)
+    plain = deltars.Appender(str(tmp_path / "plain"), tables.PUTS_SCHEMA, durable=False)
+    for start in (0, 100, 200):
+        batch = puts(20, start)
+        durable.append(batch)
+        plain.append(batch)
+
+    def rows(name: str, where=None):
+        df = spark.read.format("delta").load(str(tmp_path / name)).drop("guid")
+        df = df.where(where) if where is not None else df
+        return sorted(tuple(map(str, r)) for r in df.collect())
+
+    assert rows("durable") == rows("plain") and len(rows("durable")) == 60
+    between = (F.col("seq") >= 100) & (F.col("seq") < 200)
+    assert rows("durable", between) == rows("plain", between) and len(rows("durable", between)) == 20
+    late = F.col("put_time") >= F.lit(T0 - dt.timedelta(seconds=2))
+    assert rows("durable", late) == rows("plain", late) and len(rows("durable", late)) == 6
+    scanned = spark.read.format("delta").load(str(tmp_path / "durable")).where(between)
+    files = scanned.inputFiles()
+    assert len(files) == 1, files  # the statistics pruned the other two files

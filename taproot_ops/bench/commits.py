@@ -2,7 +2,7 @@
 table's history: the primary's own `Appender` (fenced, checkpoints every 10
 commits) and `Compactor` (every 50 commits), on a temp dir, no other load.
 
-    .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300
+    .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300 [--durability os]
 
 Prints, per `--every` commits, the wall and CPU time they took and the files
 in `_delta_log`. The node pays this per PUT group commit and per CONFIRM group
@@ -42,11 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1024, help="payload bytes")
     parser.add_argument("--every", type=int, default=500, help="print a line per this many commits")
     parser.add_argument("--compact-every", type=int, default=50, help="0: no compaction")
+    parser.add_argument("--durability", choices=["fsync", "os"], default="fsync",
+                        help="fsync: each commit on stable storage before it returns (the default); os: not")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="taproot-commits-") as scratch:
         path = tables.PartitionPaths(scratch, 0).puts
-        appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1)
-        compactor = Compactor(path, args.compact_every, "bench")
+        durable = args.durability == "fsync"
+        appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable)
+        compactor = Compactor(path, args.compact_every, "bench", durable=durable)
         compactor.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
