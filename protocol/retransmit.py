@@ -104,6 +104,10 @@ class RetransmissionBuffer(Generic[K, T]):
         self.nbytes += nbytes
         self.messages += count
 
+    def peek(self, key: K) -> Held[T] | None:
+        """The entry of `key`, left held."""
+        return self._entries.get(key)
+
     def release(self, key: K) -> Held[T] | None:
         """The entry of `key` (its ACK came), or None if it is not held."""
         entry = self._entries.pop(key, None)

@@ -76,6 +76,10 @@ class _Buffered:
     frame: pb.PutMessage | pb.PutColumns
     link: Hashable
     queue_id: int                   # downstream queue id, for answers from the relay itself
+    # PUTs of this GUID (or columnar frames of these GUIDs) sent again on the
+    # same stream before the first ACK: the primary answers each (the later
+    # ones as duplicates), so each gets its own ACK down and is resent.
+    copies: int = 1
 
 
 class Relay:
@@ -174,8 +178,24 @@ class Relay:
         self._buffer.hold((up_qid, key), entry, nbytes, count, self.now_ms, self._routes[up_qid].timeout_ms)
 
     def _release(self, key: tuple[int, bytes]) -> _Buffered | None:
-        held = self._buffer.release(key)
-        return None if held is None else held.item
+        """The entry an ACK from upstream answers (one of its copies)."""
+        held = self._buffer.peek(key)
+        if held is None:
+            return None
+        if held.item.copies > 1:
+            held.item.copies -= 1
+        else:
+            self._buffer.release(key)
+        return held.item
+
+    def _again(self, link: Hashable, down_qid: int, key: tuple[int, bytes]) -> _Buffered | None:
+        """The entry of `key` if this stream sent it for this queue and it
+        awaits its ACK: then this PUT is one more copy of it."""
+        held = self._buffer.peek(key)
+        if held is None or held.item.link != link or held.item.queue_id != down_qid:
+            return None  # new, or a resend on a new stream (which replaces the old entry)
+        held.item.copies += 1
+        return held.item
 
     def _put(self, link: Hashable, frame: pb.Frame) -> Out:
         out_messages, nacks = [], []
@@ -191,7 +211,10 @@ class Relay:
             assert up_qid is not None
             down_qid = message.queue_id
             message.queue_id = up_qid
-            self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
+            if self._again(link, down_qid, (up_qid, message.guid)) is None:
+                self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
+            elif not (self.sending and self._routes[up_qid].open):
+                continue  # deferred already: the resend sends every copy
             if self.sending and self._routes[up_qid].open:
                 out_messages.append(message)
             else:
@@ -219,11 +242,12 @@ class Relay:
                                                               code=wire(refused[0]), message=refused[1])))]
         assert up_qid is not None
         up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)
-        self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
-        if self.sending and self._routes[up_qid].open:
-            return [(UPSTREAM, pb.Frame(put_columns=up))]
-        self._buffer.defer(up_qid, (up_qid, guids))
-        return []
+        sending = self.sending and self._routes[up_qid].open
+        if self._again(link, req.queue_id, (up_qid, guids)) is None:
+            self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
+            if not sending:
+                self._buffer.defer(up_qid, (up_qid, guids))
+        return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
         if not self.connected:
@@ -287,7 +311,7 @@ class Relay:
         # the ones not sent yet have no queue to go to once it is closed.
         for buffered, held in self._buffer.items():
             if held.item.link == link and buffered[0] not in self._routes:
-                self._release(buffered)
+                self._buffer.release(buffered)
         return out
 
     def _forget_route(self, up_qid: int) -> None:
@@ -416,22 +440,23 @@ class Relay:
         out: Out = []
         for key, held in self._buffer.items():
             if key[0] == up_qid:
-                self._release(key)
-                out.append(self._answer(held.item, ResultCode.of(why.code),
+                self._buffer.release(key)
+                out.extend(self._answer(held.item, ResultCode.of(why.code),
                                         f"queue could not be reopened: {why.message}"))
         self._forget_route(up_qid)
         return out
 
     @staticmethod
-    def _answer(entry: _Buffered, code: ResultCode, text: str) -> tuple[object, pb.Frame]:
+    def _answer(entry: _Buffered, code: ResultCode, text: str) -> list[tuple[object, pb.Frame]]:
+        """The relay's own answer to a buffered PUT: one ACK per copy."""
         if isinstance(entry.frame, pb.PutColumns):
             from protocol import columns
             table = columns.decode(entry.frame.arrow_ipc)
             guids = b"" if isinstance(table, str) else columns.guids_of(table)
-            return entry.link, pb.Frame(ack_columns=pb.AckColumns(queue_id=entry.queue_id, guids=guids,
-                                                                  code=wire(code), message=text))
-        return entry.link, pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
-            queue_id=entry.queue_id, guid=entry.frame.guid, code=wire(code), message=text)]))
+            return [(entry.link, pb.Frame(ack_columns=pb.AckColumns(queue_id=entry.queue_id, guids=guids,
+                                                                   code=wire(code), message=text)))] * entry.copies
+        return [(entry.link, pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
+            queue_id=entry.queue_id, guid=entry.frame.guid, code=wire(code), message=text)] * entry.copies)))]
 
     def _resend(self, up_qid: int) -> Out:
         """The buffered PUTs of a queue just opened upstream that this
@@ -439,7 +464,8 @@ class Relay:
         if not self.sending:
             return []
         held = self._buffer.take_deferred(up_qid)
-        return [(UPSTREAM, frame) for frame in put_frames((h.item.frame for h in held), PUT_FRAME_MESSAGES_MAX)]
+        return [(UPSTREAM, frame) for frame in put_frames((h.item.frame for h in held for _ in range(h.item.copies)),
+                                                          PUT_FRAME_MESSAGES_MAX)]
 
     # -- the upstream connection ---------------------------------------------
     def upstream_lost(self) -> Out:
@@ -491,12 +517,12 @@ class Relay:
         out: Out = []
         acks: dict[Hashable, list[pb.AckMessage]] = {}
         for _, gone in self._buffer.expire(now_ms):
-            link, frame = self._answer(gone.item, ResultCode.TIMEOUT, "no ACK within the retransmission time "
-                                       f"bound ({gone.timeout_ms:.0f} ms)")
-            if frame.WhichOneof("body") == "ack":
-                acks.setdefault(link, []).extend(frame.ack.messages)
-            else:
-                out.append((link, frame))
+            for link, frame in self._answer(gone.item, ResultCode.TIMEOUT, "no ACK within the retransmission "
+                                            f"time bound ({gone.timeout_ms:.0f} ms)"):
+                if frame.WhichOneof("body") == "ack":
+                    acks.setdefault(link, []).extend(frame.ack.messages)
+                else:
+                    out.append((link, frame))
         return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in acks.items()] + out
 
 

@@ -193,6 +193,25 @@ def test_a_put_with_a_timestamp_no_table_reader_can_hold_is_refused_and_the_queu
     assert b"t" * 16 not in committed_guids(cluster) and b"u" * 16 in committed_guids(cluster)
 
 
+def test_one_guid_twice_in_a_batch_gets_an_ack_for_each_put_through_a_proxy_as_from_the_node(cluster):
+    """Issue 16, defect 9: a node answered both PUTs, a proxy only one (its
+    buffer kept one entry per GUID). Both now answer each PUT, and the
+    message is stored and delivered once (the second is a duplicate)."""
+    for n, address in enumerate((cluster.proxy_address, cluster.node_address)):
+        guid = bytes([0xD0 + n]) * 16
+        raw = RawSession(address)
+        assert raw.open(1, URI).status.code == ResultCode.SUCCESS
+        raw.send(pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=guid, payload=b"x"),
+                                                    pb.PutMessage(queue_id=1, guid=guid, payload=b"x")])))
+        acks = list(raw.recv("ack").ack.messages)
+        while len(acks) < 2:
+            acks += raw.recv("ack").ack.messages
+        assert [(a.guid, a.code) for a in acks] == [(guid, ResultCode.SUCCESS)] * 2, address
+        raw.close()
+        rows = deltars.try_open(PartitionPaths(cluster.data_dir, 0).puts).to_pyarrow_table(columns=["guid"])
+        assert rows["guid"].to_pylist().count(guid) == 2   # both in the log; the second is pushed to nobody
+
+
 def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cluster):
     """Issue 16, defect 7: the proxy's forwarding thread caught only gRPC
     errors, so any other exception ended forwarding for good while clients

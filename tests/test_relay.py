@@ -316,3 +316,38 @@ def test_a_restored_upstream_resends_each_queues_puts_without_a_scan_per_queue()
                 request_id=req.request_id, queue_id=req.queue_id, status=pb.Status(code=0)))):
             resent.extend(m.guid for m in frame.put.messages)
     assert calls == [] and sorted(resent) == sorted(g(i) for i in range(1000) if i != 3)
+
+
+def test_the_same_guid_twice_on_one_stream_gets_two_acks_as_it_would_from_the_node():
+    """A client that sends one GUID twice before its ACK gets an ACK for
+    each PUT, through a relay as from a node (which answers the second as a
+    duplicate): the relay forwards both, answers both, resends both."""
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    opened(relay, up)
+    qid = up.open_queue.queue_id
+    assert upstream_puts(relay.from_downstream("A", put(1, g(1), g(1)))) == [g(1), g(1)]   # one batch
+    assert upstream_puts(relay.from_downstream("A", put(1, g(1)))) == [g(1)]               # a later one
+    assert relay.unacked_count == 1  # one held entry, three PUTs waiting on it
+    (to, first), = relay.from_upstream(ack(qid, g(1)))
+    assert to == "A" and [m.guid for m in first.ack.messages] == [g(1)]
+
+    relay.upstream_lost()
+    (_, reopen), = relay.upstream_restored()
+    resent = relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopen.open_queue.request_id, queue_id=qid, status=pb.Status(code=0))))
+    assert upstream_puts(resent) == [g(1), g(1)]   # the two not answered yet
+    answers = [relay.from_upstream(ack(qid, g(1))) for _ in range(3)]
+    assert [len(a) for a in answers] == [1, 1, 0]  # a third ACK (the old primary's late one) answers nothing
+    assert relay.unacked_count == 0
+
+
+def test_copies_not_yet_answered_are_each_answered_when_they_time_out():
+    relay = Relay(RetransmissionLimits(max_messages=10, max_bytes=10_000_000, timeout_ms=1_000))
+    (_, up), = relay.from_downstream("A", open_frame(1, 1))
+    opened(relay, up)
+    relay.from_downstream("A", put(1, g(1), g(1), g(2)), now_ms=0)
+    (to, timed_out), = relay.expire(1_000)
+    assert to == "A" and [m.guid for m in timed_out.ack.messages] == [g(1), g(1), g(2)]
+    assert {m.code for m in timed_out.ack.messages} == {ResultCode.TIMEOUT}
+
