@@ -97,7 +97,7 @@ class _Pending:
 
 @dataclass
 class _Request:
-    token: Any                       # None: the core's own reopen
+    token: Any                       # None: the core's own reopen, or an open nobody waits for
     kind: str
     queue_id: int
 
@@ -183,8 +183,14 @@ class SessionCore:
             self._effects.events.append(events.Connected(host))
             return
         stale, self._requests, self._reopens = self._requests, {}, {}
+        # An open the application still waits for is carried over: the queue
+        # is reopened below like every other, and that reopen's answer is its
+        # answer. Failing it while reopening it would leave a consumer on the
+        # broker that the application never got (messages held by nobody).
+        carried = {r.queue_id: r.token for r in stale.values()
+                   if r.kind == "open_queue" and r.token is not None and r.queue_id in self.queues}
         for request in stale.values():
-            if request.token is not None:
+            if request.token is not None and not (request.kind == "open_queue" and request.queue_id in carried):
                 self._effects.responses.append((request.token, ConnectionError("connection lost; request abandoned")))
         self._restored, self._not_restored = [], []
         for q in self.queues.values():
@@ -194,7 +200,7 @@ class SessionCore:
             if q.read:
                 request.options.CopyFrom(q.options)
             request.request_id = next(self._request_ids)
-            self._requests[request.request_id] = _Request(None, "open_queue", q.queue_id)
+            self._requests[request.request_id] = _Request(carried.get(q.queue_id), "open_queue", q.queue_id)
             self._reopens[request.request_id] = q.queue_id
             self._send(pb.Frame(open_queue=request))
         self._puts.take()  # what the batch held is in the buffer too
@@ -257,8 +263,14 @@ class SessionCore:
         return request_id
 
     def forget(self, request_id: int) -> None:
-        """The shell stopped waiting for this request (its timeout)."""
-        self._requests.pop(request_id, None)
+        """The shell stopped waiting for this request (its timeout). An open
+        stays known without its token: if it succeeds after all, its queue is
+        closed on the broker (`_respond`)."""
+        request = self._requests.get(request_id)
+        if request is not None and request.kind == "open_queue":
+            request.token = None
+        else:
+            self._requests.pop(request_id, None)
 
     def add_queue(self, record: QueueRecord) -> None:
         """Known from before its open is answered: PUSHes may follow the answer at once."""
@@ -417,10 +429,18 @@ class SessionCore:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
+        succeeded = ResultCode.of(body.status.code) is ResultCode.SUCCESS
+        if request.kind == "open_queue" and succeeded and request.queue_id not in self.queues:
+            # Opened on the broker for a queue the application gave up on (its
+            # open timed out): close it there, or a consumer nobody reads
+            # would hold messages until the session ends.
+            self._send(pb.Frame(close_queue=pb.CloseQueue(request_id=next(self._request_ids),
+                                                          queue_id=request.queue_id)))
         queue_id = self._reopens.pop(request_id, None)
-        if queue_id is None:
+        if queue_id is None or request.token is not None:
             if request.token is not None:
                 self._effects.responses.append((request.token, body))
+        if queue_id is None:
             return
         q = self.queues.get(queue_id)
         if q is not None:

@@ -261,3 +261,64 @@ def test_a_reconnection_resends_each_queues_puts_from_one_pass_over_the_buffer()
     assert sorted(resent) == sorted(g(i) for i in range(2000) if i != 5)
     per_queue = [int.from_bytes(x, "big") for x in resent if int.from_bytes(x, "big") % 200 == 7]
     assert per_queue == sorted(per_queue)                  # PUT order within a queue
+
+
+def open_request(core: SessionCore, queue_id: int = 2, token: str = "open") -> int:
+    record = QueueRecord(queue_id, "taproot://d/r", read=True, write=False,
+                         open_request=pb.OpenQueue(queue_id=queue_id, uri="taproot://d/r", read=True))
+    core.add_queue(record)
+    return core.request(pb.Frame(open_queue=pb.OpenQueue(queue_id=queue_id, uri="taproot://d/r", read=True)),
+                        "open_queue", token)
+
+
+def test_an_open_in_flight_across_a_reconnection_is_answered_by_the_reopen_not_abandoned():
+    """Issue 16, defect 9: the open was failed with ConnectionError while the
+    reconnection reopened the queue anyway, leaving a consumer on the broker
+    that the application never got, holding messages."""
+    core = core_with_queue()
+    open_request(core)
+    core.take()
+    core.connection_lost("reset")
+    core.connected("h2", 10)
+    effects = core.take()
+    assert not effects.responses  # nothing abandoned
+    reopens = [f.open_queue for f in effects.frames if f.WhichOneof("body") == "open_queue"]
+    assert sorted(r.queue_id for r in reopens) == [1, 2]
+    for r in reopens:
+        core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+            request_id=r.request_id, queue_id=r.queue_id, status=status(ResultCode.SUCCESS))))
+    (token, response), = core.take().responses
+    assert token == "open" and ResultCode.of(response.status.code) is ResultCode.SUCCESS
+    assert core.queues[2].open
+
+
+def test_other_requests_in_flight_are_abandoned_by_a_reconnection():
+    core = core_with_queue()
+    core.request(pb.Frame(configure_queue=pb.ConfigureQueue(queue_id=1)), "configure_queue", "conf")
+    core.connection_lost("reset")
+    core.connected("h2", 10)
+    (token, error), = core.take().responses
+    assert token == "conf" and isinstance(error, ConnectionError)
+
+
+def test_an_open_answered_after_the_application_gave_up_on_it_is_closed_on_the_broker():
+    core = core_with_queue()
+    request_id = open_request(core)
+    core.forget(request_id)       # the shell's open timed out
+    core.remove_queue(2)
+    core.take()
+    # The answer comes after all: the shell never sees it, but without a
+    # close the broker would keep a consumer nobody reads.
+    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=request_id, queue_id=2, status=status(ResultCode.SUCCESS))))
+    effects = core.take()
+    assert not effects.responses
+    (close,) = [f.close_queue for f in effects.frames if f.WhichOneof("body") == "close_queue"]
+    assert close.queue_id == 2
+    # A refused one leaves nothing to close.
+    request_id = open_request(core, queue_id=3)
+    core.forget(request_id)
+    core.remove_queue(3)
+    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=request_id, queue_id=3, status=status(ResultCode.REFUSED))))
+    assert not [f for f in core.take().frames if f.WhichOneof("body") == "close_queue"]
