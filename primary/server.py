@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import AsyncIterator
 
 import grpc
 
@@ -27,13 +27,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, node: Node):
         self.node = node
 
-    def Session(self, request_iterator: Iterator[pb.Frame],  # noqa: N802 (gRPC naming)
-                context: grpc.ServicerContext) -> Iterator[pb.Frame]:
-        return serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
-                             self.node.close_link)
+    async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
+        async for frame in serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
+                                         self.node.close_link):
+            yield frame
 
-    def NotifyDelivery(self, request: pb.DeliveryNotice,  # noqa: N802
-                       context: grpc.ServicerContext) -> pb.NoticeAck:
+    async def NotifyDelivery(self, request: pb.DeliveryNotice,  # noqa: N802
+                             context: grpc.aio.ServicerContext) -> pb.NoticeAck:
         self.node.notify_delivery(request.partition)
         return pb.NoticeAck()
 

@@ -1,13 +1,21 @@
 """Server-side plumbing for `Broker.Session` streams, shared by every role.
 
 A `Link` is one session stream seen from the server: frames go out through
-`send` (thread safe, never blocks), and `serve_session` runs the stream: a
-reader thread hands each inbound frame to `on_frame`, the gRPC worker thread
-yields outbound frames, and `on_close` runs once when either side ends.
+`send` (thread safe, never blocks). The server is grpc.aio on an event loop of
+its own thread (`serve_broker`), so a session costs no thread: thousands of
+clients below one node or proxy are served (the thread pool of the first
+versions held one thread per session, and the 257th session hung).
+
+`serve_session` runs a stream: inbound frames are handed to `on_frame` on a
+shared pool of frame threads (`FRAME_THREADS`; the roles' handlers are
+ordinary blocking Python), one frame of a link at a time and in order;
+outbound frames are written by the event loop as `send` queues them;
+`on_close` runs once, after the link's last frame was handled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -16,7 +24,7 @@ import queue
 import signal
 import threading
 from concurrent import futures
-from typing import Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 
@@ -64,6 +72,10 @@ class Link:
         self.columnar: set[int] = set()   # queue ids whose consumer takes PushColumns frames
         self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._closed = threading.Event()
+        # The event loop writing this link, woken when a frame is queued while
+        # it waits (`aio_frames`); None for a link read with `frames()`.
+        self._wake: Callable[[], object] | None = None
+        self._waiting = False
 
     def __repr__(self) -> str:
         return f"Link({self.id}, {self.peer})"
@@ -75,94 +87,173 @@ class Link:
     def send(self, frame: pb.Frame) -> None:
         if not self._closed.is_set():
             self._out.put(frame)
+            self._notify()
 
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
             self._out.put(CLOSE)
+            self._notify()
+
+    def _notify(self) -> None:
+        # Only a writer that waits is woken: one call into the loop per idle
+        # period, not per frame. The writer says it waits before it looks at
+        # the queue a last time, so a frame queued meanwhile is never missed.
+        if self._waiting and self._wake is not None:
+            self._waiting = False
+            self._wake()
 
     def frames(self) -> Iterator[pb.Frame]:
         return drain(self._out)
 
-
-def serve_session(request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext,
-                  on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
-                  on_close: Callable[[Link], None]) -> Iterator[pb.Frame]:
-    link = Link(context.peer())
-
-    def read() -> None:
-        try:
-            for frame in request_iterator:
-                try:
-                    on_frame(link, frame)
-                except Exception as exc:
-                    # A bug in a handler must not take the server down or
-                    # leave the peer waiting: answer with an error frame.
-                    log.exception("%r: frame handler failed", link)
-                    link.send(pb.Frame(error=pb.FrameError(status=pb.Status(
-                        code=pb.UNKNOWN, message=f"internal error: {exc}"))))
-        except grpc.RpcError:
-            pass  # peer went away or sent an undecodable frame: only this link ends
-        except Exception:
-            log.exception("%r: reader failed", link)
-        finally:
-            # on_close runs here, on the reader thread, after the last frame was
-            # handled, so a frame handler and the close never race (a queue
-            # opened by a frame still in flight would otherwise outlive the link).
-            link.close()
+    async def aio_frames(self) -> AsyncIterator[pb.Frame]:
+        """The frames `send` queues, until `close`, on the running event loop."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._wake = lambda: loop.call_soon_threadsafe(ready.set)
+        while True:
             try:
-                on_close(link)
-            except Exception:
-                log.exception("%r: close handler failed", link)
+                frame = self._out.get_nowait()
+            except queue.Empty:
+                ready.clear()
+                self._waiting = True
+                if self._out.empty():
+                    await ready.wait()
+                self._waiting = False
+                continue
+            if frame is CLOSE:
+                return
+            yield frame  # type: ignore[misc]
 
-    on_open(link)
-    # When the RPC ends, stop the response side; the request iterator then ends
+
+FRAME_THREADS = 16   # frame handlers running at once, over every session of a server
+_frame_pool: futures.ThreadPoolExecutor | None = None
+_frame_pool_lock = threading.Lock()
+
+
+def frame_pool() -> futures.ThreadPoolExecutor:
+    global _frame_pool
+    with _frame_pool_lock:
+        if _frame_pool is None:
+            _frame_pool = futures.ThreadPoolExecutor(FRAME_THREADS, thread_name_prefix="frames")
+        return _frame_pool
+
+
+async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
+                        on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
+                        on_close: Callable[[Link], None]) -> AsyncIterator[pb.Frame]:
+    pool = frame_pool()
+    link = Link(context.peer())
+    last: list["futures.Future[None]"] = []
+
+    def handle(frame: pb.Frame) -> None:
+        try:
+            on_frame(link, frame)
+        except Exception as exc:
+            # A bug in a handler must not take the server down or leave the
+            # peer waiting: answer with an error frame.
+            log.exception("%r: frame handler failed", link)
+            link.send(pb.Frame(error=pb.FrameError(status=pb.Status(
+                code=pb.UNKNOWN, message=f"internal error: {exc}"))))
+
+    def closed() -> None:
+        try:
+            on_close(link)
+        except Exception:
+            log.exception("%r: close handler failed", link)
+
+    failed: list[str] = []
+
+    async def read() -> None:
+        try:
+            async for frame in request_iterator:
+                last[:] = [pool.submit(handle, frame)]
+                await asyncio.wrap_future(last[0])
+        except (grpc.RpcError, asyncio.CancelledError):
+            pass  # the peer went away: only this link ends
+        except Exception as exc:
+            # Bytes that are not a Frame: the stream ends with INVALID_ARGUMENT.
+            log.warning("%r: unreadable frame, stream ended: %s", link, exc)
+            failed.append(f"unreadable frame: {exc}")
+        finally:
+            # on_close runs after the last frame was handled, so a frame
+            # handler and the close never race (a queue opened by a frame
+            # still in flight would otherwise outlive the link).
+            link.close()
+            if last and not last[0].done():
+                last[0].add_done_callback(lambda _: pool.submit(closed))
+            else:
+                pool.submit(closed)
+
+    await asyncio.wrap_future(pool.submit(on_open, link))
+    # When the RPC ends, stop the response side; the request side then ends
     # too, and the reader closes the link.
-    context.add_callback(link.close)
-    threading.Thread(target=read, name=f"link-{link.id}", daemon=True).start()
-    yield from link.frames()
+    context.add_done_callback(lambda _: link.close())
+    reader = asyncio.ensure_future(read())
+    try:
+        async for frame in link.aio_frames():
+            yield frame
+    finally:
+        link.close()
+        if not reader.done():
+            reader.cancel()
+    if failed:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, failed[0])
 
 
 def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_file: str | None = None,
                  stop_event: threading.Event | None = None,
                  on_started: Callable[[int], None] | None = None,
                  before_stop: Callable[[], None] | None = None) -> None:
-    """Serve `servicer` (a BrokerServicer) on host:port until SIGINT/SIGTERM or
-    `stop_event`; write the ready file (with the bound port) once serving.
-    `on_started(port)` runs once bound, before the ready file; `before_stop`
-    runs while the server still serves (a graceful drain). Returns after the
-    server has stopped; the caller then stops its role."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="grpc"),
-                         options=SERVER_GRPC_OPTIONS)
-    pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise SystemExit(f"{role}: cannot bind {host}:{port}")
-    server.start()
-    log.info("%s serving on %s:%d", role, host, bound)
-    stop = stop_event or threading.Event()
-    if stop_event is None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-    if on_started is not None:
-        on_started(bound)
-    write_ready_file(ready_file, port=bound, host=host)
-    # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
-    # delta-rs's), and Python runs the handler only when the main thread next
-    # wakes. A bare wait() then slept through it until the launcher's SIGKILL.
-    while not stop.wait(0.2):
-        pass
-    log.info("%s stopping", role)
-    if before_stop is not None:
+    """Serve `servicer` (a BrokerServicer whose methods are coroutines) on
+    host:port until SIGINT/SIGTERM or `stop_event`; write the ready file (with
+    the bound port) once serving. `on_started(port)` runs once bound, before
+    the ready file; `before_stop` runs while the server still serves (a
+    graceful drain). Returns after the server has stopped; the caller then
+    stops its role. The server runs on an event loop in a thread of its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=f"grpc-{role}", daemon=True)
+    thread.start()
+
+    async def start() -> tuple[Any, int]:
+        server = grpc.aio.server(options=SERVER_GRPC_OPTIONS)
+        pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound:
+            await server.start()
+        return server, bound
+
+    try:
+        server, bound = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+        if bound == 0:
+            raise SystemExit(f"{role}: cannot bind {host}:{port}")
+        log.info("%s serving on %s:%d", role, host, bound)
+        stop = stop_event or threading.Event()
+        if stop_event is None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        if on_started is not None:
+            on_started(bound)
+        write_ready_file(ready_file, port=bound, host=host)
+        # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
+        # delta-rs's), and Python runs the handler only when the main thread next
+        # wakes. A bare wait() then slept through it until the launcher's SIGKILL.
+        while not stop.wait(0.2):
+            pass
+        log.info("%s stopping", role)
+        if before_stop is not None:
+            try:
+                before_stop()
+            except Exception:
+                log.exception("%s: graceful stop failed; stopping anyway", role)
+        # Bounded: the role has stopped by now, so leaving is safe.
         try:
-            before_stop()
+            asyncio.run_coroutine_threadsafe(server.stop(grace=2), loop).result(3)
         except Exception:
-            log.exception("%s: graceful stop failed; stopping anyway", role)
-    # Bounded: grpcio's shutdown event sometimes never fires after a client
-    # sent a corrupt frame (seen in tests: the process then waited for its
-    # launcher's SIGKILL). The role has stopped by now, so leaving is safe.
-    if not server.stop(grace=2).wait(3):
-        log.warning("%s: gRPC server shutdown did not finish in 3 s; exiting anyway", role)
+            log.warning("%s: gRPC server shutdown did not finish in 3 s; exiting anyway", role)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 def write_ready_file(path: str | None, **info: object) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterator, Sequence
+from typing import AsyncIterator, Sequence
 
 import grpc
 
@@ -36,10 +36,11 @@ class ProxyServicer(pb_grpc.BrokerServicer):
     def __init__(self, proxy: Proxy):
         self.proxy = proxy
 
-    def Session(self, request_iterator: Iterator[pb.Frame],  # noqa: N802 (gRPC naming)
-                context: grpc.ServicerContext) -> Iterator[pb.Frame]:
-        return serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
-                             self.proxy.close_link)
+    async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
+        async for frame in serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
+                                         self.proxy.close_link):
+            yield frame
 
 
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,

@@ -253,3 +253,44 @@ def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cl
         assert proxy.connects >= 2 and not failures
     finally:
         proxy.stop()
+
+
+def test_a_node_and_a_proxy_each_serve_two_thousand_sessions_at_once(cluster):
+    """Issue 16, defect 5: each session held a thread of a 256-thread pool,
+    and the 257th hung without an error. Now 2,000 streams stay open on each
+    server at once, every one answered while all are open, and a client is
+    still served. (The streams are opened one after another: opening
+    thousands in one burst from one client event loop has gRPC's client
+    cancel some of them, against any server.)"""
+    import asyncio
+
+    import grpc
+
+    sessions, per_connection = 2_000, 100
+
+    async def hold_many(address: str) -> list[int]:
+        channels = [grpc.aio.insecure_channel(address) for _ in range(sessions // per_connection)]
+        try:
+            calls = [c.stream_stream("/taproot.v1.Broker/Session", request_serializer=pb.Frame.SerializeToString,
+                                     response_deserializer=pb.Frame.FromString) for c in channels]
+            streams = []
+            for i in range(sessions):
+                stream = calls[i // per_connection]()
+                await stream.write(pb.Frame())   # an empty frame: the server answers INVALID_ARGUMENT
+                await asyncio.wait_for(stream.read(), 10)
+                streams.append(stream)
+            for stream in streams:               # every one still served, all open at once
+                await stream.write(pb.Frame())
+            answers = await asyncio.wait_for(asyncio.gather(*(s.read() for s in streams)), 60)
+            for stream in streams:
+                stream.cancel()
+            return [a.error.status.code for a in answers]
+        finally:
+            for channel in channels:
+                await channel.close()
+
+    for address in (cluster.proxy_address, cluster.node_address):
+        codes = asyncio.run(hold_many(address))
+        assert codes == [ResultCode.INVALID_ARGUMENT] * sessions, address
+        with Session([address]) as session, session.open_queue(URI, write=True) as queue:
+            assert queue.post(b"after 2,000 sessions").result(timeout=30).guid in committed_guids(cluster)
