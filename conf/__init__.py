@@ -137,6 +137,9 @@ class HaConfig:
     retransmission_timeout_ms: int = RetransmissionLimits.timeout_ms
     retransmission_max_messages: int = RetransmissionLimits.max_messages
     retransmission_max_bytes: int = RetransmissionLimits.max_bytes
+    # Bytes a node or proxy holds for one client or relay that does not read
+    # what it is sent; beyond it that stream is dropped (`protocol/stream.py`).
+    link_outbound_max_bytes: int = 256 * 1024 * 1024
 
     @property
     def retransmission(self) -> RetransmissionLimits:
@@ -260,6 +263,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "retransmission_timeout_ms": (1000, 7 * 24 * 3_600_000),
     "retransmission_max_messages": (1, 1 << 40),
     "retransmission_max_bytes": (1024 * 1024, 1 << 50),
+    "link_outbound_max_bytes": (1024 * 1024, 1 << 40),
 }
 APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.~]{1,64}$")
 

@@ -24,7 +24,7 @@ import queue
 import signal
 import threading
 from concurrent import futures
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, cast
 
 import grpc
 
@@ -65,8 +65,15 @@ SERVER_GRPC_OPTIONS = _SIZES + [
 ]
 
 
+# Bytes a link may hold for a peer that does not read (a consumer with a vast
+# window, a broadcast consumer, a stalled relay). Beyond it the link is
+# dropped: its consumers' unconfirmed messages go to others, the peer sees
+# its stream end and reconnects; nothing else on the server waits for it.
+OUTBOUND_MAX_BYTES = 256 * 1024 * 1024
+
+
 class Link:
-    def __init__(self, peer: str):
+    def __init__(self, peer: str, max_outbound_bytes: int | None = None):
         self.id = next(_ids)
         self.peer = peer
         self.columnar: set[int] = set()   # queue ids whose consumer takes PushColumns frames
@@ -76,6 +83,10 @@ class Link:
         # it waits (`aio_frames`); None for a link read with `frames()`.
         self._wake: Callable[[], object] | None = None
         self._waiting = False
+        self.max_outbound_bytes = OUTBOUND_MAX_BYTES if max_outbound_bytes is None else max_outbound_bytes
+        self.outbound_bytes = 0             # queued by `send`, not yet taken by the writer
+        self.dropped: str | None = None     # why the link was dropped, if it was
+        self._abort: Callable[[], object] | None = None   # ends the stream now (set by `serve_session`)
 
     def __repr__(self) -> str:
         return f"Link({self.id}, {self.peer})"
@@ -85,9 +96,36 @@ class Link:
         return self._closed.is_set()
 
     def send(self, frame: pb.Frame) -> None:
-        if not self._closed.is_set():
-            self._out.put(frame)
-            self._notify()
+        if self._closed.is_set():
+            return
+        size = frame.ByteSize()
+        self.outbound_bytes += size
+        if self.outbound_bytes > self.max_outbound_bytes:
+            self.drop(f"slow peer: {self.outbound_bytes:,} bytes waiting to be sent "
+                      f"(max {self.max_outbound_bytes:,})")
+            return
+        self._out.put((frame, size))
+        self._notify()
+
+    def drop(self, reason: str) -> None:
+        """Give up on a peer that does not read: what is queued for it is
+        discarded, no more frames are taken from it, and the close handler
+        runs now (its consumers' unconfirmed messages go to others). gRPC
+        cannot end a stream whose write waits on the peer's flow control, so
+        the peer learns why (RESOURCE_EXHAUSTED) when it reads again."""
+        if self.dropped is not None:
+            return
+        self.dropped = reason
+        log.warning("%r: dropped: %s", self, reason)
+        try:
+            while True:
+                self._out.get_nowait()
+        except queue.Empty:
+            pass
+        self.outbound_bytes = 0
+        self.close()
+        if self._abort is not None:
+            self._abort()
 
     def close(self) -> None:
         if not self._closed.is_set():
@@ -103,8 +141,29 @@ class Link:
             self._waiting = False
             self._wake()
 
+    def _taken(self, item: object) -> object:
+        """A queued item as the writer takes it: the frame, or CLOSE."""
+        if item is CLOSE:
+            return CLOSE
+        frame, size = cast("tuple[pb.Frame, int]", item)
+        self.outbound_bytes -= size
+        return frame
+
+    def next_frame(self, timeout: float | None = None) -> pb.Frame:
+        """The next queued frame (raises queue.Empty after `timeout`): for
+        tests and tools that read a link in place of a stream."""
+        frame = self._taken(self._out.get(timeout=timeout))
+        if frame is CLOSE:
+            raise queue.Empty("link closed")
+        return cast(pb.Frame, frame)
+
     def frames(self) -> Iterator[pb.Frame]:
-        return drain(self._out)
+        """The queued frames, until `close` (a blocking reader: tests, tools)."""
+        while True:
+            frame = self._taken(self._out.get())
+            if frame is CLOSE:
+                return
+            yield frame  # type: ignore[misc]
 
     async def aio_frames(self) -> AsyncIterator[pb.Frame]:
         """The frames `send` queues, until `close`, on the running event loop."""
@@ -113,7 +172,7 @@ class Link:
         self._wake = lambda: loop.call_soon_threadsafe(ready.set)
         while True:
             try:
-                frame = self._out.get_nowait()
+                frame = self._taken(self._out.get_nowait())
             except queue.Empty:
                 ready.clear()
                 self._waiting = True
@@ -121,7 +180,7 @@ class Link:
                     await ready.wait()
                 self._waiting = False
                 continue
-            if frame is CLOSE:
+            if frame is CLOSE or self.dropped is not None:
                 return
             yield frame  # type: ignore[misc]
 
@@ -141,9 +200,10 @@ def frame_pool() -> futures.ThreadPoolExecutor:
 
 async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                         on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
-                        on_close: Callable[[Link], None]) -> AsyncIterator[pb.Frame]:
+                        on_close: Callable[[Link], None],
+                        max_outbound_bytes: int | None = None) -> AsyncIterator[pb.Frame]:
     pool = frame_pool()
-    link = Link(context.peer())
+    link = Link(context.peer(), max_outbound_bytes)
     last: list["futures.Future[None]"] = []
 
     def handle(frame: pb.Frame) -> None:
@@ -185,11 +245,15 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
             else:
                 pool.submit(closed)
 
+    loop = asyncio.get_running_loop()
     await asyncio.wrap_future(pool.submit(on_open, link))
     # When the RPC ends, stop the response side; the request side then ends
     # too, and the reader closes the link.
     context.add_done_callback(lambda _: link.close())
     reader = asyncio.ensure_future(read())
+    # A dropped link takes no more frames from its peer: the reader stops,
+    # and the close handler runs once the frame in hand is handled.
+    link._abort = lambda: loop.call_soon_threadsafe(reader.cancel)
     try:
         async for frame in link.aio_frames():
             yield frame
@@ -197,6 +261,8 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
         link.close()
         if not reader.done():
             reader.cancel()
+    if link.dropped is not None:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, link.dropped)
     if failed:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, failed[0])
 

@@ -33,19 +33,20 @@ class Proxy(Upstream):
 
 
 class ProxyServicer(pb_grpc.BrokerServicer):
-    def __init__(self, proxy: Proxy):
+    def __init__(self, proxy: Proxy, max_outbound_bytes: int | None = None):
         self.proxy = proxy
+        self.max_outbound_bytes = max_outbound_bytes
 
     async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
         async for frame in serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
-                                         self.proxy.close_link):
+                                         self.proxy.close_link, self.max_outbound_bytes):
             yield frame
 
 
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,
           stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
-          stop_timeout_ms: int = 10_000) -> None:
+          stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None) -> None:
     proxy = Proxy(upstream_addresses, limits)
     proxy.start(connect_timeout_s=30.0)
     log.info("proxy: upstream hosts %s", ", ".join(proxy.upstream_addresses))
@@ -54,7 +55,7 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
         proxy.drain(stop_timeout_ms / 1000)
 
     try:
-        serve_broker(ProxyServicer(proxy), "proxy", host, port, ready_file=ready_file, stop_event=stop_event,
-                     before_stop=drain)
+        serve_broker(ProxyServicer(proxy, max_outbound_bytes), "proxy", host, port, ready_file=ready_file,
+                     stop_event=stop_event, before_stop=drain)
     finally:
         proxy.stop()

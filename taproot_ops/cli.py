@@ -68,7 +68,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         upstream = [first.address] + [n.address for n in config.nodes if n.name != first.name]
     ha = config.ha
     serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file,
-          limits=ha.retransmission, stop_timeout_ms=ha.stop_timeout_ms)
+          limits=ha.retransmission, stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes)
     return 0
 
 

@@ -49,7 +49,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_s
         while len(got) < count and time.monotonic() < deadline:
             try:
-                frame = self.link._out.get(timeout=0.05)
+                frame = self.link.next_frame(0.05)
             except queue.Empty:
                 continue
             got.extend(frame.push.messages)
@@ -80,7 +80,7 @@ class Producer:
         deadline = time.monotonic() + 10
         while len(acks) < len(guids) and time.monotonic() < deadline:
             try:
-                acks.extend(self.link._out.get(timeout=0.05).ack.messages)
+                acks.extend(self.link.next_frame(0.05).ack.messages)
             except queue.Empty:
                 continue  # no ACK yet: wait until the deadline
         return acks
@@ -310,7 +310,7 @@ def test_a_columnar_frame_to_apps_without_subscriptions_is_decided_once_per_fram
                           "property_types": pa.array([None] * n, columns.PROPERTY_MAP),
                           "compression": pa.array([None] * n, pa.string())}, schema=columns.SCHEMA)
         assert partition.put_committer.submit([PendingColumns(link, 1, state, table, b"".join(guids))], 0)
-        assert link._out.get(timeout=10).ack_columns.code == pb.SUCCESS
+        assert link.next_frame(10).ack_columns.code == pb.SUCCESS
 
     frame([G[0], G[1], G[0], G[2]])   # a duplicate inside the frame
     frame([G[1], G[3]])               # and one against the history

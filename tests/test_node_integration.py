@@ -238,14 +238,14 @@ def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cl
     proxy.open_link(link)
     try:
         proxy.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=URI, write=True)))
-        assert link._out.get(timeout=10).open_queue_response.status.code == ResultCode.SUCCESS
+        assert link.next_frame(10).open_queue_response.status.code == ResultCode.SUCCESS
         guid = b"r" * 16
         proxy.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=guid, payload=b"x")])))
         acks = []
         deadline = time.monotonic() + 20
         while not acks and time.monotonic() < deadline:
             try:
-                frame = link._out.get(timeout=0.2)
+                frame = link.next_frame(0.2)
             except _queue.Empty:
                 continue
             acks.extend(a for a in frame.ack.messages if frame.WhichOneof("body") == "ack")
@@ -294,3 +294,81 @@ def test_a_node_and_a_proxy_each_serve_two_thousand_sessions_at_once(cluster):
         assert codes == [ResultCode.INVALID_ARGUMENT] * sessions, address
         with Session([address]) as session, session.open_queue(URI, write=True) as queue:
             assert queue.post(b"after 2,000 sessions").result(timeout=30).guid in committed_guids(cluster)
+
+
+def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another(cluster, tmp_path, caplog):
+    """Issue 16, defect 6: what a server queued for a peer that does not read
+    grew without bound. A proxy with a 2 MiB bound per link drops the stalled
+    consumer's stream; its unconfirmed messages go to the next consumer, and
+    the proxy carries on."""
+    import asyncio
+    import json
+    import threading
+
+    import grpc
+    import pyarrow as pa
+
+    from proxies.server import serve
+    from tests.conftest import wait_until
+
+    stop = threading.Event()
+    ready = tmp_path / "proxy.ready"
+    server = threading.Thread(target=serve, args=("127.0.0.1", 0, [cluster.node_address]), daemon=True,
+                              kwargs=dict(ready_file=str(ready), stop_event=stop, max_outbound_bytes=2 << 20))
+    server.start()
+    wait_until(ready.exists, 30, what="the test proxy")
+    proxy = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
+    uri, count = "taproot://demo/stalled", 20_000
+
+    async def stalled_consumer(opened: threading.Event, checked: threading.Event) -> object:
+        async with grpc.aio.insecure_channel(proxy) as channel:
+            stream = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=pb.Frame.SerializeToString,
+                                           response_deserializer=pb.Frame.FromString)()
+            await stream.write(pb.Frame(open_queue=pb.OpenQueue(
+                request_id=1, queue_id=1, uri=uri, read=True,
+                options=pb.QueueOptions(max_unconfirmed_messages=count, max_unconfirmed_bytes=1 << 30))))
+            assert (await stream.read()).open_queue_response.status.code == ResultCode.SUCCESS
+            opened.set()
+            # Reads nothing until the other consumer has everything; then what
+            # was in flight, and the end the proxy gave the stream.
+            await asyncio.get_running_loop().run_in_executor(None, checked.wait, 120)
+            try:
+                while await asyncio.wait_for(stream.read(), 10) is not grpc.aio.EOF:
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return await asyncio.wait_for(stream.code(), 10)
+
+    opened, checked = threading.Event(), threading.Event()
+    result: list[object] = []
+
+    def run_consumer() -> None:
+        try:
+            result.append(asyncio.run(stalled_consumer(opened, checked)))
+        except BaseException as exc:  # reported by the assertion below
+            result.append(exc)
+
+    consumer = threading.Thread(target=run_consumer)
+    consumer.start()
+    try:
+        assert opened.wait(30)
+        with Session([cluster.node_address]) as session, session.open_queue(uri, write=True) as queue:
+            for start in range(0, count, 1_000):
+                queue.post_columns(pa.table({"payload": [b"%07d" % i + b"x" * 1017
+                                                         for i in range(start, start + 1_000)]})).result(timeout=60)
+        wait_until(lambda: "dropped: slow peer" in caplog.text, 60, what="the proxy to drop the stalled stream")
+        got: set[bytes] = set()
+        with Session([proxy]) as session, session.open_queue(uri, read=True) as queue:
+            while len(got) < count:
+                batch = queue.get_batch(timeout_s=30)
+                assert batch, f"{len(got)} of {count} delivered"
+                got.update(m.payload[:7] for m in batch)
+                queue.confirm(batch)
+        assert got == {b"%07d" % i for i in range(count)}
+        checked.set()
+        consumer.join(60)
+        assert result == [grpc.StatusCode.RESOURCE_EXHAUSTED]   # told why, once it read again
+    finally:
+        checked.set()
+        stop.set()
+        server.join(30)

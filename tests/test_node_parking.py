@@ -35,7 +35,7 @@ def frames(link: Link, timeout_s: float) -> list[tuple[float, pb.Frame]]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            frame = link._out.get(timeout=0.05)
+            frame = link.next_frame(0.05)
         except queue.Empty:
             continue
         got.append((time.monotonic(), frame))
@@ -113,11 +113,11 @@ def test_a_put_reaching_a_stopping_partition_is_refused_as_such(tmp_path):
         node.open_link(link)
         node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=uri_on(0, 1),
                                                              write=True)))
-        assert link._out.get(timeout=10).open_queue_response.status.code == ResultCode.SUCCESS
+        assert link.next_frame(10).open_queue_response.status.code == ResultCode.SUCCESS
         node.partitions[0].put_committer.stop()
         node.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(queue_id=1, guid=b"s" * 16,
                                                                              payload=b"x")])))
-        (ack,) = link._out.get(timeout=10).ack.messages
+        (ack,) = link.next_frame(10).ack.messages
         assert ack.code == ResultCode.REFUSED and "stopping" in ack.message
     finally:
         node.stop(graceful=False)

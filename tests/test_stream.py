@@ -1,0 +1,69 @@
+"""A server-side link (`protocol.stream.Link`): what it queues for its peer is
+bounded, and a link whose peer does not read is dropped, not grown."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+import pytest
+
+from protocol import pb
+from protocol.stream import Link
+
+pytestmark = pytest.mark.unit
+
+
+def frame(n: int) -> pb.Frame:
+    return pb.Frame(push_columns=pb.PushColumns(queue_id=1, count=1, arrow_ipc=b"x" * n))
+
+
+def test_queued_bytes_are_counted_until_the_writer_takes_them():
+    link = Link("peer", max_outbound_bytes=10_000)
+    for _ in range(3):
+        link.send(frame(1_000))
+    assert 3_000 < link.outbound_bytes < 3_100
+    link.next_frame(1)
+    assert 2_000 < link.outbound_bytes < 2_100
+    link.next_frame(1)
+    link.next_frame(1)
+    assert link.outbound_bytes == 0 and link.dropped is None
+
+
+def test_a_link_past_its_bound_is_dropped_at_once_and_takes_nothing_more():
+    aborted: list[bool] = []
+    link = Link("slow consumer", max_outbound_bytes=10_000)
+    link._abort = lambda: aborted.append(True)
+    for _ in range(9):
+        link.send(frame(1_000))
+    assert link.dropped is None
+    link.send(frame(2_000))
+    assert link.closed and aborted == [True]
+    assert link.dropped is not None and "slow peer" in link.dropped and "max 10,000" in link.dropped
+    link.send(frame(10))          # closed: ignored
+    assert list(link.frames()) == [] and link.outbound_bytes == 0  # what was queued is discarded
+
+
+def test_the_async_writer_ends_as_soon_as_the_link_is_dropped():
+    link = Link("peer", max_outbound_bytes=5_000)
+
+    async def write() -> int:
+        sent = 0
+        async for _ in link.aio_frames():
+            sent += 1
+            if sent == 1:
+                for _ in range(10):   # the peer stops reading; more comes, past the bound
+                    link.send(frame(1_000))
+        return sent
+
+    link.send(frame(100))
+    assert asyncio.run(asyncio.wait_for(write(), 5)) == 1  # nothing queued after the drop is written
+
+
+def test_next_frame_waits_then_says_empty():
+    link = Link("peer")
+    with pytest.raises(queue.Empty):
+        link.next_frame(0.01)
+    link.close()
+    with pytest.raises(queue.Empty):
+        link.next_frame(0.01)
