@@ -85,6 +85,7 @@ class Link:
         self._waiting = False
         self.max_outbound_bytes = OUTBOUND_MAX_BYTES if max_outbound_bytes is None else max_outbound_bytes
         self.outbound_bytes = 0             # queued by `send`, not yet taken by the writer
+        self._bytes_lock = threading.Lock()  # `send` runs on many threads, the writer on the loop's
         self.dropped: str | None = None     # why the link was dropped, if it was
         self._abort: Callable[[], object] | None = None   # ends the stream now (set by `serve_session`)
 
@@ -99,10 +100,12 @@ class Link:
         if self._closed.is_set():
             return
         size = frame.ByteSize()
-        self.outbound_bytes += size
-        if self.outbound_bytes > self.max_outbound_bytes:
-            self.drop(f"slow peer: {self.outbound_bytes:,} bytes waiting to be sent "
-                      f"(max {self.max_outbound_bytes:,})")
+        with self._bytes_lock:
+            queued = self.outbound_bytes + size
+            if queued <= self.max_outbound_bytes:
+                self.outbound_bytes = queued
+        if queued > self.max_outbound_bytes:
+            self.drop(f"slow peer: {queued:,} bytes waiting to be sent (max {self.max_outbound_bytes:,})")
             return
         self._out.put((frame, size))
         self._notify()
@@ -119,10 +122,9 @@ class Link:
         log.warning("%r: dropped: %s", self, reason)
         try:
             while True:
-                self._out.get_nowait()
+                self._taken(self._out.get_nowait())
         except queue.Empty:
             pass
-        self.outbound_bytes = 0
         self.close()
         if self._abort is not None:
             self._abort()
@@ -146,7 +148,8 @@ class Link:
         if item is CLOSE:
             return CLOSE
         frame, size = cast("tuple[pb.Frame, int]", item)
-        self.outbound_bytes -= size
+        with self._bytes_lock:
+            self.outbound_bytes -= size
         return frame
 
     def next_frame(self, timeout: float | None = None) -> pb.Frame:
@@ -156,14 +159,6 @@ class Link:
         if frame is CLOSE:
             raise queue.Empty("link closed")
         return cast(pb.Frame, frame)
-
-    def frames(self) -> Iterator[pb.Frame]:
-        """The queued frames, until `close` (a blocking reader: tests, tools)."""
-        while True:
-            frame = self._taken(self._out.get())
-            if frame is CLOSE:
-                return
-            yield frame  # type: ignore[misc]
 
     async def aio_frames(self) -> AsyncIterator[pb.Frame]:
         """The frames `send` queues, until `close`, on the running event loop."""
