@@ -188,14 +188,14 @@ class Relay:
             self._buffer.release(key)
         return held.item
 
-    def _again(self, link: Hashable, down_qid: int, key: tuple[int, bytes]) -> _Buffered | None:
-        """The entry of `key` if this stream sent it for this queue and it
-        awaits its ACK: then this PUT is one more copy of it."""
+    def _again(self, link: Hashable, down_qid: int, key: tuple[int, bytes]) -> bool:
+        """Whether this stream sent `key` for this queue and it awaits its
+        ACK: then this PUT is one more copy of that entry (counted here)."""
         held = self._buffer.peek(key)
         if held is None or held.item.link != link or held.item.queue_id != down_qid:
-            return None  # new, or a resend on a new stream (which replaces the old entry)
+            return False  # new, or a resend on a new stream (which replaces the old entry)
         held.item.copies += 1
-        return held.item
+        return True
 
     def _put(self, link: Hashable, frame: pb.Frame) -> Out:
         out_messages, nacks = [], []
@@ -211,14 +211,13 @@ class Relay:
             assert up_qid is not None
             down_qid = message.queue_id
             message.queue_id = up_qid
-            if self._again(link, down_qid, (up_qid, message.guid)) is None:
+            sending = self.sending and self._routes[up_qid].open
+            if not self._again(link, down_qid, (up_qid, message.guid)):
                 self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
-            elif not (self.sending and self._routes[up_qid].open):
-                continue  # deferred already: the resend sends every copy
-            if self.sending and self._routes[up_qid].open:
+                if not sending:  # goes when its queue is open upstream (with every copy)
+                    self._buffer.defer(up_qid, (up_qid, message.guid))
+            if sending:
                 out_messages.append(message)
-            else:
-                self._buffer.defer(up_qid, (up_qid, message.guid))  # goes when its queue is open upstream
         out: Out = []
         if out_messages:
             # A new frame, not `frame` itself: the buffer keeps these messages
@@ -243,7 +242,7 @@ class Relay:
         assert up_qid is not None
         up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)
         sending = self.sending and self._routes[up_qid].open
-        if self._again(link, req.queue_id, (up_qid, guids)) is None:
+        if not self._again(link, req.queue_id, (up_qid, guids)):
             self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
             if not sending:
                 self._buffer.defer(up_qid, (up_qid, guids))

@@ -436,10 +436,9 @@ class SessionCore:
             # would hold messages until the session ends.
             self._send(pb.Frame(close_queue=pb.CloseQueue(request_id=next(self._request_ids),
                                                           queue_id=request.queue_id)))
+        if request.token is not None:  # an application's request, or its open carried over to a reopen
+            self._effects.responses.append((request.token, body))
         queue_id = self._reopens.pop(request_id, None)
-        if queue_id is None or request.token is not None:
-            if request.token is not None:
-                self._effects.responses.append((request.token, body))
         if queue_id is None:
             return
         q = self.queues.get(queue_id)
