@@ -98,8 +98,8 @@ def compact_durably(table: DeltaTable, root: str, target_file_bytes: int) -> dic
     removes the small ones (dataChange=false), then fsync that commit.
     Returns optimize's metric names: numFilesAdded, numFilesRemoved."""
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-    small = sorted((size, path) for path, size in zip(files["path"], files["size_bytes"])
-                   if size < target_file_bytes)
+    sizes = dict(zip(files["path"], files["size_bytes"]))
+    small = sorted((size, path) for path, size in sizes.items() if size < target_file_bytes)
     if len(small) < 2:
         return {"numFilesAdded": 0, "numFilesRemoved": 0}
     bins: list[list[str]] = [[]]
@@ -120,10 +120,6 @@ def compact_durably(table: DeltaTable, root: str, target_file_bytes: int) -> dic
         add = deltars.write_data_file(root, rows)
         add.data_change = False
         actions.append(add)
-        actions += [RemoveAction(p, False, now_ms, size=files["size_bytes"][files["path"].index(p)])
-                    for p in paths]
-    table.create_write_transaction(actions, "append", schema,
-                                   commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: True}))
-    table.update_incremental()
-    deltars.sync_log(root, table.version())
+        actions += [RemoveAction(p, False, now_ms, size=sizes[p]) for p in paths]
+    deltars.commit_durably(table, root, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}))
     return {"numFilesAdded": len(bins), "numFilesRemoved": sum(len(b) for b in bins)}

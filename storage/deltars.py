@@ -28,6 +28,7 @@ import logging
 import os
 import time
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -228,6 +229,19 @@ def sync_log(root: str, version: int) -> None:
     fsync_path(log_dir)
 
 
+def commit_durably(table: DeltaTable, root: str, actions: list[Any], schema: pa.Schema,
+                   commit_properties: CommitProperties | None = None,
+                   post_commithook_properties: PostCommitHookProperties | None = None) -> int:
+    """Commit file actions whose files are already durable (`write_data_file`),
+    make the commit durable (`sync_log`) and return its version."""
+    table.create_write_transaction(actions, "append", schema, commit_properties=commit_properties,
+                                   post_commithook_properties=post_commithook_properties)
+    table.update_incremental()  # the handle does not move to the version it committed
+    version = table.version()
+    sync_log(root, version)
+    return version
+
+
 class Appender:
     """Blind appends to one table through a reused handle. With `epoch`, the
     table is claimed for that primary epoch first and every commit carries it
@@ -267,14 +281,8 @@ class Appender:
                     write_deltalake(self.table, batch, mode="append", commit_properties=commit_properties,
                                     post_commithook_properties=hooks)
                     return self.table.version()
-                self.table.create_write_transaction([add], "append", self.schema,
-                                                    commit_properties=commit_properties,
-                                                    post_commithook_properties=hooks)
-                self.table.update_incremental()  # the handle does not move to the version it committed
-                version = self.table.version()
                 assert self.root is not None
-                sync_log(self.root, version)
-                return version
+                return commit_durably(self.table, self.root, [add], self.schema, commit_properties, hooks)
             except CommitFailedError:
                 self.table.update_incremental()
                 if self.fence is not None:
