@@ -78,11 +78,18 @@ class DeliveryNotifier:
             log.debug("delivery notice for partition %d not delivered: %s", partition, exc.code())
 
 
-def wait_for_table(path: str, stop: threading.Event, timeout_s: float = 600) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set() and time.monotonic() < deadline:
+def wait_for_table(path: str, stop: threading.Event, say_every_s: float = 30) -> bool:
+    """Wait for the table at `path` (a primary creates its partition's PUT log
+    when it first takes the lease) for as long as it takes, so the pipeline may
+    start before any node; False only if told to stop first."""
+    started = said = time.monotonic()
+    while not stop.is_set():
         if deltars.try_open(path) is not None:
             return True
+        if time.monotonic() - said >= say_every_s:
+            said = time.monotonic()
+            log.warning("waiting %.0f s for %s: no primary has created it yet (is a node running?)",
+                        said - started, path)
         stop.wait(0.2)
     return False
 
@@ -163,8 +170,8 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     for index in range(config.partitions):
         paths = tables.PartitionPaths(config.data_dir, index)
         if not wait_for_table(paths.puts, stop):
-            log.error("partition %d: PUT log %s never appeared", index, paths.puts)
-            return 1
+            log.info("stopped while waiting for partition %d's PUT log", index)
+            return 0
         create_delivery_table(spark, paths.delivery)
         query = start_dedup_query(spark, paths, window,
                                      trigger_interval_ms=config.pipeline.trigger_interval_ms,

@@ -316,7 +316,7 @@ class Session:
     `hosts` are tried in turn, at start and after a lost connection."""
 
     def __init__(self, hosts: Sequence[str] = ("127.0.0.1:30115",), *, batch: BatchPolicy | None = None,
-                 connect_timeout_s: float = 10.0, request_timeout_s: float = 30.0,
+                 connect_timeout_s: float | None = 10.0, request_timeout_s: float = 30.0,
                  max_pending_puts: int = SESSION_MAX_PENDING_PUTS,
                  max_pending_bytes: int = RetransmissionLimits.max_bytes,
                  retransmission_timeout_s: float = RetransmissionLimits.timeout_ms / 1000, reconnect: bool = True,
@@ -390,6 +390,23 @@ class Session:
             except Exception:
                 log.exception("on_event callback raised")
 
+    def _dial_until_answered(self) -> tuple[grpc.Channel, str] | None:
+        """Dial the hosts round after round until one answers or the session
+        is stopped; say every ten seconds that it is still waiting."""
+        started = said = self._clock.now_ms()
+        while not self._core.state.final:
+            dialled = self._dial(1.0)
+            if dialled is not None:
+                return dialled
+            now = self._clock.now_ms()
+            if now - said >= 10_000:
+                said = now
+                log.warning("session: no host answers yet among %s (waiting %.0f s); still trying",
+                            ", ".join(self.hosts), (now - started) / 1000)
+            with self._lock:
+                self._lock.wait(self.reconnect_interval_s)
+        return None
+
     def _dial(self, timeout_s: float) -> tuple[grpc.Channel, str] | None:
         for i in range(len(self.hosts)):
             host = self.hosts[(self._next_host + i) % len(self.hosts)]
@@ -404,10 +421,17 @@ class Session:
         return None
 
     def start(self) -> None:
-        dialled = self._dial(self.connect_timeout_s)
+        """Connect to the first of `hosts` that answers. Raises ConnectionError
+        if none does within `connect_timeout_s`; with `connect_timeout_s=None`
+        it waits as long as it takes (or until `stop()`), so a client may start
+        before the cluster does."""
+        dialled = self._dial_until_answered() if self.connect_timeout_s is None else self._dial(self.connect_timeout_s)
         if dialled is None:
             raise errors.ConnectionError(f"no host reachable within {self.connect_timeout_s}s: {self.hosts}")
         with self._lock:
+            if self._core.state.final:      # stopped while waiting
+                dialled[0].close()
+                raise errors.ConnectionError("session stopped before a host answered")
             self._attach(*dialled)
             effects = self._core.take()
         thread = threading.Thread(target=self._flusher, name="taproot-flusher", daemon=True)
@@ -729,7 +753,7 @@ class Session:
             with self._lock:
                 if self._core.state.final:
                     return
-            dialled = self._dial(min(self.connect_timeout_s, 1.0))
+            dialled = self._dial(min(self.connect_timeout_s or 1.0, 1.0))
             if dialled is None:
                 with self._lock:
                     self._lock.wait(self.reconnect_interval_s)

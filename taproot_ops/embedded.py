@@ -140,10 +140,18 @@ class EmbeddedCluster:
             info = process.wait_ready(timeout_s)
             self.node_addresses[name] = f"{info['host']}:{info['port']}"
 
-    def start_node(self, timeout_s: float = 60, port: int | None = None, name: str | None = None) -> None:
+    def start_node(self, timeout_s: float = 60, port: int | None = None, name: str | None = None,
+                   wait: bool = True) -> Process:
+        """Start a node; with `wait=False` (a given `port` needed) return at once."""
         name = name or self.config.nodes[0].name
-        info = self._spawn("node", ["--name", name, *self._port_args(port)], name).wait_ready(timeout_s)
+        process = self._spawn("node", ["--name", name, *self._port_args(port)], name)
+        if not wait:
+            assert port, "a node started without waiting needs a port"
+            self.node_addresses[name] = f"127.0.0.1:{port}"
+            return process
+        info = process.wait_ready(timeout_s)
         self.node_addresses[name] = f"{info['host']}:{info['port']}"
+        return process
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
         """Stop one process: SIGTERM (graceful) by default, or SIGKILL."""
@@ -164,8 +172,9 @@ class EmbeddedCluster:
         self.start_node(timeout_s, port=port, name=name)
 
     def start_proxy(self, timeout_s: float = 60, name: str | None = None, port: int | None = None,
-                    hosts: list[str] | None = None) -> None:
-        """Start a proxy of the config (or, with `hosts`, any proxy in front of those nodes)."""
+                    hosts: list[str] | None = None, wait: bool = True) -> Process:
+        """Start a proxy of the config (or, with `hosts`, any proxy in front of
+        those nodes); with `wait=False` (a given `port` needed) return at once."""
         name = name or self.proxy_names[0]
         if hosts is None:
             proxy = self.config.proxy(name) if self.config.proxies else conf.ProxyConfig(name)
@@ -176,12 +185,23 @@ class EmbeddedCluster:
             args += ["--port", str(port)]
         elif self.ephemeral_ports or not self.config.proxies:
             args += ["--port", "0"]
-        info = self._spawn("proxy", args, name).wait_ready(timeout_s)
+        process = self._spawn("proxy", args, name)
+        if not wait:
+            assert port, "a proxy started without waiting needs a port"
+            self.proxy_addresses[name] = f"127.0.0.1:{port}"
+            return process
+        info = process.wait_ready(timeout_s)
         self.proxy_addresses[name] = f"{info['host']}:{info['port']}"
+        return process
 
-    def start_pipeline(self, timeout_s: float = 300, warm_up: bool = True) -> None:
+    def start_pipeline(self, timeout_s: float = 300, warm_up: bool = True, wait: bool = True) -> Process:
+        """Start the pipeline; it is ready once its queries run (after a node
+        made the PUT logs). With `wait=False`, return at once."""
         args = ["--node-address", self.node_address] + ([] if warm_up else ["--no-warm-up"])
-        self._spawn("pipeline", args).wait_ready(timeout_s)
+        process = self._spawn("pipeline", args)
+        if wait:
+            process.wait_ready(timeout_s)
+        return process
 
     def start(self) -> None:
         try:

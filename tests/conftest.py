@@ -18,6 +18,11 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help="the long tiers: a long fuzz run, every start-up order (make test-long)")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("integration", "spark")):
