@@ -50,17 +50,25 @@ _SIZES = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
 ]
-# Clients ping every 10 s so a dead peer is noticed within ~15 s even when idle.
+# A peer that stops answering without closing anything (a frozen process, a
+# link that stops forwarding) is noticed by HTTP/2 pings: clients ping after
+# 1 s without a byte from the peer and give up on the connection when no
+# answer comes within 2 s, so the SDK and the relays move to another host
+# about 3 s after the last byte; the fault suite's failover bound is 5 s.
 GRPC_OPTIONS = _SIZES + [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-# Servers must accept those pings (gRPC's default answers them with GOAWAY).
+# Servers accept those pings (gRPC's default answers them with GOAWAY) and
+# ping their own peers every 2 s, so a node lets go of a frozen proxy's
+# consumers (their messages go to others) within about 4 s.
 SERVER_GRPC_OPTIONS = _SIZES + [
+    ("grpc.keepalive_time_ms", 2_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
 

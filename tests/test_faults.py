@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from conftest import cluster_from, wait_until
+from tcp_relay import StallableRelay
 
 from protocol.uri import QueueUri, parse_queue_uri, partition_of
 from storage import tables
@@ -41,6 +42,8 @@ MESSAGES = 10_000
 RATE = 5_000          # msg/s
 FAULT_AT = 0.3        # of the messages posted
 CONSUMER_WINDOW = 1000  # max unconfirmed messages of the consumer
+FAILOVER_MAX_S = 5.0  # the longest ACK gap a fault may cause
+FREEZE_S = 8.0        # how long a frozen proxy, pipeline or link stays so
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +264,7 @@ def test_primary_goes_away_mid_stream(tree, sig):
                      graceful=sig == signal.SIGTERM)
         after = lease(tree, 0)
         assert after.holder != name and after.epoch > epoch
-        assert outage < 10
+        assert outage < FAILOVER_MAX_S
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "graceful"])
@@ -276,8 +279,9 @@ def test_replica_on_the_path_goes_away_mid_stream(tree, sig):
     with comes_back(tree, replica):
         tree.start_proxy(name=edge, hosts=[tree.node_addresses[replica], tree.node_addresses[primary]])
         try:
-            run(tree, f"{sig.name} replica {replica}", [tree.proxy_addresses[edge]], uri,
-                lambda: tree.stop_process(replica, sig), graceful=sig == signal.SIGTERM)
+            outage = run(tree, f"{sig.name} replica {replica}", [tree.proxy_addresses[edge]], uri,
+                         lambda: tree.stop_process(replica, sig), graceful=sig == signal.SIGTERM)
+            assert outage < FAILOVER_MAX_S
             assert lease(tree, 1).holder == primary  # the primary never changed
         finally:
             tree.stop_process(edge)
@@ -291,8 +295,86 @@ def test_proxy_goes_away_and_the_clients_move_to_the_other(tree, sig):
     address = tree.proxy_addresses[first]
     hosts = [address] + [a for a in proxies(tree) if a != address]
     with comes_back(tree, first):
-        run(tree, f"{sig.name} proxy {first}", hosts, uri, lambda: tree.stop_process(first, sig),
-            graceful=sig == signal.SIGTERM)
+        outage = run(tree, f"{sig.name} proxy {first}", hosts, uri, lambda: tree.stop_process(first, sig),
+                     graceful=sig == signal.SIGTERM)
+        assert outage < FAILOVER_MAX_S
+
+
+def freeze(process, seconds: float) -> None:
+    """SIGSTOP a role's whole process group (the pipeline's JVM too) for
+    `seconds`, then SIGCONT, whatever happens."""
+    os.killpg(process.popen.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.killpg(process.popen.pid, signal.SIGCONT)
+
+
+def test_proxy_frozen_and_the_clients_move_to_the_other(tree):
+    """A proxy that stops answering without closing anything (SIGSTOP): the
+    clients notice by gRPC keepalive, move to the other proxy and resend;
+    the node notices too and gives the frozen link's messages to others."""
+    uri = queue_on(tree, 0, "proxy-frozen")
+    first = list(tree.proxy_addresses)[0]
+    hosts = [tree.proxy_addresses[first]] + [a for n, a in tree.proxy_addresses.items() if n != first]
+    process = tree.processes[first]
+    outage = run(tree, f"SIGSTOP proxy {first} {FREEZE_S:.0f} s", hosts, uri, lambda: freeze(process, FREEZE_S),
+                 graceful=False)
+    assert outage < FAILOVER_MAX_S
+    assert process.popen.poll() is None
+
+
+def test_link_that_stops_forwarding_is_left_for_another_path(tree):
+    """A proxy reaches the primary through a TCP relay that stops forwarding
+    (connections stay open, nothing moves): the proxy notices by keepalive
+    and goes through the other node, which relays to the primary."""
+    uri = queue_on(tree, 1, "stalled")
+    primary = lease(tree, 1).holder
+    other = next(n for n in tree.node_addresses if n != primary)
+    host, port = tree.node_addresses[primary].rsplit(":", 1)
+    relay = StallableRelay((host, int(port)))
+    edge = "edge-stalled"
+    tree.start_proxy(name=edge, hosts=[relay.address, tree.node_addresses[other]])
+
+    def fault():
+        relay.stall()
+        try:
+            time.sleep(FREEZE_S)
+        finally:
+            relay.resume()
+
+    try:
+        outage = run(tree, f"link to {primary} stalled {FREEZE_S:.0f} s", [tree.proxy_addresses[edge]], uri, fault,
+                     graceful=False)
+        assert outage < FAILOVER_MAX_S
+        assert lease(tree, 1).holder == primary
+    finally:
+        relay.close()
+        tree.stop_process(edge)
+        tree.proxy_addresses.pop(edge)
+
+
+def delivered(tree, uri: str) -> set[bytes]:
+    """The GUIDs of `uri` the pipeline has recorded in the delivery log."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+    parsed = parse_queue_uri(uri)
+    assert isinstance(parsed, QueueUri), parsed
+    path = tables.PartitionPaths(tree.data_dir, partition_of(parsed, tree.config.partitions)).delivery
+    rows = DeltaTable(path).to_pyarrow_table(columns=["queue", "guid"])
+    return set(rows.filter(pc.equal(rows["queue"], parsed.queue))["guid"].to_pylist())
+
+
+def test_pipeline_frozen_mid_stream(tree):
+    """The authority stops (SIGSTOP of the pipeline and its JVM): the express
+    lane goes on delivering, in order and once; after SIGCONT the pipeline
+    catches up and records every message."""
+    uri = queue_on(tree, 0, "pipeline-frozen")
+    process = tree.processes["pipeline"]
+    run(tree, f"SIGSTOP pipeline {FREEZE_S:.0f} s", proxies(tree), uri, lambda: freeze(process, FREEZE_S),
+        graceful=True)
+    wait_until(lambda: len(delivered(tree, uri)) >= MESSAGES, 180, what="the pipeline to catch up after SIGCONT")
+    assert process.popen.poll() is None
 
 
 def test_primary_frozen_past_its_lease_is_fenced_and_never_writes_again(tree):
@@ -310,7 +392,8 @@ def test_primary_frozen_past_its_lease_is_fenced_and_never_writes_again(tree):
         finally:
             process.popen.send_signal(signal.SIGCONT)
 
-    run(tree, f"SIGSTOP primary {name} {freeze_s:.0f} s", proxies(tree), uri, fault, graceful=False)
+    outage = run(tree, f"SIGSTOP primary {name} {freeze_s:.0f} s", proxies(tree), uri, fault, graceful=False)
+    assert outage < FAILOVER_MAX_S
     new = lease(tree, 0)
     assert new.holder != name and new.epoch > old_epoch
     # The PUT log: nothing with the old epoch was committed after the new epoch's first commit.
