@@ -131,8 +131,16 @@ class Leadership:
                 action = machine.observed(view, now)
                 if action is Action.ACQUIRE:
                     epoch = machine.next_epoch()
-                    won = table.acquire(epoch, self.name, self.address, wall_time_us(),
-                                        expected_version=None if view is None else view.version)
+                    try:
+                        won = table.acquire(epoch, self.name, self.address, wall_time_us(),
+                                            expected_version=None if view is None else view.version)
+                    except Exception:
+                        # The commit failed (a full disk, unreachable storage): a
+                        # follower again, to try on a later round. Had it landed
+                        # after all, the lease shows this node's own name, which
+                        # a follower takes again at once with a newer epoch.
+                        machine.acquired(None, now)
+                        raise  # logged by the keeper loop
                     action = machine.acquired(epoch if won else None, now)
                     self._views[p] = table.read()
             else:

@@ -67,7 +67,7 @@ class LeaseEvent(enum.Enum):
                                        # name, or no renewal for lease + rank delay
     HELD = "held"                      # a read shows a lease someone else keeps renewing
     ACQUIRED = "acquired"              # this node's acquire commit won
-    ACQUIRE_FAILED = "acquire-failed"  # it lost (another commit landed first)
+    ACQUIRE_FAILED = "acquire-failed"  # it lost (another commit landed first) or could not be written
     RENEW_DUE = "renew-due"            # the renew interval has passed since the last renewal
     RENEW_NOT_DUE = "renew-not-due"
     RENEWED = "renewed"                # the renewal commit won

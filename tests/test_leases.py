@@ -2,6 +2,7 @@
 commits that back it (a temp directory, no JVM, no sockets)."""
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -213,3 +214,41 @@ def test_only_a_primary_steps_down_or_releases_and_only_an_acquire_makes_one():
             assert (state, event, action) == (LeaseState.ACQUIRING, LeaseEvent.ACQUIRED, Action.BECOME_PRIMARY)
         if state is LeaseState.STOPPED:
             assert (action, after) == (Action.NONE, LeaseState.STOPPED), "STOPPED is final"
+
+
+def test_a_lease_commit_that_fails_leaves_the_node_free_to_try_again(tmp_path):
+    """An acquire whose commit raises (a full disk) must not leave the
+    partition taking over for ever: the next round tries again and wins."""
+    import conf
+    from primary.leadership import Leadership, Where
+    config = conf.ClusterConfig(data_dir=str(tmp_path))
+    served: list[tuple[int, int]] = []
+
+    class Served:
+        def stop(self) -> None:
+            pass
+
+    def serve(p: int, epoch: int) -> Served:
+        served.append((p, epoch))
+        return Served()
+
+    leadership = Leadership(config, config.nodes[0].name, serve=serve, stepped_down=lambda p, part: None)
+    table = leadership._tables[0]
+    real_acquire, failures = table.acquire, []
+
+    def full_disk_once(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise OSError(28, "No space left on device")
+        return real_acquire(*args, **kwargs)
+
+    table.acquire = full_disk_once  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        leadership._keep_lease(0)
+    assert leadership._machines[0].state is LeaseState.FOLLOWER
+    leadership._keep_lease(0)
+    assert leadership._machines[0].state is LeaseState.PRIMARY
+    deadline = time.monotonic() + 10
+    while leadership.where(0) is not Where.HERE and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert served == [(0, 1)] and leadership.where(0) is Where.HERE
