@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 JARS_STAMP := .cache/ivy/.delta-jars
 
-.PHONY: run test test-fast typecheck setup bench bench-compare proto clean
+.PHONY: run test test-fast test-long typecheck setup bench bench-compare proto clean
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -33,6 +33,13 @@ test: setup
 test-fast: $(STAMP)
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m pytest -m unit
+
+# The long tiers (about 25 minutes): the fuzz tier 50-100 times longer and
+# from a fresh seed (printed; rerun with TAPROOT_FUZZ_SEED=N), every start-up
+# order of node, proxy, pipeline and client.
+test-long: setup
+	$(BIN)/python -m pytest --long tests/test_fuzz_config.py tests/test_fuzz_frames.py tests/test_fuzz_reload.py \
+		tests/test_start_order.py tests/test_columns.py
 
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy

@@ -429,11 +429,19 @@ def domains_dir(cluster_file: str | Path | None = None) -> Path:
     return (Path(cluster_file) if cluster_file else DEFAULT_CLUSTER_FILE).parent / "domains"
 
 
-def domain_files(directory: Path) -> dict[Path, float]:
-    """The domain files and their modification times (what a reload watches)."""
+def domain_files(directory: Path) -> dict[Path, float | None]:
+    """The domain files and their modification times (what a reload watches);
+    None for one that cannot be looked at (a dangling link, a link loop), which
+    `load_domains` then refuses with the reason."""
     if not directory.is_dir():
         return {}
-    return {p: p.stat().st_mtime for p in sorted(directory.glob("*.toml"))}
+    files: dict[Path, float | None] = {}
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            files[path] = path.stat().st_mtime
+        except OSError:
+            files[path] = None
+    return files
 
 
 def load_domains(directory: Path) -> dict[str, DomainConfig]:

@@ -66,12 +66,24 @@ def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
     return data
 
 
-def decode_push(data: bytes) -> pa.Table | str:
-    """A PushColumns body, or why it cannot be read."""
+def read_stream(data: bytes) -> pa.Table | str:
+    """The Arrow IPC stream in `data`, checked in full (offsets within
+    their buffers, and so on) before any kernel touches it, or why it
+    cannot be read. Any bytes may come from a peer: whatever Arrow raises
+    on them (invalid, not implemented, wrong type) is a reason, not an error."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError, OSError) as exc:   # ValueError: a name that is not UTF-8
         return f"arrow_ipc is not an Arrow IPC stream: {exc}"
+    return table
+
+
+def decode_push(data: bytes) -> pa.Table | str:
+    """A PushColumns body, or why it cannot be read."""
+    table = read_stream(data)
+    if isinstance(table, str):
+        return table
     if table.schema != PUSH_SCHEMA:
         return f"arrow_ipc is not a PUSH frame: {table.schema}"
     return table
@@ -109,16 +121,15 @@ def fixed_width_binary(data: bytes, width: int) -> pa.Array:
 
 def decode(data: bytes) -> pa.Table | str:
     """The batch, or why it cannot be read (then no GUID is known)."""
-    try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        return f"arrow_ipc is not an Arrow IPC stream: {exc}"
+    table = read_stream(data)
+    if isinstance(table, str):
+        return table
     missing = [n for n in SCHEMA.names if n not in table.column_names]
     if missing:
         return f"arrow_ipc lacks column(s) {', '.join(missing)}"
     try:
         return table.select(SCHEMA.names).cast(SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except pa.ArrowException as exc:
         return f"arrow_ipc columns have the wrong types: {exc}"
 
 

@@ -23,6 +23,15 @@ def pytest_addoption(parser):
                      help="the long tiers: a long fuzz run, every start-up order (make test-long)")
 
 
+def pytest_configure(config):
+    # The fuzz tier's sizes: a short, derandomized run by default (the same
+    # inputs every run, so CI is repeatable); `--long` runs 100 times more, at random.
+    from hypothesis import settings
+    settings.register_profile("short", max_examples=150, derandomize=True, print_blob=True)
+    settings.register_profile("long", max_examples=15_000, print_blob=True)
+    settings.load_profile("long" if config.getoption("--long") else "short")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("integration", "spark")):

@@ -151,3 +151,18 @@ def test_the_pipelines_domain_reloader_keeps_the_last_good_domains_whatever_the_
     (domains / "dir.toml").rmdir()
     (domains / "later.toml").write_text('mode = "fanout"\napp_ids = ["a"]\n')
     assert set(reloader()) == {"good", "later"}   # reloads carry on after the bad files
+
+
+def test_a_domain_file_that_is_a_link_loop_or_a_dangling_link_is_a_config_error(tmp_path):
+    """Found by the reload fuzz: a symlink loop named x.toml raised OSError
+    out of the loader (a traceback at start, a logged one on reload)."""
+    (tmp_path / "cluster.toml").write_text("")
+    domains = tmp_path / "domains"
+    domains.mkdir()
+    (domains / "loop.toml").symlink_to("loop.toml")
+    with pytest.raises(ConfigError, match=r"loop.toml: cannot be read"):
+        conf.load(tmp_path / "cluster.toml")
+    (domains / "loop.toml").unlink()
+    (domains / "gone.toml").symlink_to("nowhere.toml")
+    with pytest.raises(ConfigError, match=r"gone.toml: file not found"):
+        conf.load(tmp_path / "cluster.toml")
