@@ -838,25 +838,23 @@ class Partition:
 
     def _judged_bound(self, after_version: int, latest: int) -> int | None:
         """The highest PUT seq the pipeline has judged, from the newest
-        delivery commit after `after_version` that records its PUT version
-        (`pipelines/dedup.py`); None when none does."""
+        delivery commit after `after_version`, up to `latest` (the version of
+        the rows in hand), that records its PUT version (`pipelines/dedup.py`);
+        None when none does. A commit past `latest` must not count: its rows
+        are not in hand, and they would pass for judged and routed."""
         assert self._delivery_table is not None
-        puts_version = None
-        for commit in self._delivery_table.history(limit=max(1, latest - after_version)):
-            if commit.get("version", -1) <= after_version:
-                break
-            meta = commit.get("userMetadata")
+        for version in range(latest, after_version, -1):
+            info = deltars.commit_info(self._delivery_table, version)
+            meta = (info or {}).get("userMetadata")
             if not meta:
                 continue
             try:
                 value = json.loads(meta).get(tables.DELIVERY_PUTS_VERSION_KEY)
             except (ValueError, AttributeError):
                 continue
-            if isinstance(value, int):
-                puts_version = value if puts_version is None else max(puts_version, value)
-        if puts_version is None:
-            return None
-        return self._seq_at(puts_version)
+            if isinstance(value, int):  # the pipeline's judged PUT version only grows
+                return self._seq_at(value)
+        return None
 
     def _seq_at(self, puts_version: int) -> int:
         """The last seq committed at or before a PUT-log version: this

@@ -115,6 +115,34 @@ def local_root(path: str) -> str | None:
     return None if "://" in path else path
 
 
+def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
+    """The commitInfo of one version, read from its log file; None if the
+    file is gone (log cleanup) or holds none. delta-rs's `history()` cannot
+    be used for this: it lists the log's newest commits but numbers them from
+    the version the table object has loaded, so once the log has moved on it
+    puts one commit's metadata under another's version (deltalake 1.6)."""
+    import pyarrow.fs as pafs
+    uri = table.table_uri
+    root = local_root(uri)
+    try:
+        if root is not None:
+            with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), "rb") as fh:
+                data = fh.read()
+        else:
+            fs, base = pafs.FileSystem.from_uri(uri.rstrip("/"))
+            with fs.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as fh:
+                data = fh.read()
+    except (FileNotFoundError, OSError):
+        return None
+    for line in data.splitlines():
+        if line.strip():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                info: dict[str, Any] = action["commitInfo"]
+                return info
+    return None
+
+
 def fsync_path(path: str) -> None:
     """fsync a file or a directory (a directory's fsync makes its new entries durable)."""
     fd = os.open(path, os.O_RDONLY)
