@@ -55,9 +55,8 @@ def fill(directory: Path) -> Path:
     return filler
 
 
-def post(queue, count: int, tag: bytes) -> list:
-    """(guid, error or None) for `count` PUTs, each answered within 60 s."""
-    futures = [queue.post(tag + b"%05d" % i + b"x" * 1000) for i in range(count)]
+def outcomes(futures: list) -> list:
+    """(guid, error or None) for each PUT, each answered within 60 s."""
     results = []
     for future in futures:
         try:
@@ -66,6 +65,10 @@ def post(queue, count: int, tag: bytes) -> list:
         except Exception as exc:
             results.append((future.guid, exc))
     return results
+
+
+def post(queue, count: int, tag: bytes) -> list:
+    return outcomes([queue.post(tag + b"%05d" % i + b"x" * 1000) for i in range(count)])
 
 
 def test_a_full_disk_refuses_puts_with_storage_failure_and_recovers_when_space_returns(tmp_path):
@@ -91,13 +94,7 @@ def test_a_full_disk_refuses_puts_with_storage_failure_and_recovers_when_space_r
                 futures += [producer.post(b"during%05d" % i + b"x" * 1000) for i in range(50)]
                 time.sleep(0.2)
             filler.unlink()
-            during = []
-            for future in futures:
-                try:
-                    future.result(timeout=60)
-                    during.append((future.guid, None))
-                except Exception as exc:
-                    during.append((future.guid, exc))
+            during = outcomes(futures)
             answered_in = time.monotonic() - started
             errors = [e for _, e in during if e is not None]
             assert errors, "nothing was refused although the disk was full"
