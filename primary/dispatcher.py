@@ -196,15 +196,25 @@ class QueueDispatcher:
 
     def confirm(self, key: ConsumerKey, guid: bytes) -> tuple[StoredMessage | None, list[Push]]:
         """Returns the confirmed message (None if unknown or not held by `key`)."""
+        confirmed, pushes = self.confirm_many(key, [guid])
+        return (confirmed[0] if confirmed else None), pushes
+
+    def confirm_many(self, key: ConsumerKey, guids: Iterable[bytes]) -> tuple[list[StoredMessage], list[Push]]:
+        """Confirm a CONFIRM frame's GUIDs for `key` at once, then dispatch once:
+        the messages confirmed (those unknown or not held by `key` are skipped)
+        and what the room they free lets through."""
         consumer = self._consumers.get(key)
         if consumer is None:
-            return None, []
-        message = consumer.unconfirmed.pop(guid, None)
-        if message is None:
-            return None, []
-        consumer.unconfirmed_bytes -= message.size
-        self._known.discard(guid)
-        return message, self._dispatch()
+            return [], []
+        confirmed: list[StoredMessage] = []
+        unconfirmed, known = consumer.unconfirmed, self._known
+        for guid in guids:
+            message = unconfirmed.pop(guid, None)
+            if message is not None:
+                consumer.unconfirmed_bytes -= message.size
+                known.discard(guid)
+                confirmed.append(message)
+        return confirmed, (self._dispatch() if confirmed else [])
 
     def expire(self) -> None:
         """Drop pending messages whose TTL has passed (a periodic sweep: a queue

@@ -551,13 +551,10 @@ class Node:
             def confirm_all(d: QueueDispatcher, guids: list[bytes] = guids, queue_id: int = queue_id,
                             state: QueueState = state, app: str = app,
                             confirms: list[PendingConfirm] = confirms) -> list[Push]:
-                pushes: list[Push] = []
-                for guid in guids:
-                    stored, more = d.confirm((link, queue_id), guid)
-                    pushes.extend(more)
-                    if stored is not None:
-                        confirms.append(PendingConfirm(state, app, stored))
-                        state.app_done(guid, app)
+                stored, pushes = d.confirm_many((link, queue_id), guids)   # one dispatch per frame
+                for message in stored:
+                    confirms.append(PendingConfirm(state, app, message))
+                    state.app_done(message.guid, app)
                 return pushes
 
             handle.partition.route(state, app, confirm_all)

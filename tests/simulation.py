@@ -280,11 +280,13 @@ class Primary(Endpoint):
                                                code=refused.code, message=refused.message))
             if nacks:
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=nacks)))
-        elif kind == "confirm":
+        elif kind == "confirm":  # as the node does: per queue, the frame's GUIDs at once
+            by_queue: dict[int, list[bytes]] = {}
             for message in frame.confirm.messages:
-                stored, more = self.dispatcher.confirm((link, message.queue_id), message.guid)
-                if stored is not None:
-                    self.confirmed.add(message.guid)
+                by_queue.setdefault(message.queue_id, []).append(message.guid)
+            for queue_id, guids in by_queue.items():
+                stored, more = self.dispatcher.confirm_many((link, queue_id), guids)
+                self.confirmed.update(m.guid for m in stored)
                 self._push(more)
         elif kind == "close_queue":
             req = frame.close_queue
