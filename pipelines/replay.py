@@ -36,7 +36,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from os.path import join
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -47,6 +47,7 @@ from protocol.properties import maps_to_wire
 from storage import tables
 from taproot import Session, TaprootError
 from taproot.compression import ALGORITHMS
+from taproot.futures import PutFuture
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 BULK_ROWS = 5_000                  # messages per columnar PUT frame at full speed
 STAGE_FILE_BYTES = 64 * 1024 * 1024   # payload bytes per staged file (one is in memory at a time)
 STAGE_FILE_ROWS = 1_000_000           # and at most this many messages
+AckFuture = Union[Future[Any], PutFuture]   # a columnar frame's future, or one PUT's
 
 
 class ReplayError(ValueError):
@@ -164,7 +166,7 @@ def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[st
         started = time.monotonic()
         pacer = _Pacer(rate, original_rate)
         with Session(hosts) as session, session.open_queue(target, write=True) as queue:
-            futures: list[tuple[Future[Any], int]] = []
+            futures: list[tuple[AckFuture, int]] = []
             last_report = 0.0
             for chunk in stage.read():
                 if rate or original_rate:
@@ -254,12 +256,12 @@ def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     return fs, str(inner)
 
 
-def _post_slice(queue: Queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, int]) -> list[Future[Any]]:
+def _post_slice(queue: Queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, int]) -> list[AckFuture]:
     columns = {name: chunk[name].to_pylist() for name in ("payload", "properties", "property_types",
                                                           "compression")}
     put_us = chunk["put_time"].cast(pa.int64()).to_pylist()
     post = queue._session._post  # the stored bytes as they are: no re-compression, no re-validation
-    futures: list[Future[Any]] = []
+    futures: list[AckFuture] = []
     for i in range(chunk.num_rows):
         pacer.wait(put_us[i])
         futures.append(post(queue, columns["payload"][i],
@@ -268,7 +270,7 @@ def _post_slice(queue: Queue, chunk: pa.Table, pacer: _Pacer, codes: dict[str, i
     return futures
 
 
-def _settle(futures: list[tuple[Future[Any], int]], result: ReplayResult, block: bool) -> list[tuple[Future[Any], int]]:
+def _settle(futures: list[tuple[AckFuture, int]], result: ReplayResult, block: bool) -> list[tuple[AckFuture, int]]:
     """Count finished (future, messages) pairs; return the ones still waiting."""
     waiting = []
     for future, count in futures:

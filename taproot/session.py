@@ -54,6 +54,7 @@ from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import compress, decompress
 from taproot.core import Ack, ConnectionState, Effects, QueueRecord, SessionCore
+from taproot.futures import PutFuture
 from taproot.guid import GuidGenerator
 
 __all__ = ["Ack", "Message", "PutFuture", "Queue", "Session"]
@@ -96,14 +97,6 @@ def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
         except ExpressionError as exc:
             raise errors.InvalidArgumentError(ResultCode.INVALID_ARGUMENT, f"subscription {text!r}: {exc}") from None
     return items
-
-
-class PutFuture(Future[Ack]):
-    """The future of one PUT; `guid` is known as soon as `post` returns."""
-
-    def __init__(self, guid: bytes):
-        super().__init__()
-        self.guid = guid
 
 
 class Queue:
@@ -566,7 +559,7 @@ class Session:
         guid = self._guids.next()
         future = PutFuture(guid)
         if on_ack is not None:
-            future.add_done_callback(on_ack)  # type: ignore[arg-type]  # it is called with this future
+            future.add_done_callback(on_ack)
         message = pb.PutMessage(queue_id=q.queue_id, guid=guid, payload=payload, properties=properties,
                                 put_time_us=wall_time_us(), compression=compression)  # type: ignore[arg-type]
         with self._lock:

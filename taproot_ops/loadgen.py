@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from protocol.clock import wall_time_us
 from taproot.batching import BatchPolicy
+from taproot.futures import PutFuture
 from taproot.session import Session
 
 
@@ -58,8 +58,8 @@ def produce(address: str, uri: str, count: int, size: int = 1024, rate: float = 
     done = threading.Event()
     payload = os.urandom(size)
 
-    def on_ack(started_ns: int) -> Callable[[Future[Any]], None]:
-        def callback(future: Future[Any]) -> None:
+    def on_ack(started_ns: int) -> Callable[[PutFuture], None]:
+        def callback(future: PutFuture) -> None:
             latency = (time.perf_counter_ns() - started_ns) / 1e6
             with lock:
                 if future.exception() is None:

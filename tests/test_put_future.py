@@ -1,0 +1,73 @@
+"""PutFuture: the methods of a concurrent.futures.Future an application
+uses, without a Condition per PUT."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+from taproot.futures import PutFuture
+
+GUID = b"\x01" * 16
+
+
+def test_result_and_callbacks_before_and_after_the_ack():
+    future = PutFuture(GUID)
+    seen: list[object] = []
+    future.add_done_callback(lambda f: seen.append(("early", f.result())))
+    assert not future.done() and future.running() and not future.cancelled() and not future.cancel()
+    future.set_result("ack")
+    future.add_done_callback(lambda f: seen.append(("late", f.result())))   # called at once
+    assert seen == [("early", "ack"), ("late", "ack")]
+    assert future.done() and future.result() == "ack" and future.exception() is None
+
+
+def test_an_error_is_raised_by_result_and_returned_by_exception():
+    future = PutFuture(GUID)
+    error = RuntimeError("refused")
+    future.set_exception(error)
+    with pytest.raises(RuntimeError, match="refused"):
+        future.result(timeout=0)
+    assert future.exception(timeout=0) is error
+
+
+def test_a_wait_times_out_with_the_standard_timeout_error_then_succeeds():
+    future = PutFuture(GUID)
+    started = time.monotonic()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.result(timeout=0.05)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.exception(timeout=0.05)
+    assert time.monotonic() - started >= 0.1
+    threading.Timer(0.05, future.set_result, args=("ack",)).start()
+    assert future.result(timeout=5) == "ack"
+
+
+def test_many_waiters_on_other_threads_are_all_woken():
+    future = PutFuture(GUID)
+    results: list[object] = []
+    waiters = [threading.Thread(target=lambda: results.append(future.result(timeout=5))) for _ in range(8)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.05)
+    future.set_result("ack")
+    for t in waiters:
+        t.join(5)
+    assert results == ["ack"] * 8
+
+
+def test_a_second_answer_is_refused_and_a_failing_callback_does_not_stop_the_others(caplog):
+    future = PutFuture(GUID)
+    seen: list[str] = []
+    future.add_done_callback(lambda f: 1 / 0)
+    future.add_done_callback(lambda f: seen.append("second"))
+    future.set_result("ack")
+    assert seen == ["second"] and "exception calling callback" in caplog.text
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        future.set_result("again")
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        future.set_exception(RuntimeError())
+    assert future.result() == "ack"
