@@ -419,11 +419,12 @@ class Session:
         it waits as long as it takes (or until `stop()`), so a client may start
         before the cluster does."""
         dialled = self._dial_until_answered() if self.connect_timeout_s is None else self._dial(self.connect_timeout_s)
-        if dialled is None:
+        if dialled is None and self.connect_timeout_s is not None:
             raise errors.ConnectionError(f"no host reachable within {self.connect_timeout_s}s: {self.hosts}")
         with self._lock:
-            if self._core.state.final:      # stopped while waiting
-                dialled[0].close()
+            if dialled is None or self._core.state.final:      # stopped while waiting
+                if dialled is not None:
+                    dialled[0].close()
                 raise errors.ConnectionError("session stopped before a host answered")
             self._attach(*dialled)
             effects = self._core.take()

@@ -146,7 +146,8 @@ class EmbeddedCluster:
         name = name or self.config.nodes[0].name
         process = self._spawn("node", ["--name", name, *self._port_args(port)], name)
         if not wait:
-            assert port, "a node started without waiting needs a port"
+            if not port:
+                raise ValueError("a node started without waiting needs a port")
             self.node_addresses[name] = f"127.0.0.1:{port}"
             return process
         info = process.wait_ready(timeout_s)
@@ -187,7 +188,8 @@ class EmbeddedCluster:
             args += ["--port", "0"]
         process = self._spawn("proxy", args, name)
         if not wait:
-            assert port, "a proxy started without waiting needs a port"
+            if not port:
+                raise ValueError("a proxy started without waiting needs a port")
             self.proxy_addresses[name] = f"127.0.0.1:{port}"
             return process
         info = process.wait_ready(timeout_s)

@@ -322,3 +322,34 @@ def test_an_open_answered_after_the_application_gave_up_on_it_is_closed_on_the_b
     core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
         request_id=request_id, queue_id=3, status=status(ResultCode.REFUSED))))
     assert not [f for f in core.take().frames if f.WhichOneof("body") == "close_queue"]
+
+
+@pytest.mark.integration   # dials a real (closed) port
+def test_a_session_waiting_for_a_host_ends_when_stopped():
+    """connect_timeout_s=None waits for a host as long as it takes; stop()
+    from another thread ends the wait with ConnectionError, not a hang."""
+    import socket
+    import threading
+
+    from taproot import ConnectionError as TaprootConnectionError
+    from taproot import Session
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # nothing listens here once closed
+    session = Session([f"127.0.0.1:{port}"], connect_timeout_s=None, reconnect_interval_s=0.05)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            session.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join(1.5)
+    assert thread.is_alive(), "start() gave up although told to wait"
+    session.stop(timeout_s=1)
+    thread.join(5)
+    assert not thread.is_alive() and len(errors) == 1 and isinstance(errors[0], TaprootConnectionError)
+    assert "stopped before a host answered" in str(errors[0])
