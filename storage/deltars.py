@@ -132,14 +132,16 @@ def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
             fs, base = pafs.FileSystem.from_uri(uri.rstrip("/"))
             with fs.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as fh:
                 data = fh.read()
-    except (FileNotFoundError, OSError):
+    except OSError:
         return None
     for line in data.splitlines():
-        if line.strip():
-            action = json.loads(line)
-            if "commitInfo" in action:
-                info: dict[str, Any] = action["commitInfo"]
-                return info
+        try:
+            action = json.loads(line) if line.strip() else {}
+        except ValueError:
+            continue   # a line cut short: no commitInfo from it
+        if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
+            info: dict[str, Any] = action["commitInfo"]
+            return info
     return None
 
 

@@ -156,3 +156,22 @@ def test_a_whole_commit_is_left_alone(tmp_path):
     deltars.Appender(root, tables.PUTS_SCHEMA).append(puts(3, 0))
     assert deltars.set_aside_torn_commit(root) is None
     assert DeltaTable(root).version() == 1
+
+
+def test_commit_info_is_read_by_version_even_when_the_log_has_moved_on(tmp_path):
+    """delta-rs's history() on a table loaded at an older version put the
+    newest commit's metadata under the loaded version; commit_info reads the
+    version's own file, and a file cut short or gone gives None."""
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write_deltalake(path, pa.table({"x": [i]}), mode="append",
+                        commit_properties=CommitProperties(custom_metadata={"userMetadata": json.dumps({"n": i})}))
+    old = DeltaTable(path, version=1)
+    assert json.loads(deltars.commit_info(old, 1)["userMetadata"]) == {"n": 1}
+    assert json.loads(deltars.commit_info(old, 2)["userMetadata"]) == {"n": 2}
+    assert deltars.commit_info(old, 7) is None
+    log_file = tmp_path / "t" / "_delta_log" / f"{2:020d}.json"
+    log_file.write_bytes(log_file.read_bytes()[:10])
+    assert deltars.commit_info(old, 2) is None
