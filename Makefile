@@ -34,12 +34,12 @@ test-fast: $(STAMP)
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m pytest -m unit
 
-# The long tiers (about 25 minutes): the fuzz tier 50-100 times longer and
+# The long tiers (about 25 minutes): the fuzz tier and the property tests 100 times longer and
 # from a fresh seed (printed; rerun with TAPROOT_FUZZ_SEED=N), every start-up
 # order of node, proxy, pipeline and client.
 test-long: setup
 	$(BIN)/python -m pytest --long tests/test_fuzz_config.py tests/test_fuzz_frames.py tests/test_fuzz_reload.py \
-		tests/test_start_order.py tests/test_columns.py
+		tests/test_start_order.py tests/test_columns.py tests/test_dispatcher.py
 
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy
