@@ -18,3 +18,12 @@ SESSION_MAX_PENDING_PUTS = 100_000
 # every engine reading the tables can hold it: Parquet readers that use
 # nanoseconds (pyarrow with INT96, pandas) stop at 2262-04-11. 0 means unset.
 PUT_TIME_US_MAX = (2**63 - 1) // 1000
+
+# Liveness of a link, seen from its client (the SDK, a proxy's or a node's
+# upstream): a heartbeat goes up every HEARTBEAT_INTERVAL_MS and the server
+# echoes it; a client that has heard nothing at all for PEER_SILENCE_MAX_MS
+# leaves the link for its next host. gRPC's keepalive pings alone missed a
+# frozen peer now and then: queued behind data the peer no longer reads,
+# the ping was never written, so its timeout never started.
+HEARTBEAT_INTERVAL_MS = 1_000
+PEER_SILENCE_MAX_MS = 3_000

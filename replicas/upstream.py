@@ -23,6 +23,8 @@ from typing import Callable
 import grpc
 
 from protocol import pb, pb_grpc
+from protocol.clock import wall_time_us
+from protocol.limits import HEARTBEAT_INTERVAL_MS, PEER_SILENCE_MAX_MS
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
 from replicas.relay import UPSTREAM, Out, Relay
@@ -49,6 +51,9 @@ class Upstream:
         self._stop = threading.Event()
         self.connected = threading.Event()
         self._next_host = 0
+        self._channel: grpc.Channel | None = None   # the upstream connection now, if any
+        self._heard_s = 0.0     # when it last brought a frame (monotonic)
+        self._beat_s = 0.0      # when the last heartbeat went up
         self._threads = [threading.Thread(target=self._upstream_loop, name=f"{name}-upstream", daemon=True),
                          threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)]
 
@@ -166,6 +171,8 @@ class Upstream:
         with self._lock:
             self._up_out = queue.SimpleQueue()
             self.address = address
+            self._channel = channel
+            self._heard_s = self._beat_s = time.monotonic()
             self._send(self.relay.upstream_restored())
             up_out = self._up_out
         responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
@@ -177,6 +184,7 @@ class Upstream:
         try:
             for frame in responses:
                 with self._lock:
+                    self._heard_s = time.monotonic()
                     self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
         except grpc.RpcError as exc:
             reason = f"upstream lost: {exc.code().name}"
@@ -187,6 +195,7 @@ class Upstream:
         with self._lock:
             self._send(self.relay.upstream_lost())
             self.address = None
+            self._channel = None
         up_out.put(CLOSE)
         channel.close()
         # Start the next round with the next host: the one just lost is
@@ -198,9 +207,23 @@ class Upstream:
             self._stop.wait(self.reconnect_interval_s)
 
     def _expire_loop(self) -> None:
+        """Expire buffered PUTs, heartbeat the upstream, and leave it if it
+        has sent nothing at all for PEER_SILENCE_MAX_MS (frozen, or a link
+        that stopped forwarding): its stream ends and the loop moves on."""
         while not self._stop.wait(EXPIRE_INTERVAL_S):
             try:
+                silent = None
                 with self._lock:
                     self._send(self.relay.expire(time.monotonic() * 1000))
+                    now = time.monotonic()
+                    if self._channel is not None and (now - self._heard_s) * 1000 > PEER_SILENCE_MAX_MS:
+                        log.warning("%s: upstream %s silent for %.1f s; moving to the next host", self.name,
+                                    self.address, now - self._heard_s)
+                        silent, self._heard_s = self._channel, now
+                    elif self._channel is not None and (now - self._beat_s) * 1000 >= HEARTBEAT_INTERVAL_MS:
+                        self._beat_s = now
+                        self._up_out.put(pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=wall_time_us())))
+                if silent is not None:
+                    silent.close()
             except Exception:
                 log.exception("%s: expiring buffered PUTs failed; trying again", self.name)

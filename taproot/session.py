@@ -44,7 +44,14 @@ import grpc
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
 from protocol.clock import Clock, MonotonicClock, wall_time_us
 from protocol.expression import ExpressionError, compile_expression
-from protocol.limits import GUID_LENGTH, MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES, SESSION_MAX_PENDING_PUTS
+from protocol.limits import (
+    GUID_LENGTH,
+    HEARTBEAT_INTERVAL_MS,
+    MAX_UNCONFIRMED_BYTES,
+    MAX_UNCONFIRMED_MESSAGES,
+    PEER_SILENCE_MAX_MS,
+    SESSION_MAX_PENDING_PUTS,
+)
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
@@ -334,6 +341,8 @@ class Session:
         self._channel: grpc.Channel | None = None
         self._threads: list[threading.Thread] = []
         self._next_host = 0
+        self._heard_ms = 0.0          # when the current stream last brought a frame
+        self._beat_ms = 0.0           # when the last heartbeat went up
 
     # -- what the core knows --------------------------------------------------
     @property
@@ -437,6 +446,7 @@ class Session:
         """A new stream on `channel` (lock held); its receiver thread starts."""
         self._channel = channel
         self._out = _queue.SimpleQueue()
+        self._heard_ms = self._beat_ms = self._now_ms()
         self._core.connected(host, self._now_ms())
         responses = pb_grpc.BrokerStub(channel).Session(drain(self._out))
         thread = threading.Thread(target=self._receive, args=(responses, self._out, channel),
@@ -615,21 +625,40 @@ class Session:
         would leave PUTs lingering and never time out)."""
         while True:
             try:
+                silent = None
                 with self._lock:
                     if self._core.state.final:
                         return
                     now = self._now_ms()
+                    if self._core.state.linked:
+                        silent = self._check_peer_locked(now)
                     wake = self._core.tick(now)
                     effects = self._core.take()
                     self._send_locked(effects)
-                    if not effects:
-                        self._lock.wait(max(0.0, min(wake - now, 500.0)) / 1000)
+                    if not effects and silent is None:
+                        self._lock.wait(max(0.0, min(wake - now, HEARTBEAT_INTERVAL_MS / 2)) / 1000)
                         continue
+                if silent is not None:
+                    silent.close()  # the receiver sees the stream end and reconnects
                 self._carry_out(effects)
             except Exception:
                 log.exception("session flusher failed; carrying on")
                 with self._lock:
                     self._lock.wait(0.1)
+
+    def _check_peer_locked(self, now: float) -> grpc.Channel | None:
+        """Heartbeat up every HEARTBEAT_INTERVAL_MS; the channel to give up if
+        the host has sent nothing at all for PEER_SILENCE_MAX_MS (frozen, or
+        a link that stopped forwarding)."""
+        if now - self._heard_ms > PEER_SILENCE_MAX_MS and self._channel is not None:
+            log.warning("session: %s silent for %.1f s; moving to the next host", self._core.host,
+                        (now - self._heard_ms) / 1000)
+            self._heard_ms = now  # once per silence
+            return self._channel
+        if now - self._beat_ms >= HEARTBEAT_INTERVAL_MS:
+            self._beat_ms = now
+            self._out.put(pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=wall_time_us())))
+        return None
 
     def _send_effects_locked(self) -> None:
         """Frames go out now, in order (lock held); answers and events, which
@@ -719,6 +748,7 @@ class Session:
         try:
             for frame in responses:
                 with self._lock:
+                    self._heard_ms = self._now_ms()
                     self._core.on_frame(frame)
                     effects = self._core.take()
                     self._send_locked(effects)
