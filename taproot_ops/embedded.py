@@ -66,6 +66,20 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def _check_port(role: str, port: int | None, wait: bool) -> None:
+    if not wait and not port:
+        raise ValueError(f"a {role} started without waiting needs a port")
+
+
+def _address(process: Process, port: int | None, wait: bool, timeout_s: float) -> str:
+    """Where a started node or proxy serves: from its ready file, or, not
+    waiting for it, the port it was given (it may not listen yet)."""
+    if not wait:
+        return f"127.0.0.1:{port}"
+    info = process.wait_ready(timeout_s)
+    return f"{info['host']}:{info['port']}"
+
+
 class EmbeddedCluster:
     """Start with `start()`, stop with `stop()` (or use as a context manager)."""
 
@@ -144,14 +158,9 @@ class EmbeddedCluster:
                    wait: bool = True) -> Process:
         """Start a node; with `wait=False` (a given `port` needed) return at once."""
         name = name or self.config.nodes[0].name
+        _check_port("node", port, wait)
         process = self._spawn("node", ["--name", name, *self._port_args(port)], name)
-        if not wait:
-            if not port:
-                raise ValueError("a node started without waiting needs a port")
-            self.node_addresses[name] = f"127.0.0.1:{port}"
-            return process
-        info = process.wait_ready(timeout_s)
-        self.node_addresses[name] = f"{info['host']}:{info['port']}"
+        self.node_addresses[name] = _address(process, port, wait, timeout_s)
         return process
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
@@ -186,14 +195,9 @@ class EmbeddedCluster:
             args += ["--port", str(port)]
         elif self.ephemeral_ports or not self.config.proxies:
             args += ["--port", "0"]
+        _check_port("proxy", port, wait)
         process = self._spawn("proxy", args, name)
-        if not wait:
-            if not port:
-                raise ValueError("a proxy started without waiting needs a port")
-            self.proxy_addresses[name] = f"127.0.0.1:{port}"
-            return process
-        info = process.wait_ready(timeout_s)
-        self.proxy_addresses[name] = f"{info['host']}:{info['port']}"
+        self.proxy_addresses[name] = _address(process, port, wait, timeout_s)
         return process
 
     def start_pipeline(self, timeout_s: float = 300, warm_up: bool = True, wait: bool = True) -> Process:
