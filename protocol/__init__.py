@@ -12,7 +12,7 @@ It ships with the SDK, so it needs nothing a client does not install.
 
 Imports: (nothing else from Taproot).
 Never: pyspark, delta, deltalake, pandas.
-Pure: codes, columns, expression, limits, properties, retransmit, taproot_pb2, uri.
+Pure: codes, columns, expression, limits, liveness, properties, retransmit, taproot_pb2, uri.
 """
 
 from typing import Any

@@ -24,7 +24,7 @@ import grpc
 
 from protocol import pb, pb_grpc
 from protocol.clock import wall_time_us
-from protocol.limits import HEARTBEAT_INTERVAL_MS, PEER_SILENCE_MAX_MS
+from protocol.liveness import Due, Liveness, heartbeat
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
 from replicas.relay import UPSTREAM, Out, Relay
@@ -52,8 +52,7 @@ class Upstream:
         self.connected = threading.Event()
         self._next_host = 0
         self._channel: grpc.Channel | None = None   # the upstream connection now, if any
-        self._heard_s = 0.0     # when it last brought a frame (monotonic)
-        self._beat_s = 0.0      # when the last heartbeat went up
+        self._liveness = Liveness()   # heartbeats up, and when to give the upstream up
         self._threads = [threading.Thread(target=self._upstream_loop, name=f"{name}-upstream", daemon=True),
                          threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)]
 
@@ -172,7 +171,7 @@ class Upstream:
             self._up_out = queue.SimpleQueue()
             self.address = address
             self._channel = channel
-            self._heard_s = self._beat_s = time.monotonic()
+            self._liveness.connected(time.monotonic() * 1000)
             self._send(self.relay.upstream_restored())
             up_out = self._up_out
         responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
@@ -184,7 +183,7 @@ class Upstream:
         try:
             for frame in responses:
                 with self._lock:
-                    self._heard_s = time.monotonic()
+                    self._liveness.heard(time.monotonic() * 1000)
                     self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
         except grpc.RpcError as exc:
             reason = f"upstream lost: {exc.code().name}"
@@ -215,14 +214,13 @@ class Upstream:
                 silent = None
                 with self._lock:
                     self._send(self.relay.expire(time.monotonic() * 1000))
-                    now = time.monotonic()
-                    if self._channel is not None and (now - self._heard_s) * 1000 > PEER_SILENCE_MAX_MS:
-                        log.warning("%s: upstream %s silent for %.1f s; moving to the next host", self.name,
-                                    self.address, now - self._heard_s)
-                        silent, self._heard_s = self._channel, now
-                    elif self._channel is not None and (now - self._beat_s) * 1000 >= HEARTBEAT_INTERVAL_MS:
-                        self._beat_s = now
-                        self._up_out.put(pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=wall_time_us())))
+                    due = self._liveness.due(time.monotonic() * 1000) if self._channel is not None else Due.NOTHING
+                    if due is Due.HEARTBEAT:
+                        self._up_out.put(heartbeat(wall_time_us()))
+                    elif due is Due.LEAVE:
+                        log.warning("%s: upstream %s silent for over %.1f s; moving to the next host", self.name,
+                                    self.address, self._liveness.silence_max_ms / 1000)
+                        silent = self._channel
                 if silent is not None:
                     silent.close()
             except Exception:

@@ -49,9 +49,9 @@ from protocol.limits import (
     HEARTBEAT_INTERVAL_MS,
     MAX_UNCONFIRMED_BYTES,
     MAX_UNCONFIRMED_MESSAGES,
-    PEER_SILENCE_MAX_MS,
     SESSION_MAX_PENDING_PUTS,
 )
+from protocol.liveness import Due, Liveness, heartbeat
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
@@ -341,8 +341,7 @@ class Session:
         self._channel: grpc.Channel | None = None
         self._threads: list[threading.Thread] = []
         self._next_host = 0
-        self._heard_ms = 0.0          # when the current stream last brought a frame
-        self._beat_ms = 0.0           # when the last heartbeat went up
+        self._liveness = Liveness()   # heartbeats up, and when to give the host up
 
     # -- what the core knows --------------------------------------------------
     @property
@@ -446,7 +445,7 @@ class Session:
         """A new stream on `channel` (lock held); its receiver thread starts."""
         self._channel = channel
         self._out = _queue.SimpleQueue()
-        self._heard_ms = self._beat_ms = self._now_ms()
+        self._liveness.connected(self._now_ms())
         self._core.connected(host, self._now_ms())
         responses = pb_grpc.BrokerStub(channel).Session(drain(self._out))
         thread = threading.Thread(target=self._receive, args=(responses, self._out, channel),
@@ -647,17 +646,15 @@ class Session:
                     self._lock.wait(0.1)
 
     def _check_peer_locked(self, now: float) -> grpc.Channel | None:
-        """Heartbeat up every HEARTBEAT_INTERVAL_MS; the channel to give up if
-        the host has sent nothing at all for PEER_SILENCE_MAX_MS (frozen, or
-        a link that stopped forwarding)."""
-        if now - self._heard_ms > PEER_SILENCE_MAX_MS and self._channel is not None:
-            log.warning("session: %s silent for %.1f s; moving to the next host", self._core.host,
-                        (now - self._heard_ms) / 1000)
-            self._heard_ms = now  # once per silence
+        """Heartbeat up when due; the channel to give up if the host has sent
+        nothing at all for too long (frozen, or a link that stopped forwarding)."""
+        due = self._liveness.due(now)
+        if due is Due.HEARTBEAT:
+            self._out.put(heartbeat(wall_time_us()))
+        elif due is Due.LEAVE and self._channel is not None:
+            log.warning("session: %s silent for over %.1f s; moving to the next host", self._core.host,
+                        self._liveness.silence_max_ms / 1000)
             return self._channel
-        if now - self._beat_ms >= HEARTBEAT_INTERVAL_MS:
-            self._beat_ms = now
-            self._out.put(pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=wall_time_us())))
         return None
 
     def _send_effects_locked(self) -> None:
@@ -748,7 +745,7 @@ class Session:
         try:
             for frame in responses:
                 with self._lock:
-                    self._heard_ms = self._now_ms()
+                    self._liveness.heard(self._now_ms())
                     self._core.on_frame(frame)
                     effects = self._core.take()
                     self._send_locked(effects)

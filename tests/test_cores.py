@@ -151,3 +151,18 @@ def test_config_errors_name_the_field(tmp_path):
 def test_shipped_config_loads():
     config = conf.load()
     assert "demo" in config.domains and config.partitions >= 1
+
+
+def test_liveness_heartbeats_each_interval_and_leaves_a_silent_host_once():
+    from protocol.liveness import Due, Liveness
+    live = Liveness(interval_ms=1000, silence_max_ms=3000)
+    live.connected(0)
+    assert live.due(500) is Due.NOTHING
+    assert live.due(1000) is Due.HEARTBEAT and live.due(1500) is Due.NOTHING
+    live.heard(1900)                        # the echo (or any frame) came back
+    assert live.due(2000) is Due.HEARTBEAT
+    assert live.due(4900) is Due.HEARTBEAT  # 3,000 ms since the last frame: not yet silent too long
+    assert live.due(4901) is Due.LEAVE      # and once only
+    assert live.due(5000) is Due.NOTHING
+    live.connected(6000)                    # the next host
+    assert live.due(6500) is Due.NOTHING and live.due(7000) is Due.HEARTBEAT
