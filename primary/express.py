@@ -39,9 +39,14 @@ Not thread safe: the partition serialises access (`Partition._decisions_lock`).
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from protocol.expression import Expression, compile_expression
 
@@ -152,65 +157,220 @@ class Delivered:
     disagreement: Disagreement | None
 
 
+class _Run:
+    """The express decisions for consecutive seqs of one queue, `first` to
+    `end - 1`: either one set of apps for the whole run (`rows` None; a
+    columnar frame, where only duplicates, `dups`, differ) or one entry per
+    row (`rows`). `open[i]` is 1 while row i waits for its delivery row; rows
+    before `start` have left the reconciler (judged, or forgotten)."""
+
+    __slots__ = ("first", "end", "key", "guids", "apps", "joined", "dups", "rows", "open", "start")
+
+    def __init__(self, first: int, key: Any, guids: Any, apps: tuple[str, ...] | None,
+                 dups: np.ndarray | None, rows: list[tuple[str, ...] | None] | None):
+        self.first, self.end, self.key = first, first + len(guids), key
+        self.guids = guids                   # list[bytes] or an Arrow binary array, read only on a disagreement
+        self.apps, self.dups, self.rows = apps, dups, rows
+        self.joined = _joined(apps) if apps is not None else None
+        self.open = bytearray(b"\x01") * len(guids)
+        self.start = 0
+
+    def decision(self, i: int) -> tuple[str, ...] | None:
+        if self.rows is not None:
+            return self.rows[i]
+        return None if self.dups is not None and self.dups[i] else self.apps
+
+    def guid(self, i: int) -> bytes:
+        guid = self.guids[i]
+        return guid if isinstance(guid, bytes) else guid.as_py()
+
+    def open_rows(self, a: int, b: int) -> np.ndarray:
+        """Indexes in [a, b) still waiting for their delivery row."""
+        return a + np.flatnonzero(np.frombuffer(self.open, np.bool_)[a:b])
+
+
+def _joined(apps: Sequence[str]) -> str:
+    """Apps as one string (app ids never hold a NUL), to compare a delivery
+    log's `apps` column with one decision in one Arrow kernel."""
+    return "\0".join(apps)
+
+
 class Reconciler:
+    """The express decisions, held as runs of consecutive seqs (a columnar
+    frame is one run and one set of apps), and reconciled against the
+    delivery log's rows a batch at a time: rows that agree with their run are
+    checked in a few vectorised operations per run; only the rest (a
+    disagreement, a row never decided here) take the per-row path."""
+
     def __init__(self, decisions_max: int = DECISIONS_MAX):
         self.decisions_max = decisions_max
-        self._decisions: dict[int, tuple[Any, bytes, tuple[str, ...] | None]] = {}
-        self._order: deque[int] = deque()    # seqs in decision order (ascending)
+        self._runs: list[_Run] = []          # ascending seqs
+        self._rows = 0                       # rows from each run's start to its end (judged rows leave)
+        self._held = 0                       # of those, decisions still waiting for their delivery row
         self.forgotten_through = -1          # decisions up to this seq were dropped for the bound
         self.forgotten = 0
         self.agreed = 0
         self.disagreed = 0
 
     def __len__(self) -> int:
-        return len(self._decisions)
+        return self._held
 
+    # -- the express lane's decisions ------------------------------------------
     def decided(self, seq: int, key: Any, guid: bytes, apps: tuple[str, ...] | None) -> None:
         """The express lane's decision for one committed row: the apps it
-        pushed to, or None for a duplicate. Rows come in ascending seq."""
-        self._decisions[seq] = (key, guid, apps)
-        self._order.append(seq)
-        while len(self._order) > self.decisions_max:
-            old = self._order.popleft()
-            if self._decisions.pop(old, None) is not None:
-                self.forgotten_through = max(self.forgotten_through, old)
-                self.forgotten += 1
+        pushed to, or None for a duplicate. Rows come in ascending seq; a row
+        that follows the last one, for the same queue, joins its run."""
+        last = self._runs[-1] if self._runs else None
+        if last is not None and last.rows is not None and last.key is key and last.end == seq:
+            last.rows.append(apps)
+            last.guids.append(guid)
+            last.open.append(1)
+            last.end += 1
+            self._added(1)
+        else:
+            self._add(_Run(seq, key, [guid], None, None, [apps]))
 
+    def decided_run(self, first_seq: int, key: Any, guids: Any, apps: tuple[str, ...],
+                    duplicates: Sequence[bool] | np.ndarray | None = None) -> None:
+        """One decision for a run of rows (a columnar frame to a queue whose
+        apps have no subscriptions): every row went to `apps`, except those
+        `duplicates` marks, which went nowhere. `guids` is indexable (a list,
+        or an Arrow array)."""
+        if not len(guids):
+            return
+        dups = None
+        if duplicates is not None:
+            mask = np.asarray(duplicates, dtype=np.bool_)
+            if mask.any():
+                dups = mask
+        self._add(_Run(first_seq, key, guids, tuple(apps), dups, None))
+
+    def _add(self, run: _Run) -> None:
+        self._runs.append(run)
+        self._added(run.end - run.first)
+
+    def _added(self, count: int) -> None:
+        self._rows += count
+        self._held += count
+        excess = self._rows - self.decisions_max
+        while excess > 0:   # forget the oldest decisions: their rows are taken as pushed when they come
+            run = self._runs[0]
+            a = run.start
+            b = min(run.end - run.first, a + excess)
+            held = run.open_rows(a, b)
+            if len(held):
+                self.forgotten += len(held)
+                self._held -= len(held)
+                self.forgotten_through = max(self.forgotten_through, run.first + int(held[-1]))
+            self._leave(run, b)
+            excess -= b - a
+
+    def _leave(self, run: _Run, stop: int) -> None:
+        """Rows of `run` before `stop` leave the reconciler."""
+        self._rows -= stop - run.start
+        run.start = stop
+        if run.start == run.end - run.first:
+            self._runs.pop(0)
+
+    def _find(self, seq: int) -> tuple[_Run, int] | None:
+        """The run holding a decision still waiting for `seq`'s delivery row."""
+        runs = self._runs
+        n = bisect.bisect_right(runs, seq, key=lambda r: r.first) - 1
+        if n < 0:
+            return None
+        run = runs[n]
+        i = seq - run.first
+        if i < run.start or seq >= run.end or not run.open[i]:
+            return None
+        return run, i
+
+    # -- the pipeline's delivery rows -----------------------------------------
     def delivered(self, seq: int, apps: Sequence[str], express_domain: bool) -> Delivered | None:
         """A delivery row: the pipeline kept `seq` for `apps`. None when there
-        is nothing to do (the common case: the express lane decided the same,
-        so this allocates nothing; a pipeline batch brings 100,000 rows)."""
-        decision = self._decisions.pop(seq, None)
-        if decision is None:
+        is nothing to do (the common case: the express lane decided the same)."""
+        found = self._find(seq)
+        if found is None:
             if express_domain and seq <= self.forgotten_through:
                 return None   # decided, then forgotten: taken as pushed
             return Delivered(seq, tuple(apps), None)  # never decided here: the pipeline's call
-        pushed = decision[2]
+        run, i = found
+        run.open[i] = 0
+        self._held -= 1
+        pushed = run.decision(i)
         if pushed is not None and len(pushed) == len(apps) and (
                 all(a == b for a, b in zip(pushed, apps)) or set(pushed) == set(apps)):
             self.agreed += 1
             return None
-        key, guid, _ = decision
         kept = tuple(apps)
         late = tuple(a for a in kept if pushed is None or a not in pushed)
         self.disagreed += 1
-        return Delivered(seq, late, Disagreement(key, guid, seq, pushed, kept, late))
+        return Delivered(seq, late, Disagreement(run.key, run.guid(i), seq, pushed, kept, late))
+
+    def delivered_rows(self, seqs: np.ndarray, apps: pa.Array, express: np.ndarray) -> list[tuple[int, Delivered]]:
+        """A batch of delivery rows at once: `seqs` ascending, `apps` (a
+        list<string> array without nulls) and whether each row's domain is
+        express. Returns (row index, what to do) for the rows that need
+        something, in seq order; the same outcome as `delivered` row by row."""
+        count = len(seqs)
+        if not count:
+            return []
+        slow: list[np.ndarray] = []
+        covered = np.zeros(count, np.bool_)
+        if self._runs and not (count > 1 and (np.diff(seqs) <= 0).any()):
+            joined = pc.binary_join(apps, "\0")
+            lo_seq, hi_seq = int(seqs[0]), int(seqs[-1])
+            first = max(0, bisect.bisect_right(self._runs, lo_seq, key=lambda r: r.first) - 1)
+            for run in self._runs[first:]:
+                if run.first > hi_seq:
+                    break
+                lo = int(np.searchsorted(seqs, run.first + run.start))
+                hi = int(np.searchsorted(seqs, run.end))
+                if lo == hi:
+                    continue
+                covered[lo:hi] = True
+                if run.rows is not None:
+                    slow.append(np.arange(lo, hi))
+                    continue
+                idx = seqs[lo:hi] - run.first
+                same = pc.equal(joined.slice(lo, hi - lo), run.joined).fill_null(False)
+                ok = np.frombuffer(run.open, np.bool_)[idx] & same.to_numpy(zero_copy_only=False)
+                if run.dups is not None:
+                    ok &= ~run.dups[idx]
+                agreed = int(ok.sum())
+                if agreed:
+                    np.frombuffer(run.open, np.bool_)[idx[ok]] = False
+                    self._held -= agreed
+                    self.agreed += agreed
+                if agreed < hi - lo:
+                    slow.append(lo + np.flatnonzero(~ok))
+        slow.append(np.flatnonzero(~covered))
+        rows = np.sort(np.concatenate(slow))
+        if not len(rows):
+            return []
+        out = []
+        row_apps = apps.take(pa.array(rows)).to_pylist()
+        for n, row in enumerate(rows.tolist()):
+            outcome = self.delivered(int(seqs[row]), row_apps[n], bool(express[row]))
+            if outcome is not None:
+                out.append((row, outcome))
+        return out
 
     def judged_through(self, seq_bound: int) -> list[Disagreement]:
         """The pipeline has judged every row up to `seq_bound`: a decision
         still held there got no delivery row, so the pipeline dropped it as
         a duplicate."""
         found = []
-        order, decisions = self._order, self._decisions
-        while order and order[0] <= seq_bound:
-            seq = order.popleft()
-            decision = decisions.pop(seq, None)
-            if decision is None:
-                continue  # its delivery row came
-            key, guid, pushed = decision
-            if pushed is None:
-                self.agreed += 1
-            else:
-                self.disagreed += 1
-                found.append(Disagreement(key, guid, seq, pushed, None, ()))
+        while self._runs and self._runs[0].first + self._runs[0].start <= seq_bound:
+            run = self._runs[0]
+            stop = min(run.end, seq_bound + 1) - run.first
+            held = run.open_rows(run.start, stop)
+            self._held -= len(held)
+            for i in held.tolist():
+                pushed = run.decision(i)
+                if pushed is None:
+                    self.agreed += 1
+                else:
+                    self.disagreed += 1
+                    found.append(Disagreement(run.key, run.guid(i), run.first + i, pushed, None, ()))
+            self._leave(run, stop)
         return found

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -593,21 +594,20 @@ class Partition:
         apps = state.rules.apps
         ttl_ms = state.domain.message_ttl_ms
         expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
-        decided = self._reconciler.decided
         counted = state.quota is not None
+        count = table.num_rows
+        dups = duplicates[row:row + count]
+        columns = [table[c].to_pylist() for c in ("guid", "payload", "properties", "property_types", "compression")]
+        self._reconciler.decided_run(first_seq + row, state, columns[0], apps, dups)
         lists: list[list[StoredMessage]] | None = None
-        for guid, payload, values, types, compression in zip(*(table[c].to_pylist() for c in (
-                "guid", "payload", "properties", "property_types", "compression"))):
-            seq = first_seq + row
-            if duplicates[row]:
-                decided(seq, state, guid, None)
-                row += 1
+        seq = first_seq + row
+        for guid, payload, values, types, compression, duplicate in zip(*columns, dups):
+            seq += 1
+            if duplicate:
                 continue
-            row += 1
-            message = StoredMessage(guid, seq, payload, None, 0, expires_us=expires_us,
+            message = StoredMessage(guid, seq - 1, payload, None, 0, expires_us=expires_us,
                                     compression=COMPRESSION_CODES.get(compression or "", 0) if compression else 0,
                                     maps=(values, types) if values else None)
-            decided(seq, state, guid, apps)
             if counted:
                 state.delivered(message, apps)
             if lists is None:
@@ -615,7 +615,7 @@ class Partition:
             lists[0].append(message)
             for other in lists[1:]:
                 other.append(message.for_app())
-        return row
+        return int(row + count)
 
     def _decide(self, state: QueueState, message: StoredMessage, duplicate: bool) -> tuple[str, ...] | None:
         """The express decision for one committed row, recorded for
@@ -738,32 +738,18 @@ class Partition:
         judged = self._judged_bound(self._delivery_version, latest)
         pushes: list[tuple[QueueState, int, tuple[str, ...]]] = []
         disagreements: list[Disagreement] = []
-        states: list[QueueState | None] = []
         if rows.num_rows:
-            rows = rows.sort_by("seq")
-            cache: dict[tuple[str, str], QueueState | None] = {}
-            with self.lock:
-                for key in zip(rows["domain"].to_pylist(), rows["queue"].to_pylist()):
-                    if key not in cache:
-                        cache[key] = self._state_for(*key)
-                    states.append(cache[key])
-            seqs, apps_of = rows["seq"].to_pylist(), rows["apps"].to_pylist()
-        else:
-            seqs, apps_of = [], []
+            rows, states, which = self._delivery_states(rows.sort_by("seq"))
         with self._decisions_lock:
-            delivered = self._reconciler.delivered
-            for state, seq, apps in zip(states, seqs, apps_of):
-                if state is None:
-                    continue
-                if apps is None:
-                    apps = state.domain.apps   # rows from before fanout existed
-                outcome = delivered(seq, apps, state.express)
-                if outcome is None:
-                    continue
-                if outcome.push_apps:
-                    pushes.append((state, seq, outcome.push_apps))
-                if outcome.disagreement is not None:
-                    disagreements.append(outcome.disagreement)
+            if rows.num_rows:
+                express = np.array([s is not None and s.express for s in states], np.bool_)[which]
+                outcomes = self._reconciler.delivered_rows(
+                    rows["seq"].combine_chunks().to_numpy(), self._delivery_apps(rows, states, which), express)
+                for row, outcome in outcomes:
+                    if outcome.push_apps:
+                        pushes.append((cast(QueueState, states[which[row]]), outcome.seq, outcome.push_apps))
+                    if outcome.disagreement is not None:
+                        disagreements.append(outcome.disagreement)
             if judged is not None and judged > self._judged_seq:
                 self._judged_seq = judged
                 disagreements.extend(self._reconciler.judged_through(judged))
@@ -772,6 +758,28 @@ class Partition:
         self._delivery_version = latest
         if disagreements:
             self._record(disagreements)
+
+    def _delivery_states(self, rows: pa.Table) -> tuple[pa.Table, list[QueueState | None], np.ndarray]:
+        """Delivery rows of queues this partition knows, each row's queue
+        (`states[which[row]]`), looked up once per distinct queue."""
+        keys = pc.binary_join_element_wise(rows["domain"], rows["queue"], "/").combine_chunks().dictionary_encode()
+        with self.lock:
+            found = [self._state_for(*key.split("/", 1)) for key in keys.dictionary.to_pylist()]
+        which = keys.indices.to_numpy()
+        known = np.array([s is not None for s in found], np.bool_)[which]
+        if not known.all():
+            rows, which = rows.filter(pa.array(known)), which[known]
+        return rows, found, which
+
+    @staticmethod
+    def _delivery_apps(rows: pa.Table, states: list[QueueState | None], which: np.ndarray) -> pa.Array:
+        """The rows' apps; a null one (a row from before fanout existed) is
+        every app of its domain."""
+        apps = rows["apps"].combine_chunks()
+        if apps.null_count:
+            apps = pa.array([a if a is not None else list(cast(QueueState, states[w]).domain.apps)
+                             for a, w in zip(apps.to_pylist(), which.tolist())], pa.list_(pa.string()))
+        return apps
 
     def _push_delivered(self, pushes: list[tuple[QueueState, int, tuple[str, ...]]]) -> None:
         """Push delivery rows the express lane did not: their messages come

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from primary.express import KIND_APPS, KIND_DEDUP, AppRules, Delivered, GuidHistory, Reconciler
+from tests.reconciler_oracle import PerSeqReconciler
 
 G = [bytes([i]) * 16 for i in range(10)]
 S = 1_000_000  # one second in microseconds
@@ -101,3 +107,85 @@ def test_decisions_are_bounded_and_forgotten_ones_are_taken_as_pushed():
     assert r.delivered(1, [""], express_domain=True) is None                # forgotten: already pushed
     assert r.delivered(1, [""], express_domain=False) == Delivered(1, ("",), None)   # a pipeline domain's row
     assert r.delivered(4, [""], express_domain=True) is None
+
+
+# -- runs against the per-seq oracle --------------------------------------------------------------
+APPS = [None, ("",), ("a", "b"), ("b", "a"), ("a",), ("b", "c")]
+
+
+@st.composite
+def reconcile_schedules(draw):
+    """A random life of a reconciler: decisions one by one and by run (with
+    duplicates), delivery rows one by one and a batch at a time (some agree,
+    some not, some never decided, some twice), the pipeline judging past
+    rows, and sometimes a bound small enough to forget decisions."""
+    decisions_max = draw(st.sampled_from([3, 10, 40, 10_000]))
+    steps, next_seq = [], 0
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["one", "run", "row", "rows", "judged"]))
+        key = draw(st.sampled_from(["q1", "q2"]))
+        if kind == "one":
+            steps.append(("one", next_seq, key, draw(st.sampled_from(APPS))))
+            next_seq += 1
+        elif kind == "run":
+            count = draw(st.integers(1, 30))
+            apps = draw(st.sampled_from([a for a in APPS if a is not None]))
+            dups = draw(st.one_of(st.none(), st.lists(st.booleans(), min_size=count, max_size=count)))
+            steps.append(("run", next_seq, key, count, apps, dups))
+            next_seq += count
+        elif kind in ("row", "rows"):
+            seqs = sorted(draw(st.lists(st.integers(0, next_seq + 3), max_size=40, unique=kind == "rows"
+                                        or draw(st.booleans()))))
+            apps = [list(draw(st.sampled_from([a for a in APPS if a is not None]))) for _ in seqs]
+            express = [draw(st.booleans()) for _ in seqs]
+            steps.append((kind, seqs, apps, express))
+        else:
+            steps.append(("judged", draw(st.integers(-1, next_seq))))
+    return decisions_max, steps
+
+
+def _guid(seq: int) -> bytes:
+    return seq.to_bytes(16, "big")
+
+
+@settings(deadline=None)
+@given(reconcile_schedules())
+def test_runs_reconcile_as_the_per_seq_reconciler_did(schedule):
+    decisions_max, steps = schedule
+    runs, oracle = Reconciler(decisions_max), PerSeqReconciler(decisions_max)
+    for step in steps:
+        if step[0] == "one":
+            _, seq, key, apps = step
+            runs.decided(seq, key, _guid(seq), apps)
+            oracle.decided(seq, key, _guid(seq), apps)
+        elif step[0] == "run":
+            _, first, key, count, apps, dups = step
+            guids = pa.array([_guid(first + i) for i in range(count)], pa.binary())
+            runs.decided_run(first, key, guids, apps, dups)
+            for i in range(count):
+                oracle.decided(first + i, key, _guid(first + i), None if dups and dups[i] else apps)
+        elif step[0] == "row":
+            _, seqs, apps, express = step
+            for seq, a, e in zip(seqs, apps, express):
+                assert runs.delivered(seq, a, e) == oracle.delivered(seq, a, e)
+        elif step[0] == "rows":
+            _, seqs, apps, express = step
+            got = runs.delivered_rows(np.array(seqs, np.int64), pa.array(apps, pa.list_(pa.string())),
+                                      np.array(express, np.bool_))
+            expected = [(i, d) for i, (seq, a, e) in enumerate(zip(seqs, apps, express))
+                        if (d := oracle.delivered(seq, a, e)) is not None]
+            assert got == expected
+        else:
+            assert runs.judged_through(step[1]) == oracle.judged_through(step[1])
+        assert (len(runs), runs.agreed, runs.disagreed, runs.forgotten, runs.forgotten_through) == (
+            len(oracle), oracle.agreed, oracle.disagreed, oracle.forgotten, oracle.forgotten_through)
+
+
+def test_a_batch_of_rows_that_agree_with_a_frame_takes_no_per_row_path():
+    r = Reconciler()
+    guids = pa.array([_guid(i) for i in range(1000)], pa.binary())
+    r.decided_run(0, "q", guids, ("a", "b"), [i == 7 for i in range(1000)])
+    seqs = np.array([s for s in range(1000) if s != 7], np.int64)
+    out = r.delivered_rows(seqs, pa.array([["a", "b"]] * len(seqs), pa.list_(pa.string())), np.ones(len(seqs), bool))
+    assert out == [] and r.agreed == 999 and len(r) == 1
+    assert r.judged_through(999) == [] and r.agreed == 1000 and len(r) == 0
