@@ -40,14 +40,14 @@ from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
-from primary.dispatcher import Dropped, Push, QueueDispatcher, StoredMessage
+from primary.dispatcher import Confirmed, Dropped, MessageRun, Pending, Push, QueueDispatcher, StoredMessage
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.columns import encode_push
+from protocol.columns import encode_push, encode_push_run
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from protocol.stream import Link
 
 log = logging.getLogger(__name__)
-Targets = dict[tuple["QueueState", str], list[StoredMessage]]   # (queue, app) -> what to push
+Targets = dict[tuple["QueueState", str], list[Pending]]   # (queue, app) -> what to push
 PUSH_FRAME_MESSAGES_MAX = 1000
 SIDE_LOG_RETRIES_S = (0.1, 0.5, 2.0)   # pauses before retrying a failed confirm / dead-letter commit
 COLUMNAR_RUN_MIN = 8   # fewer pushes to one queue go as PushMessages: a columnar frame costs ~40 µs to build
@@ -119,6 +119,13 @@ class QueueState:
         if self.quota is not None:
             self.quota.delivered(self.uri.queue, message.guid, message.size, set(apps))
 
+    def delivered_rows(self, guids: list[bytes], sizes: list[int], apps: Iterable[str]) -> None:
+        """`delivered` for the rows of a run."""
+        if self.quota is not None:
+            targets = set(apps)
+            for guid, size in zip(guids, sizes):
+                self.quota.delivered(self.uri.queue, guid, size, set(targets))
+
     def app_done(self, guid: bytes, app: str) -> None:
         """Confirmed, dead-lettered or expired for `app`."""
         if self.quota is not None:
@@ -159,7 +166,7 @@ class PendingColumns:
 class PendingConfirm:
     queue: QueueState
     app_id: str
-    message: StoredMessage
+    message: Confirmed
 
 
 @dataclass
@@ -181,25 +188,38 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
     (same GUID and delivery count) to several queues of one link travel as
     one PushMessage with `queue_ids`: fanout apps and broadcast consumers
     below a proxy or replica cost one copy on that link, not one per consumer."""
-    by_link: dict["Link", list[tuple[int, StoredMessage]]] = {}
-    for key, message in pushes:
+    by_link: dict["Link", list[tuple[int, Pending]]] = {}
+    for key, pending in pushes:
         link, queue_id = cast("tuple[Link, int]", key)
-        by_link.setdefault(link, []).append((queue_id, message))
+        items = by_link.setdefault(link, [])
+        if isinstance(pending, MessageRun) and queue_id not in link.columnar:
+            items.extend((queue_id, m) for m in pending.messages())   # a peer that asked for PushBatch
+        else:
+            items.append((queue_id, pending))
     for link, items in by_link.items():
         columnar = link.columnar
         messages: list[pb.PushMessage] = []
         i = 0
         while i < len(items):
             queue_id, message = items[i]
+            if isinstance(message, MessageRun):
+                _send_push_batches(link, messages, frame_messages_max)
+                messages = []
+                for start in range(0, len(message), frame_messages_max):
+                    count = min(frame_messages_max, len(message) - start)
+                    link.send(pb.Frame(push_columns=pb.PushColumns(queue_id=queue_id, count=count, arrow_ipc=(
+                        encode_push_run(message.table.slice(start, count), message.delivery_count)))))
+                i += 1
+                continue
             if queue_id in columnar:
                 end = i + 1
-                while end < len(items) and items[end][0] == queue_id:
+                while end < len(items) and items[end][0] == queue_id and not isinstance(items[end][1], MessageRun):
                     end += 1
                 if end - i >= COLUMNAR_RUN_MIN:
                     _send_push_batches(link, messages, frame_messages_max)
                     messages = []
                     for start in range(i, end, frame_messages_max):
-                        run = [m for _, m in items[start:min(end, start + frame_messages_max)]]
+                        run = [cast(StoredMessage, m) for _, m in items[start:min(end, start + frame_messages_max)]]
                         link.send(pb.Frame(push_columns=pb.PushColumns(
                             queue_id=queue_id, count=len(run), arrow_ipc=_push_columns(run))))
                     i = end
@@ -548,13 +568,13 @@ class Partition:
         _answer_puts(singles, bulks, code, text)
 
     def _express(self, batch: pa.Table, singles: list[PendingPut], bulks: list[PendingColumns],
-                 now_us: int) -> dict[tuple[QueueState, str], list[StoredMessage]]:
+                 now_us: int) -> Targets:
         """The express lane, right after the commit: the GUID history decides
         duplicates (ACKed, never pushed), the app subscriptions the targets.
         Rows are in `batch` order: the singles, then each bulk's rows."""
         duplicates = self._history.commit(batch["guid"].to_pylist(), now_us)
         first_seq = batch["seq"][0].as_py()
-        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        targets: Targets = {}
         row = 0
         for i in singles:
             state, m = i.queue, i.message
@@ -588,33 +608,38 @@ class Partition:
                        duplicates: list[bool], now_us: int) -> int:
         """The express lane for a columnar frame to a queue whose apps have no
         subscriptions: every row goes to every app (or, a duplicate, to none),
-        so the decision is made once for the frame. The same outcome as
-        `_decide_and_target` row by row, without its per-row calls. Returns
-        the next row."""
+        so the decision is made once for the frame (one reconciler run) and
+        each app gets the frame's rows as one `MessageRun`, its Arrow columns
+        as they are: no Python object per row but its GUID. The same outcome
+        as `_decide_and_target` row by row. Returns the next row."""
         apps = state.rules.apps
         ttl_ms = state.domain.message_ttl_ms
-        expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
-        counted = state.quota is not None
         count = table.num_rows
         dups = duplicates[row:row + count]
-        columns = [table[c].to_pylist() for c in ("guid", "payload", "properties", "property_types", "compression")]
-        self._reconciler.decided_run(first_seq + row, state, columns[0], apps, dups)
-        lists: list[list[StoredMessage]] | None = None
-        seq = first_seq + row
-        for guid, payload, values, types, compression, duplicate in zip(*columns, dups):
-            seq += 1
-            if duplicate:
-                continue
-            message = StoredMessage(guid, seq - 1, payload, None, 0, expires_us=expires_us,
-                                    compression=COMPRESSION_CODES.get(compression or "", 0) if compression else 0,
-                                    maps=(values, types) if values else None)
-            if counted:
-                state.delivered(message, apps)
-            if lists is None:
-                lists = [targets.setdefault((state, app), []) for app in apps]
-            lists[0].append(message)
-            for other in lists[1:]:
-                other.append(message.for_app())
+        guids = table["guid"].to_pylist()
+        first = first_seq + row
+        self._reconciler.decided_run(first, state, guids, apps, dups)
+        seqs = list(range(first, first + count))
+        columns = table.select(["guid", "payload", "properties", "property_types", "compression"])
+        if any(dups):
+            keep = [not d for d in dups]
+            columns = columns.filter(pa.array(keep))
+            guids = [g for g, k in zip(guids, keep) if k]
+            seqs = [q for q, k in zip(seqs, keep) if k]
+            if not guids:
+                return int(row + count)
+        kept = len(guids)
+        push = pa.table({
+            "guid": columns["guid"], "seq": pa.array(seqs, pa.int64()), "payload": columns["payload"],
+            "properties": columns["properties"], "property_types": columns["property_types"],
+            "put_time_us": pa.array(np.zeros(kept, np.int64)),
+            "compression": _compression_codes(columns["compression"]),
+        })
+        run = MessageRun(push, guids, seqs, pc.binary_length(columns["payload"]).to_pylist(), 0,
+                         now_us + ttl_ms * 1000 if ttl_ms else 0)
+        state.delivered_rows(run.guids, run.sizes, apps)
+        for n, app in enumerate(apps):
+            targets.setdefault((state, app), []).append(run if n == 0 else run.for_app())
         return int(row + count)
 
     def _decide(self, state: QueueState, message: StoredMessage, duplicate: bool) -> tuple[str, ...] | None:
@@ -807,7 +832,7 @@ class Partition:
         """Route PUT-log rows (`messages`, by seq) to the apps each push names."""
         by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
         built = _MessageBuilder(messages)
-        targets: dict[tuple[QueueState, str], list[StoredMessage]] = {}
+        targets: Targets = {}
         for state, seq, apps in pushes:
             i = by_seq.get(seq)
             if i is None:
@@ -816,7 +841,7 @@ class Partition:
             _add_targets(targets, state, built.message(i, state.domain.message_ttl_ms), apps)
         self._route_targets(targets)
 
-    def _route_targets(self, targets: dict[tuple[QueueState, str], list[StoredMessage]]) -> None:
+    def _route_targets(self, targets: Targets) -> None:
         """Hand messages to each target app's dispatcher (each list in seq
         order), then send the pushes together, merged by sequence number (each
         app's own order kept): a message going to several apps below one link
@@ -970,6 +995,13 @@ def _unfinished(per_app: pa.Table, done: list[pa.Table]) -> pa.Table:
 def _expire(dispatcher: QueueDispatcher) -> list[Push]:
     dispatcher.expire()
     return []
+
+
+def _compression_codes(names: "pa.Array | pa.ChunkedArray") -> pa.Array:
+    """The tables' compression names as the wire's codes (int8; null: none)."""
+    if names.null_count == len(names):
+        return pa.array(np.zeros(len(names), np.int8))
+    return pa.array([COMPRESSION_CODES.get(n or "", 0) for n in names.to_pylist()], pa.int8())
 
 
 def _max_stat(table: DeltaTable, column: str) -> int:

@@ -12,6 +12,7 @@ to one consumer queue; relays forward the bytes; the SDK decodes.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -62,6 +63,20 @@ def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, PUSH_SCHEMA) as writer:
         writer.write_batch(batch)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
+    """One PushColumns body from a run's columns (`PUSH_SCHEMA` but the
+    delivery count, which is the run's): the rows' buffers are written as
+    they are, with no Python object per row."""
+    count = table.num_rows
+    columns = [pa.array(np.full(count, delivery_count, np.int32)) if name == "delivery_count" else table[name]
+               for name in PUSH_SCHEMA.names]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, PUSH_SCHEMA) as writer:
+        writer.write_table(pa.Table.from_arrays(columns, schema=PUSH_SCHEMA))
     data: bytes = sink.getvalue().to_pybytes()
     return data
 

@@ -1,7 +1,9 @@
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
+from primary.dispatcher import ConsumerOptions, MessageRun, QueueDispatcher, StoredMessage
+from protocol.columns import PROPERTY_MAP
 
 
 def msgs(n, start=0, size=10):
@@ -239,3 +241,116 @@ def test_confirm_many_frees_the_window_as_per_guid_confirms_would(schedule):
             assert len(held.unconfirmed) <= window
             if len(held.unconfirmed) > 1:   # one message over the byte window may go to an idle consumer
                 assert held.unconfirmed_bytes - max(m.size for m in held.unconfirmed.values()) < window_bytes
+
+
+# -- runs (columnar frames) against the per-message path (the oracle) -----------------------
+def run_of(messages: list[StoredMessage]) -> MessageRun:
+    """The MessageRun the express lane would make of these messages."""
+    table = pa.table({
+        "guid": pa.array([m.guid for m in messages], pa.binary()),
+        "seq": pa.array([m.seq for m in messages], pa.int64()),
+        "payload": pa.array([m.payload for m in messages], pa.binary()),
+        "properties": pa.nulls(len(messages), PROPERTY_MAP),
+        "property_types": pa.nulls(len(messages), PROPERTY_MAP),
+        "put_time_us": pa.array([m.put_time_us for m in messages], pa.int64()),
+        "compression": pa.array([m.compression for m in messages], pa.int8()),
+    })
+    return MessageRun(table, [m.guid for m in messages], [m.seq for m in messages], [m.size for m in messages])
+
+
+def expanded(pushes) -> list[tuple[object, int, int]]:
+    """(consumer, seq, delivery count) per message pushed, runs row by row."""
+    out = []
+    for key, item in pushes:
+        if isinstance(item, MessageRun):
+            out += [(key, seq, item.delivery_count) for seq in item.seqs]
+        else:
+            out.append((key, item.seq, item.delivery_count))
+    return out
+
+
+@st.composite
+def run_schedules(draw):
+    """Consumers with random windows; frames of random sizes arriving; CONFIRM
+    frames naming held messages (and unknown GUIDs); consumers leaving (their
+    messages redelivered) and coming back; sometimes a delivery-attempt limit."""
+    consumers = draw(st.lists(st.tuples(st.integers(1, 12), st.sampled_from([1 << 30, 25, 60, 300])),
+                              min_size=1, max_size=3))
+    attempts = draw(st.sampled_from([0, 0, 2]))
+    steps = draw(st.lists(st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 30), st.sampled_from([1, 10, 40])),
+        st.tuples(st.just("confirm"), st.integers(0, 2), st.lists(st.integers(0, 30), max_size=15),
+                  st.integers(0, 2)),
+        st.tuples(st.just("leave"), st.integers(0, 2))),
+        max_size=30))
+    return consumers, attempts, steps
+
+
+@settings(deadline=None)
+@given(run_schedules())
+def test_runs_dispatch_as_messages_do(schedule):
+    """A frame added as one MessageRun against the same frame as
+    StoredMessages: with one consumer, the same messages pushed in the same
+    order with the same delivery counts, the same confirmed, dropped and left
+    pending; with several (a run goes to one consumer at a time, where round
+    robin alternates per message), every window respected, each consumer's
+    pushes in PUT order, and no message lost or held twice."""
+    consumers, attempts, steps = schedule
+    dispatchers = {name: QueueDispatcher(max_delivery_attempts=attempts) for name in ("oracle", "runs")}
+    pushed: dict[str, list[tuple[object, int, int]]] = {name: [] for name in dispatchers}
+    confirmed: dict[str, list[int]] = {name: [] for name in dispatchers}
+    dropped: dict[str, list[int]] = {name: [] for name in dispatchers}
+    added = 0
+    for name, d in dispatchers.items():
+        for i, (window, window_bytes) in enumerate(consumers):
+            pushed[name] += expanded(d.add_consumer(i, ConsumerOptions(window, window_bytes)))
+    for step in steps:
+        for name, d in dispatchers.items():
+            if step[0] == "add":
+                batch = msgs(step[1], start=added, size=step[2])
+                pushed[name] += expanded(d.add_messages(batch if name == "oracle" else [run_of(batch)]))
+            elif step[0] == "confirm":
+                key = step[1] % len(consumers)
+                held = d.unconfirmed_of(key)
+                guids = [held[i % len(held)] for i in step[2] if held] + [bytes([200 + j]) * 16 for j in range(step[3])]
+                done, more = d.confirm_many(key, guids)
+                confirmed[name] += [c.seq for c in done]
+                pushed[name] += expanded(more)
+            else:
+                key = step[1] % len(consumers)
+                pushed[name] += expanded(d.remove_consumer(key))
+                pushed[name] += expanded(d.add_consumer(key, ConsumerOptions(*consumers[key])))
+            dropped[name] += [m.seq for m, _, _ in d.take_dropped()]
+        if step[0] == "add":
+            added += step[1]
+        if len(consumers) == 1:
+            assert pushed["runs"] == pushed["oracle"]
+            assert confirmed["runs"] == confirmed["oracle"] and dropped["runs"] == dropped["oracle"]
+            assert dispatchers["runs"].pending_count == dispatchers["oracle"].pending_count
+    for name, d in dispatchers.items():
+        firsts = [seq for _, seq, count in pushed[name] if count == 1]
+        assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts)   # first deliveries in PUT order, once
+        for k in range(len(consumers)):
+            mine = [seq for key, seq, count in pushed[name] if key == k and count == 1]
+            assert mine == sorted(mine)
+        assert len(set(confirmed[name])) == len(confirmed[name])
+        assert d.unconfirmed_count + len(confirmed[name]) + len(set(dropped[name])) + d.pending_count == added
+        for k, (window, window_bytes) in enumerate(consumers):
+            held = d._consumers[k]
+            assert len(held.unconfirmed) <= window
+            sizes = [h[0].sizes[h[1]] if isinstance(h, tuple) else h.size for h in held.unconfirmed.values()]
+            assert held.unconfirmed_bytes == sum(sizes)
+            if len(sizes) > 1:   # one message over the byte window may go to an idle consumer
+                assert held.unconfirmed_bytes - max(sizes) < window_bytes
+
+
+def test_a_run_splits_at_the_window_and_the_rest_waits():
+    d = QueueDispatcher()
+    d.add_consumer("a", ConsumerOptions(max_unconfirmed_messages=3))
+    pushes = d.add_messages([run_of(msgs(10))])
+    assert len(pushes) == 1 and pushes[0][1].seqs == [0, 1, 2] and d.pending_count == 7
+    done, more = d.confirm_many("a", [bytes([1]) * 16])
+    assert done == [(bytes([1]) * 16, 1)] and [m.seqs for _, m in more] == [[3]]
+    again = d.remove_consumer("a")
+    assert again == [] and d.pending_count == 9
+    assert [(m.seqs, m.delivery_count) for m in d._pending] == [([0, 2], 1), ([3], 1), ([4, 5, 6, 7, 8, 9], 0)]
