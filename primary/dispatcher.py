@@ -165,6 +165,12 @@ class Confirmed(NamedTuple):
     seq: int
 
 
+class ConfirmedRows(NamedTuple):
+    """What one CONFIRM frame confirmed: GUIDs and their seqs, in order."""
+    guids: list[bytes]
+    seqs: list[int]
+
+
 @dataclass
 class ConsumerOptions:
     max_unconfirmed_messages: int = MAX_UNCONFIRMED_MESSAGES
@@ -293,30 +299,34 @@ class QueueDispatcher:
     def confirm(self, key: ConsumerKey, guid: bytes) -> tuple[Confirmed | None, list[Push]]:
         """Returns the confirmed message (None if unknown or not held by `key`)."""
         confirmed, pushes = self.confirm_many(key, [guid])
-        return (confirmed[0] if confirmed else None), pushes
+        return (Confirmed(guid, confirmed.seqs[0]) if confirmed.seqs else None), pushes
 
-    def confirm_many(self, key: ConsumerKey, guids: Iterable[bytes]) -> tuple[list[Confirmed], list[Push]]:
+    def confirm_many(self, key: ConsumerKey, guids: Iterable[bytes]) -> tuple["ConfirmedRows", list[Push]]:
         """Confirm a CONFIRM frame's GUIDs for `key` at once, then dispatch once:
         the messages confirmed (those unknown or not held by `key` are skipped)
         and what the room they free lets through."""
+        confirmed = ConfirmedRows([], [])
         consumer = self._consumers.get(key)
         if consumer is None:
-            return [], []
-        confirmed: list[Confirmed] = []
+            return confirmed, []
+        done, seqs = confirmed.guids, confirmed.seqs
         unconfirmed, known = consumer.unconfirmed, self._known
+        freed = 0
         for guid in guids:
             held = unconfirmed.pop(guid, None)
             if held is None:
                 continue
             known.discard(guid)
+            done.append(guid)
             if isinstance(held, tuple):
                 run, i = held
-                consumer.unconfirmed_bytes -= run.sizes[i]
-                confirmed.append(Confirmed(guid, run.seqs[i]))
+                freed += run.sizes[i]
+                seqs.append(run.seqs[i])
             else:
-                consumer.unconfirmed_bytes -= held.size
-                confirmed.append(Confirmed(guid, held.seq))
-        return confirmed, (self._dispatch() if confirmed else [])
+                freed += held.size
+                seqs.append(held.seq)
+        consumer.unconfirmed_bytes -= freed
+        return confirmed, (self._dispatch() if done else [])
 
     def expire(self) -> None:
         """Drop pending messages whose TTL has passed (a periodic sweep: a queue

@@ -45,6 +45,7 @@ class GroupCommitter(Generic[T]):
         self._clock = clock or MonotonicClock()
         self._cond = threading.Condition()
         self._items: list[T] = []
+        self._count = 0
         self._bytes = 0
         self._oldest_ms = 0.0
         self._stopping = False
@@ -59,13 +60,17 @@ class GroupCommitter(Generic[T]):
         """`stop` was called: nothing more is taken."""
         return self._stopping
 
-    def submit(self, items: Sequence[T], nbytes: int) -> bool:
+    def submit(self, items: Sequence[T], nbytes: int, count: int | None = None) -> bool:
+        """`count`: the messages the items stand for (one item may carry a
+        frame's worth), for the policy and the bound; one per item by default."""
+        count = len(items) if count is None else count
         with self._cond:
-            if self._stopping or len(self._items) + len(items) > self._pending_max:
+            if self._stopping or self._count + count > self._pending_max:
                 return False
             if not self._items:
                 self._oldest_ms = self._clock.now_ms()
             self._items.extend(items)
+            self._count += count
             self._bytes += nbytes
             self._cond.notify()
         return True
@@ -87,9 +92,9 @@ class GroupCommitter(Generic[T]):
         with self._cond:
             while True:
                 waited = self._clock.now_ms() - self._oldest_ms if self._items else 0.0
-                if self._policy.should_commit(len(self._items), self._bytes, waited) or (
+                if self._policy.should_commit(self._count, self._bytes, waited) or (
                         self._stopping and self._items):
-                    items, self._items, self._bytes = self._items, [], 0
+                    items, self._items, self._bytes, self._count = self._items, [], 0, 0
                     self._committing = True
                     return items
                 if self._stopping:

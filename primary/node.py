@@ -36,7 +36,7 @@ from primary import admission
 from primary.admission import PAUSED, Open, Refusal
 from primary.dispatcher import ConsumerOptions, Push, QueueDispatcher, StoredMessage
 from primary.leadership import Leadership, Where
-from primary.partition import Partition, PendingColumns, PendingConfirm, PendingPut, QueueState, send_acks
+from primary.partition import Partition, PendingColumns, PendingConfirms, PendingPut, QueueState, send_acks
 from primary.quota import DomainQuota
 from protocol import ResultCode, columns, pb, status, wire
 from protocol.stream import Link
@@ -546,20 +546,20 @@ class Node:
         for queue_id, guids in by_queue.items():
             handle = handles[queue_id]
             state, app = handle.state, handle.app
-            confirms: list[PendingConfirm] = []
+            confirms: list[PendingConfirms] = []
 
             def confirm_all(d: QueueDispatcher, guids: list[bytes] = guids, queue_id: int = queue_id,
                             state: QueueState = state, app: str = app,
-                            confirms: list[PendingConfirm] = confirms) -> list[Push]:
-                stored, pushes = d.confirm_many((link, queue_id), guids)   # one dispatch per frame
-                for message in stored:
-                    confirms.append(PendingConfirm(state, app, message))
-                    state.app_done(message.guid, app)
+                            confirms: list[PendingConfirms] = confirms) -> list[Push]:
+                confirmed, pushes = d.confirm_many((link, queue_id), guids)   # one dispatch per frame
+                if confirmed.guids:
+                    confirms.append(PendingConfirms(state, app, confirmed))
+                    state.apps_done(confirmed.guids, app)
                 return pushes
 
             handle.partition.route(state, app, confirm_all)
             if confirms:
-                handle.partition.confirm_committer.submit(confirms, 0)
+                handle.partition.confirm_committer.submit(confirms, 0, sum(len(c.confirmed.guids) for c in confirms))
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes, then answer.

@@ -40,7 +40,7 @@ from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
-from primary.dispatcher import Confirmed, Dropped, MessageRun, Pending, Push, QueueDispatcher, StoredMessage
+from primary.dispatcher import ConfirmedRows, Dropped, MessageRun, Pending, Push, QueueDispatcher, StoredMessage
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.quota import DomainQuota
@@ -131,6 +131,12 @@ class QueueState:
         if self.quota is not None:
             self.quota.app_done(guid, app)
 
+    def apps_done(self, guids: Iterable[bytes], app: str) -> None:
+        """`app_done` for many messages."""
+        if self.quota is not None:
+            for guid in guids:
+                self.quota.app_done(guid, app)
+
     @property
     def express(self) -> bool:
         return self.domain.delivery == "express"
@@ -163,10 +169,11 @@ class PendingColumns:
 
 
 @dataclass
-class PendingConfirm:
+class PendingConfirms:
+    """What one CONFIRM frame confirmed of one queue and app."""
     queue: QueueState
     app_id: str
-    message: Confirmed
+    confirmed: ConfirmedRows
 
 
 @dataclass
@@ -324,7 +331,7 @@ class Partition:
         confirm_policy = GroupPolicy(config.primary.group_commit_max_messages,
                                      config.primary.group_commit_max_bytes,
                                      config.primary.confirm_commit_linger_ms)
-        self.confirm_committer: GroupCommitter[PendingConfirm] = GroupCommitter(
+        self.confirm_committer: GroupCommitter[PendingConfirms] = GroupCommitter(
             f"confirms-{index}", self._commit_confirms, confirm_policy, 10_000_000)
         self.dead_committer: GroupCommitter[DeadLetter] = GroupCommitter(
             f"dead-{index}", self._commit_dead, policy, 10_000_000)
@@ -674,11 +681,17 @@ class Partition:
             "compression": compression,
         }, schema=tables.PUTS_SCHEMA)
 
-    def _commit_confirms(self, items: list[PendingConfirm]) -> None:
+    def _commit_confirms(self, items: list[PendingConfirms]) -> None:
         now = datetime.now(timezone.utc)
+        counts = [len(i.confirmed.guids) for i in items]
+        total = sum(counts)
         batch = pa.table({
-            **_message_columns(items),
-            "confirm_time": pa.array([now] * len(items), tables.TIMESTAMP),
+            "domain": pa.array(_repeated([i.queue.uri.domain for i in items], counts), pa.string()),
+            "queue": pa.array(_repeated([i.queue.uri.queue for i in items], counts), pa.string()),
+            "app_id": pa.array(_repeated([i.app_id for i in items], counts), pa.string()),
+            "guid": pa.array(itertools.chain.from_iterable(i.confirmed.guids for i in items), pa.binary(), size=total),
+            "seq": pa.array(itertools.chain.from_iterable(i.confirmed.seqs for i in items), pa.int64(), size=total),
+            "confirm_time": pa.array([now] * total, tables.TIMESTAMP),
         }, schema=tables.CONFIRMS_SCHEMA)
         # Not fatal for correctness: an unpersisted confirm means the message
         # is delivered again after a restart (at-least-once).
@@ -1017,8 +1030,13 @@ def _max_stat(table: DeltaTable, column: str) -> int:
     return -1 if value is None else int(value)
 
 
-def _message_columns(items: "list[PendingConfirm] | list[DeadLetter]") -> dict[str, pa.Array]:
-    """The columns the confirm and dead-letter logs share: which message, for which app."""
+def _repeated(values: list[str], counts: list[int]) -> list[str]:
+    """Each value `count` times, in order."""
+    return list(itertools.chain.from_iterable(itertools.repeat(v, n) for v, n in zip(values, counts)))
+
+
+def _message_columns(items: "list[DeadLetter]") -> dict[str, pa.Array]:
+    """Which message, for which app (the dead-letter log's first columns)."""
     return {
         "domain": pa.array([i.queue.uri.domain for i in items], pa.string()),
         "queue": pa.array([i.queue.uri.queue for i in items], pa.string()),

@@ -286,7 +286,7 @@ class Primary(Endpoint):
                 by_queue.setdefault(message.queue_id, []).append(message.guid)
             for queue_id, guids in by_queue.items():
                 stored, more = self.dispatcher.confirm_many((link, queue_id), guids)
-                self.confirmed.update(m.guid for m in stored)
+                self.confirmed.update(stored.guids)
                 self._push(more)
         elif kind == "close_queue":
             req = frame.close_queue

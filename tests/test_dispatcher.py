@@ -225,7 +225,7 @@ def test_confirm_many_frees_the_window_as_per_guid_confirms_would(schedule):
                     pushed[name] += [m.seq for _, m in more]
             else:
                 stored_all, more = d.confirm_many(key, guids)
-                confirmed[name] += [m.seq for m in stored_all]
+                confirmed[name] += stored_all.seqs
                 pushed[name] += [m.seq for _, m in more]
         if len(consumers) == 1:
             assert confirmed["batched"] == confirmed["oracle"]
@@ -314,7 +314,7 @@ def test_runs_dispatch_as_messages_do(schedule):
                 held = d.unconfirmed_of(key)
                 guids = [held[i % len(held)] for i in step[2] if held] + [bytes([200 + j]) * 16 for j in range(step[3])]
                 done, more = d.confirm_many(key, guids)
-                confirmed[name] += [c.seq for c in done]
+                confirmed[name] += done.seqs
                 pushed[name] += expanded(more)
             else:
                 key = step[1] % len(consumers)
@@ -350,7 +350,7 @@ def test_a_run_splits_at_the_window_and_the_rest_waits():
     pushes = d.add_messages([run_of(msgs(10))])
     assert len(pushes) == 1 and pushes[0][1].seqs == [0, 1, 2] and d.pending_count == 7
     done, more = d.confirm_many("a", [bytes([1]) * 16])
-    assert done == [(bytes([1]) * 16, 1)] and [m.seqs for _, m in more] == [[3]]
+    assert done == ([bytes([1]) * 16], [1]) and [m.seqs for _, m in more] == [[3]]
     again = d.remove_consumer("a")
     assert again == [] and d.pending_count == 9
     assert [(m.seqs, m.delivery_count) for m in d._pending] == [([0, 2], 1), ([3], 1), ([4, 5, 6, 7, 8, 9], 0)]

@@ -16,7 +16,7 @@ from deltalake import CommitProperties, write_deltalake
 
 from conf import ClusterConfig, parse_domain
 from primary.dispatcher import ConsumerOptions
-from primary.partition import Partition, PendingConfirm, PendingPut
+from primary.partition import Partition, PendingConfirms, PendingPut
 from protocol import pb
 from protocol.properties import to_wire
 from protocol.stream import Link
@@ -57,12 +57,13 @@ class Consumer:
 
     def confirm(self, message: pb.PushMessage) -> None:
         def confirm(d):
-            stored, more = d.confirm((self.link, 1), message.guid)
+            stored, more = d.confirm_many((self.link, 1), [message.guid])
             confirmed.append(stored)
             return more
         confirmed: list = []
         self.partition.route(self.state, self.app, confirm)
-        self.partition.confirm_committer.submit([PendingConfirm(self.state, self.app, confirmed[0])], 0)
+        if confirmed[0].guids:
+            self.partition.confirm_committer.submit([PendingConfirms(self.state, self.app, confirmed[0])], 0)
 
 
 class Producer:
