@@ -98,7 +98,10 @@ class MessageRun:
     """Messages of one committed frame for one app, held as the frame's Arrow
     columns instead of one StoredMessage each: what the express lane hands
     the dispatcher for a columnar PUT frame, and what goes out as one
-    PushColumns frame. Every row has the same delivery count and expiry.
+    PushColumns frame when one consumer takes it (a sole consumer of the
+    top priority with room: the common case); with subscriptions, or
+    several consumers to alternate between, it becomes StoredMessages.
+    Every row has the same delivery count and expiry.
     `table` has the push columns but the delivery count (`columns.PUSH_SCHEMA`);
     the GUIDs, seqs and sizes are also Python lists, for the dispatcher's
     bookkeeping (known GUIDs, unconfirmed per consumer, byte windows)."""
@@ -290,7 +293,7 @@ class QueueDispatcher:
         # next has room: the dead-letter table shows it at once.
         for message in reversed(_regrouped(consumer.unconfirmed.values())):
             if self.max_delivery_attempts and message.delivery_count >= self.max_delivery_attempts:
-                for m in message.messages() if isinstance(message, MessageRun) else [message]:
+                for m in reversed(message.messages()) if isinstance(message, MessageRun) else [message]:
                     self._drop(m, REASON_ATTEMPTS, f"pushed {m.delivery_count} times, never confirmed")
             else:
                 self._pending.appendleft(message)
@@ -352,6 +355,17 @@ class QueueDispatcher:
         top = max(c.options.priority for c in candidates)
         return [(c.key, message) for c in candidates if c.options.priority == top]
 
+    def broadcast_run(self, run: MessageRun) -> list[Push]:
+        """`broadcast` for a frame: the same targets for every row (the run
+        itself to each), unless a consumer has a subscription (row by row)."""
+        if any(c.options.subscriptions for c in self._consumers.values()):
+            return [push for message in run.messages() for push in self.broadcast(message)]
+        candidates = [c for c in self._consumers.values() if not c.options.paused]
+        if not candidates:
+            return []
+        top = max(c.options.priority for c in candidates)
+        return [(c.key, run) for c in candidates if c.options.priority == top]
+
     # -- routing ------------------------------------------------------------
     def _drop(self, message: StoredMessage, reason: str, detail: str) -> None:
         self._known.discard(message.guid)
@@ -378,6 +392,13 @@ class QueueDispatcher:
                 return consumer
         return None
 
+    def _takers(self) -> int:
+        """How many consumers of the top priority have room. A run goes whole
+        only to a sole taker: it is what round robin, message by message,
+        would give it (and it leaves the rotation as those picks would)."""
+        top = max(c.options.priority for c in self._consumers.values())
+        return sum(1 for c in self._consumers.values() if c.options.priority == top and c.has_capacity())
+
     def _dispatch(self) -> list[Push]:
         pushes: list[Push] = []
         if not self._pending or not self._consumers:
@@ -389,8 +410,10 @@ class QueueDispatcher:
             if not any(c.has_capacity() for c in self._consumers.values()):
                 break
             message = self._pending.popleft()
-            if isinstance(message, MessageRun) and filtering:
-                self._pending.extendleft(reversed(message.messages()))   # subscriptions look at each message
+            if isinstance(message, MessageRun) and (filtering or self._takers() > 1):
+                # Subscriptions look at each message, and round robin between
+                # consumers alternates per message: row by row then.
+                self._pending.extendleft(reversed(message.messages()))
                 continue
             if now and message.expires_us and message.expires_us <= now:
                 self._drop_all(message, REASON_TTL, "expired before it was pushed")

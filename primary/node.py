@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 import conf
@@ -36,7 +37,16 @@ from primary import admission
 from primary.admission import PAUSED, Open, Refusal
 from primary.dispatcher import ConsumerOptions, Push, QueueDispatcher, StoredMessage
 from primary.leadership import Leadership, Where
-from primary.partition import Partition, PendingColumns, PendingConfirms, PendingPut, QueueState, send_acks
+from primary.partition import (
+    Partition,
+    PendingColumns,
+    PendingConfirms,
+    PendingPut,
+    QueueState,
+    ack_columns,
+    push_run,
+    send_acks,
+)
 from primary.quota import DomainQuota
 from protocol import ResultCode, columns, pb, status, wire
 from protocol.stream import Link
@@ -491,36 +501,58 @@ class Node:
             send_acks(nacks)
 
     def _on_put_columns(self, link: Link, req: pb.PutColumns) -> None:
-        """A columnar batch of PUTs to one queue: checked as a whole (the same
-        rules as single PUTs, vectorised), committed as a whole, ACKed as a whole."""
+        """A columnar batch of PUTs to one queue: checked (the same rules as
+        single PUTs, vectorised), admitted, committed and ACKed as a frame. A
+        `per_message` frame (single PUTs the SDK put together) is checked and
+        admitted row by row, as those PUTs would have been: its ACK names the
+        rows refused on their own."""
         table = columns.decode(req.arrow_ipc)
         if isinstance(table, str):
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))
             return
         guids = columns.guids_of(table)
+        refused: dict[int, tuple[ResultCode, str]] = {}
 
         def nack(code: ResultCode, text: str) -> None:
-            link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids, code=wire(code),
-                                                         message=text)))
+            link.send(ack_columns(req.queue_id, guids, code, text, refused))
 
         handle = self._handles_of(link).get(req.queue_id)
         if handle is None:
             return nack(ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open")
         if not handle.write:
             return nack(ResultCode.REFUSED, "queue is not open for writing")
-        if handle.broadcast:
-            return nack(ResultCode.NOT_SUPPORTED, "columnar PUTs are for stored queues, not broadcast")
-        reason = columns.check(table, handle.state.domain.max_payload_bytes)
+        state = handle.state
+        reason = columns.check(table, state.domain.max_payload_bytes)
+        if reason and req.per_message and table.num_rows:
+            for row in range(table.num_rows):
+                why = columns.check(table.slice(row, 1), state.domain.max_payload_bytes)
+                if why:
+                    refused[row] = (ResultCode.INVALID_ARGUMENT, why)
+            reason = None if refused else reason
         if reason:
             return nack(ResultCode.INVALID_ARGUMENT, reason)
-        sizes = pc.binary_length(table["payload"])
-        refused = handle.state.admit(table["guid"].to_pylist(), sizes.to_pylist()) \
-            if handle.state.quota is not None else None
-        if refused is not None:
-            return nack(*refused)
-        item = PendingColumns(link, req.queue_id, handle.state, table, guids)
-        if not handle.partition.put_committer.submit([item], pc.sum(sizes).as_py()):
-            handle.state.unadmit(table["guid"].to_pylist())
+        sizes = pc.binary_length(table["payload"]).to_pylist()
+        if state.quota is not None and not handle.broadcast:
+            if req.per_message:
+                for row, (guid, size) in enumerate(zip(table["guid"].to_pylist(), sizes)):
+                    over = None if row in refused else state.admit([guid], [size])
+                    if over is not None:
+                        refused[row] = over
+            else:
+                over = state.admit(table["guid"].to_pylist(), sizes)
+                if over is not None:
+                    return nack(*over)
+        if refused:
+            if len(refused) == table.num_rows:
+                return nack(ResultCode.SUCCESS, "")   # every row refused on its own
+            table = table.filter(pa.array([row not in refused for row in range(table.num_rows)]))
+        if handle.broadcast:
+            run = push_run(table, [0] * table.num_rows, delivery_count=1)
+            handle.partition.route(state, "", lambda d: d.broadcast_run(run))  # to the consumers, then the ACK
+            return nack(ResultCode.SUCCESS, "")
+        item = PendingColumns(link, req.queue_id, state, table, guids, refused)
+        if not handle.partition.put_committer.submit([item], sum(sizes)):
+            state.unadmit(table["guid"].to_pylist())
             not_taken = _not_taken(handle.partition)
             nack(not_taken.code, not_taken.message)
 

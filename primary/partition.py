@@ -47,7 +47,7 @@ from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.columns import encode_push, encode_push_run
+from protocol.columns import PUT_TIME, encode_push, encode_push_run
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -160,12 +160,15 @@ class PendingPut:
 
 @dataclass
 class PendingColumns:
-    """A checked columnar batch of PUTs to one queue (`PutColumns`)."""
+    """A checked columnar batch of PUTs to one queue (`PutColumns`): `table`
+    holds the rows admitted, `guids` every row of the frame (what its ACK
+    names), `refused` the rows of a per-message frame refused on their own."""
     link: "Link"
     queue_id: int
     queue: QueueState
     table: pa.Table
     guids: bytes
+    refused: dict[int, tuple[ResultCode, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -212,11 +215,16 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
             if isinstance(message, MessageRun):
                 _send_push_batches(link, messages, frame_messages_max)
                 messages = []
+                end = i + 1   # the same run to more queues of this link (broadcast): one copy, their ids in the header
+                while end < len(items) and items[end][1] is message:
+                    end += 1
+                queue_ids = [q for q, _ in items[i:end]] if end - i > 1 else []
                 for start in range(0, len(message), frame_messages_max):
                     count = min(frame_messages_max, len(message) - start)
-                    link.send(pb.Frame(push_columns=pb.PushColumns(queue_id=queue_id, count=count, arrow_ipc=(
-                        encode_push_run(message.table.slice(start, count), message.delivery_count)))))
-                i += 1
+                    link.send(pb.Frame(push_columns=pb.PushColumns(
+                        queue_id=queue_id, count=count, queue_ids=queue_ids,
+                        arrow_ipc=encode_push_run(message.table.slice(start, count), message.delivery_count))))
+                i = end
                 continue
             if queue_id in columnar:
                 end = i + 1
@@ -275,8 +283,31 @@ def _answer_puts(singles: list[PendingPut], bulks: list[PendingColumns], code: R
     send_acks([(i.link, pb.AckMessage(queue_id=i.queue_id, guid=i.message.guid, code=wire(code), message=text))
                for i in singles])
     for b in bulks:
-        b.link.send(pb.Frame(ack_columns=pb.AckColumns(queue_id=b.queue_id, guids=b.guids, code=wire(code),
-                                                       message=text)))
+        b.link.send(ack_columns(b.queue_id, b.guids, code, text, b.refused))
+
+
+def ack_columns(queue_id: int, guids: bytes, code: ResultCode, text: str,
+                refused: Mapping[int, tuple[ResultCode, str]]) -> pb.Frame:
+    """The answer to a PutColumns frame: `code` for every row but those refused on their own."""
+    rows = sorted(refused)
+    return pb.Frame(ack_columns=pb.AckColumns(
+        queue_id=queue_id, guids=guids, code=wire(code), message=text, refused_rows=rows,
+        refused_codes=[wire(refused[r][0]) for r in rows], refused_messages=[refused[r][1] for r in rows]))
+
+
+def push_run(rows: pa.Table, seqs: list[int], delivery_count: int = 0, expires_us: int = 0) -> MessageRun:
+    """A MessageRun of PUT rows (a decoded PutColumns frame, or its rows
+    committed), with their seqs: the push columns as they are."""
+    count = rows.num_rows
+    put_time = (rows[PUT_TIME].fill_null(0) if PUT_TIME in rows.column_names
+                else pa.array(np.zeros(count, np.int64)))
+    table = pa.table({
+        "guid": rows["guid"], "seq": pa.array(seqs, pa.int64()), "payload": rows["payload"],
+        "properties": rows["properties"], "property_types": rows["property_types"],
+        "put_time_us": put_time, "compression": _compression_codes(rows["compression"]),
+    })
+    return MessageRun(table, rows["guid"].to_pylist(), seqs, pc.binary_length(rows["payload"]).to_pylist(),
+                      delivery_count, expires_us)
 
 
 class Partition:
@@ -561,8 +592,9 @@ class Partition:
                 pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
         for bulk in bulks:
             t = bulk.table
+            producer_us = t[PUT_TIME] if PUT_TIME in t.column_names else pa.nulls(t.num_rows, pa.int64())
             parts.append(self._rows([bulk.queue] * t.num_rows, t["guid"], t["payload"], t["properties"],
-                                    t["property_types"], pa.nulls(t.num_rows, pa.int64()), t["compression"], now_us))
+                                    t["property_types"], producer_us, t["compression"], now_us))
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     @staticmethod
@@ -623,27 +655,17 @@ class Partition:
         ttl_ms = state.domain.message_ttl_ms
         count = table.num_rows
         dups = duplicates[row:row + count]
-        guids = table["guid"].to_pylist()
         first = first_seq + row
-        self._reconciler.decided_run(first, state, guids, apps, dups)
+        self._reconciler.decided_run(first, state, table["guid"], apps, dups)
         seqs = list(range(first, first + count))
-        columns = table.select(["guid", "payload", "properties", "property_types", "compression"])
+        rows = table
         if any(dups):
             keep = [not d for d in dups]
-            columns = columns.filter(pa.array(keep))
-            guids = [g for g, k in zip(guids, keep) if k]
+            rows = table.filter(pa.array(keep))
             seqs = [q for q, k in zip(seqs, keep) if k]
-            if not guids:
+            if not seqs:
                 return int(row + count)
-        kept = len(guids)
-        push = pa.table({
-            "guid": columns["guid"], "seq": pa.array(seqs, pa.int64()), "payload": columns["payload"],
-            "properties": columns["properties"], "property_types": columns["property_types"],
-            "put_time_us": pa.array(np.zeros(kept, np.int64)),
-            "compression": _compression_codes(columns["compression"]),
-        })
-        run = MessageRun(push, guids, seqs, pc.binary_length(columns["payload"]).to_pylist(), 0,
-                         now_us + ttl_ms * 1000 if ttl_ms else 0)
+        run = push_run(rows, seqs, 0, now_us + ttl_ms * 1000 if ttl_ms else 0)
         state.delivered_rows(run.guids, run.sizes, apps)
         for n, app in enumerate(apps):
             targets.setdefault((state, app), []).append(run if n == 0 else run.for_app())

@@ -12,6 +12,8 @@ to one consumer queue; relays forward the bytes; the SDK decodes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +21,9 @@ import pyarrow.compute as pc
 from protocol.codes import COMPRESSION_CODES
 from protocol.limits import GUID_LENGTH
 from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
+
+if TYPE_CHECKING:
+    from protocol.taproot_pb2 import PutMessage
 
 PROPERTY_MAP = pa.map_(pa.string(), pa.string())
 SCHEMA = pa.schema([
@@ -28,6 +33,7 @@ SCHEMA = pa.schema([
     pa.field("property_types", PROPERTY_MAP),
     pa.field("compression", pa.string()),
 ])
+PUT_SCHEMA = pa.schema([*SCHEMA, pa.field("put_time_us", pa.int64())])   # with the optional column
 PUSH_SCHEMA = pa.schema([
     pa.field("guid", pa.binary()),
     pa.field("seq", pa.int64()),
@@ -38,6 +44,9 @@ PUSH_SCHEMA = pa.schema([
     pa.field("delivery_count", pa.int32()),
     pa.field("compression", pa.int8()),        # the wire code (0: none)
 ])
+# Optional in a PutColumns frame: the producer's clock per message (what
+# `post()` records; the PUT log's producer_time). Bulk frames leave it out.
+PUT_TIME = "put_time_us"
 TYPES = ("bool", "int32", "int64", "string", "binary")
 COMPRESSIONS = tuple(COMPRESSION_CODES)
 
@@ -46,6 +55,34 @@ def encode(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, SCHEMA) as writer:
         writer.write_table(table.select(SCHEMA.names).cast(SCHEMA))
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def encode_puts(messages: "Sequence[PutMessage]") -> bytes:
+    """One PutColumns body from single PUTs (what `post()` batched), each
+    message's fields as its row, its typed properties as the tables' maps."""
+    from protocol.codes import COMPRESSION_NAMES
+    from protocol.properties import wire_to_maps
+
+    count = len(messages)
+    if any(m.properties for m in messages):
+        maps = [wire_to_maps(m.properties) if m.properties else ([], []) for m in messages]
+        values, types = pa.array([v for v, _ in maps], PROPERTY_MAP), pa.array([t for _, t in maps], PROPERTY_MAP)
+    else:
+        values = types = pa.array([[]] * count, PROPERTY_MAP)
+    codes = [m.compression for m in messages]
+    table = pa.table({
+        "guid": pa.array([m.guid for m in messages], pa.binary()),
+        "payload": pa.array([m.payload for m in messages], pa.binary()),
+        "properties": values, "property_types": types,
+        "compression": (pa.array([COMPRESSION_NAMES.get(c) for c in codes], pa.string()) if any(codes)
+                        else pa.nulls(count, pa.string())),
+        PUT_TIME: pa.array([m.put_time_us or None for m in messages], pa.int64()),
+    }, schema=PUT_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, PUT_SCHEMA) as writer:
+        writer.write_table(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
 
@@ -135,7 +172,8 @@ def fixed_width_binary(data: bytes, width: int) -> pa.Array:
 
 
 def decode(data: bytes) -> pa.Table | str:
-    """The batch, or why it cannot be read (then no GUID is known)."""
+    """The batch as `PUT_SCHEMA` (a null `put_time_us` when the frame has
+    none), or why it cannot be read (then no GUID is known)."""
     table = read_stream(data)
     if isinstance(table, str):
         return table
@@ -143,7 +181,9 @@ def decode(data: bytes) -> pa.Table | str:
     if missing:
         return f"arrow_ipc lacks column(s) {', '.join(missing)}"
     try:
-        return table.select(SCHEMA.names).cast(SCHEMA)
+        if PUT_TIME not in table.column_names:
+            table = table.append_column(PUT_TIME, pa.nulls(table.num_rows, pa.int64()))
+        return table.select(PUT_SCHEMA.names).cast(PUT_SCHEMA)
     except pa.ArrowException as exc:
         return f"arrow_ipc columns have the wrong types: {exc}"
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/taproot.proto\x12\ntaproot.v1\"?\n\x06Status\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x81\x01\n\x0cQueueOptions\x12 \n\x18max_unconfirmed_messages\x18\x01 \x01(\x03\x12\x1d\n\x15max_unconfirmed_bytes\x18\x02 \x01(\x03\x12\x19\n\x11\x63onsumer_priority\x18\x03 \x01(\x05\x12\x15\n\rsubscriptions\x18\x04 \x03(\t\"\x9d\x01\n\tOpenQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x0c\n\x04read\x18\x04 \x01(\x08\x12\r\n\x05write\x18\x05 \x01(\x08\x12)\n\x07options\x18\x06 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x15\n\rcolumnar_push\x18\x07 \x01(\x08\"\xc4\x01\n\x11OpenQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\x03\x12)\n\x07options\x18\x05 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x1f\n\x17\x64\x65\x64up_history_window_ms\x18\x06 \x01(\x03\"a\n\x0e\x43onfigureQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12)\n\x07options\x18\x03 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\"b\n\x16\x43onfigureQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"2\n\nCloseQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\"^\n\x12\x43loseQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"\x95\x01\n\x08Property\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x15\n\x0bint32_value\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bint64_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"\xaa\x01\n\nPutMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12,\n\x0b\x63ompression\x18\x06 \x01(\x0e\x32\x17.taproot.v1.Compression\"4\n\x08PutBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.PutMessage\"1\n\nPutColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\"A\n\x0bPushColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\"d\n\nAckColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05guids\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\"c\n\nAckMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\"4\n\x08\x41\x63kBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.AckMessage\"\xe8\x01\n\x0bPushMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12\x16\n\x0e\x64\x65livery_count\x18\x06 \x01(\r\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12,\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x17.taproot.v1.Compression\x12\x11\n\tqueue_ids\x18\t \x03(\r\"6\n\tPushBatch\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.taproot.v1.PushMessage\"0\n\x0e\x43onfirmMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\"<\n\x0c\x43onfirmBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.taproot.v1.ConfirmMessage\"5\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\"\n\x0cStopResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"!\n\tHeartbeat\x12\x14\n\x0csent_time_us\x18\x01 \x01(\x03\"D\n\nFrameError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.taproot.v1.Status\"\xce\x06\n\x05\x46rame\x12+\n\nopen_queue\x18\x01 \x01(\x0b\x32\x15.taproot.v1.OpenQueueH\x00\x12<\n\x13open_queue_response\x18\x02 \x01(\x0b\x32\x1d.taproot.v1.OpenQueueResponseH\x00\x12\x35\n\x0f\x63onfigure_queue\x18\x03 \x01(\x0b\x32\x1a.taproot.v1.ConfigureQueueH\x00\x12\x46\n\x18\x63onfigure_queue_response\x18\x04 \x01(\x0b\x32\".taproot.v1.ConfigureQueueResponseH\x00\x12-\n\x0b\x63lose_queue\x18\x05 \x01(\x0b\x32\x16.taproot.v1.CloseQueueH\x00\x12>\n\x14\x63lose_queue_response\x18\x06 \x01(\x0b\x32\x1e.taproot.v1.CloseQueueResponseH\x00\x12#\n\x03put\x18\x07 \x01(\x0b\x32\x14.taproot.v1.PutBatchH\x00\x12#\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x14.taproot.v1.AckBatchH\x00\x12%\n\x04push\x18\t \x01(\x0b\x32\x15.taproot.v1.PushBatchH\x00\x12+\n\x07\x63onfirm\x18\n \x01(\x0b\x32\x18.taproot.v1.ConfirmBatchH\x00\x12/\n\x0cstop_request\x18\x0b \x01(\x0b\x32\x17.taproot.v1.StopRequestH\x00\x12\x31\n\rstop_response\x18\x0c \x01(\x0b\x32\x18.taproot.v1.StopResponseH\x00\x12*\n\theartbeat\x18\r \x01(\x0b\x32\x15.taproot.v1.HeartbeatH\x00\x12\'\n\x05\x65rror\x18\x0e \x01(\x0b\x32\x16.taproot.v1.FrameErrorH\x00\x12-\n\x0bput_columns\x18\x0f \x01(\x0b\x32\x16.taproot.v1.PutColumnsH\x00\x12-\n\x0b\x61\x63k_columns\x18\x10 \x01(\x0b\x32\x16.taproot.v1.AckColumnsH\x00\x12/\n\x0cpush_columns\x18\x11 \x01(\x0b\x32\x17.taproot.v1.PushColumnsH\x00\x42\x06\n\x04\x62ody\"=\n\x0e\x44\x65liveryNotice\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x18\n\x10\x64\x65livery_version\x18\x02 \x01(\x03\"\x0b\n\tNoticeAck*\xd3\x01\n\nResultCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x0b\n\x07UNKNOWN\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02\x12\x11\n\rNOT_CONNECTED\x10\x03\x12\x0c\n\x08\x43\x41NCELED\x10\x04\x12\x11\n\rNOT_SUPPORTED\x10\x05\x12\x0b\n\x07REFUSED\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\x12\n\x0eLIMIT_MESSAGES\x10\x64\x12\x0f\n\x0bLIMIT_BYTES\x10\x65\x12\x13\n\x0fSTORAGE_FAILURE\x10h*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x82\x01\n\x06\x42roker\x12\x33\n\x07Session\x12\x11.taproot.v1.Frame\x1a\x11.taproot.v1.Frame(\x01\x30\x01\x12\x43\n\x0eNotifyDelivery\x12\x1a.taproot.v1.DeliveryNotice\x1a\x15.taproot.v1.NoticeAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/taproot.proto\x12\ntaproot.v1\"?\n\x06Status\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x81\x01\n\x0cQueueOptions\x12 \n\x18max_unconfirmed_messages\x18\x01 \x01(\x03\x12\x1d\n\x15max_unconfirmed_bytes\x18\x02 \x01(\x03\x12\x19\n\x11\x63onsumer_priority\x18\x03 \x01(\x05\x12\x15\n\rsubscriptions\x18\x04 \x03(\t\"\x9d\x01\n\tOpenQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x0c\n\x04read\x18\x04 \x01(\x08\x12\r\n\x05write\x18\x05 \x01(\x08\x12)\n\x07options\x18\x06 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x15\n\rcolumnar_push\x18\x07 \x01(\x08\"\xc4\x01\n\x11OpenQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\x03\x12)\n\x07options\x18\x05 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x1f\n\x17\x64\x65\x64up_history_window_ms\x18\x06 \x01(\x03\"a\n\x0e\x43onfigureQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12)\n\x07options\x18\x03 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\"b\n\x16\x43onfigureQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"2\n\nCloseQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\"^\n\x12\x43loseQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"\x95\x01\n\x08Property\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x15\n\x0bint32_value\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bint64_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"\xaa\x01\n\nPutMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12,\n\x0b\x63ompression\x18\x06 \x01(\x0e\x32\x17.taproot.v1.Compression\"4\n\x08PutBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.PutMessage\"F\n\nPutColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x13\n\x0bper_message\x18\x03 \x01(\x08\"T\n\x0bPushColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\x12\x11\n\tqueue_ids\x18\x04 \x03(\r\"\xc3\x01\n\nAckColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05guids\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x14\n\x0crefused_rows\x18\x05 \x03(\r\x12-\n\rrefused_codes\x18\x06 \x03(\x0e\x32\x16.taproot.v1.ResultCode\x12\x18\n\x10refused_messages\x18\x07 \x03(\t\"c\n\nAckMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\"4\n\x08\x41\x63kBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.AckMessage\"\xe8\x01\n\x0bPushMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12\x16\n\x0e\x64\x65livery_count\x18\x06 \x01(\r\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12,\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x17.taproot.v1.Compression\x12\x11\n\tqueue_ids\x18\t \x03(\r\"6\n\tPushBatch\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.taproot.v1.PushMessage\"0\n\x0e\x43onfirmMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\"<\n\x0c\x43onfirmBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.taproot.v1.ConfirmMessage\"5\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\"\n\x0cStopResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"!\n\tHeartbeat\x12\x14\n\x0csent_time_us\x18\x01 \x01(\x03\"D\n\nFrameError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.taproot.v1.Status\"\xce\x06\n\x05\x46rame\x12+\n\nopen_queue\x18\x01 \x01(\x0b\x32\x15.taproot.v1.OpenQueueH\x00\x12<\n\x13open_queue_response\x18\x02 \x01(\x0b\x32\x1d.taproot.v1.OpenQueueResponseH\x00\x12\x35\n\x0f\x63onfigure_queue\x18\x03 \x01(\x0b\x32\x1a.taproot.v1.ConfigureQueueH\x00\x12\x46\n\x18\x63onfigure_queue_response\x18\x04 \x01(\x0b\x32\".taproot.v1.ConfigureQueueResponseH\x00\x12-\n\x0b\x63lose_queue\x18\x05 \x01(\x0b\x32\x16.taproot.v1.CloseQueueH\x00\x12>\n\x14\x63lose_queue_response\x18\x06 \x01(\x0b\x32\x1e.taproot.v1.CloseQueueResponseH\x00\x12#\n\x03put\x18\x07 \x01(\x0b\x32\x14.taproot.v1.PutBatchH\x00\x12#\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x14.taproot.v1.AckBatchH\x00\x12%\n\x04push\x18\t \x01(\x0b\x32\x15.taproot.v1.PushBatchH\x00\x12+\n\x07\x63onfirm\x18\n \x01(\x0b\x32\x18.taproot.v1.ConfirmBatchH\x00\x12/\n\x0cstop_request\x18\x0b \x01(\x0b\x32\x17.taproot.v1.StopRequestH\x00\x12\x31\n\rstop_response\x18\x0c \x01(\x0b\x32\x18.taproot.v1.StopResponseH\x00\x12*\n\theartbeat\x18\r \x01(\x0b\x32\x15.taproot.v1.HeartbeatH\x00\x12\'\n\x05\x65rror\x18\x0e \x01(\x0b\x32\x16.taproot.v1.FrameErrorH\x00\x12-\n\x0bput_columns\x18\x0f \x01(\x0b\x32\x16.taproot.v1.PutColumnsH\x00\x12-\n\x0b\x61\x63k_columns\x18\x10 \x01(\x0b\x32\x16.taproot.v1.AckColumnsH\x00\x12/\n\x0cpush_columns\x18\x11 \x01(\x0b\x32\x17.taproot.v1.PushColumnsH\x00\x42\x06\n\x04\x62ody\"=\n\x0e\x44\x65liveryNotice\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x18\n\x10\x64\x65livery_version\x18\x02 \x01(\x03\"\x0b\n\tNoticeAck*\xd3\x01\n\nResultCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x0b\n\x07UNKNOWN\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02\x12\x11\n\rNOT_CONNECTED\x10\x03\x12\x0c\n\x08\x43\x41NCELED\x10\x04\x12\x11\n\rNOT_SUPPORTED\x10\x05\x12\x0b\n\x07REFUSED\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\x12\n\x0eLIMIT_MESSAGES\x10\x64\x12\x0f\n\x0bLIMIT_BYTES\x10\x65\x12\x13\n\x0fSTORAGE_FAILURE\x10h*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x82\x01\n\x06\x42roker\x12\x33\n\x07Session\x12\x11.taproot.v1.Frame\x1a\x11.taproot.v1.Frame(\x01\x30\x01\x12\x43\n\x0eNotifyDelivery\x12\x1a.taproot.v1.DeliveryNotice\x1a\x15.taproot.v1.NoticeAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.taproot_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESULTCODE']._serialized_start=3220
-  _globals['_RESULTCODE']._serialized_end=3431
-  _globals['_COMPRESSION']._serialized_start=3433
-  _globals['_COMPRESSION']._serialized_end=3512
+  _globals['_RESULTCODE']._serialized_start=3356
+  _globals['_RESULTCODE']._serialized_end=3567
+  _globals['_COMPRESSION']._serialized_start=3569
+  _globals['_COMPRESSION']._serialized_end=3648
   _globals['_STATUS']._serialized_start=38
   _globals['_STATUS']._serialized_end=101
   _globals['_QUEUEOPTIONS']._serialized_start=104
@@ -58,37 +58,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTBATCH']._serialized_start=1266
   _globals['_PUTBATCH']._serialized_end=1318
   _globals['_PUTCOLUMNS']._serialized_start=1320
-  _globals['_PUTCOLUMNS']._serialized_end=1369
-  _globals['_PUSHCOLUMNS']._serialized_start=1371
-  _globals['_PUSHCOLUMNS']._serialized_end=1436
-  _globals['_ACKCOLUMNS']._serialized_start=1438
-  _globals['_ACKCOLUMNS']._serialized_end=1538
-  _globals['_ACKMESSAGE']._serialized_start=1540
-  _globals['_ACKMESSAGE']._serialized_end=1639
-  _globals['_ACKBATCH']._serialized_start=1641
-  _globals['_ACKBATCH']._serialized_end=1693
-  _globals['_PUSHMESSAGE']._serialized_start=1696
-  _globals['_PUSHMESSAGE']._serialized_end=1928
-  _globals['_PUSHBATCH']._serialized_start=1930
-  _globals['_PUSHBATCH']._serialized_end=1984
-  _globals['_CONFIRMMESSAGE']._serialized_start=1986
-  _globals['_CONFIRMMESSAGE']._serialized_end=2034
-  _globals['_CONFIRMBATCH']._serialized_start=2036
-  _globals['_CONFIRMBATCH']._serialized_end=2096
-  _globals['_STOPREQUEST']._serialized_start=2098
-  _globals['_STOPREQUEST']._serialized_end=2151
-  _globals['_STOPRESPONSE']._serialized_start=2153
-  _globals['_STOPRESPONSE']._serialized_end=2187
-  _globals['_HEARTBEAT']._serialized_start=2189
-  _globals['_HEARTBEAT']._serialized_end=2222
-  _globals['_FRAMEERROR']._serialized_start=2224
-  _globals['_FRAMEERROR']._serialized_end=2292
-  _globals['_FRAME']._serialized_start=2295
-  _globals['_FRAME']._serialized_end=3141
-  _globals['_DELIVERYNOTICE']._serialized_start=3143
-  _globals['_DELIVERYNOTICE']._serialized_end=3204
-  _globals['_NOTICEACK']._serialized_start=3206
-  _globals['_NOTICEACK']._serialized_end=3217
-  _globals['_BROKER']._serialized_start=3515
-  _globals['_BROKER']._serialized_end=3645
+  _globals['_PUTCOLUMNS']._serialized_end=1390
+  _globals['_PUSHCOLUMNS']._serialized_start=1392
+  _globals['_PUSHCOLUMNS']._serialized_end=1476
+  _globals['_ACKCOLUMNS']._serialized_start=1479
+  _globals['_ACKCOLUMNS']._serialized_end=1674
+  _globals['_ACKMESSAGE']._serialized_start=1676
+  _globals['_ACKMESSAGE']._serialized_end=1775
+  _globals['_ACKBATCH']._serialized_start=1777
+  _globals['_ACKBATCH']._serialized_end=1829
+  _globals['_PUSHMESSAGE']._serialized_start=1832
+  _globals['_PUSHMESSAGE']._serialized_end=2064
+  _globals['_PUSHBATCH']._serialized_start=2066
+  _globals['_PUSHBATCH']._serialized_end=2120
+  _globals['_CONFIRMMESSAGE']._serialized_start=2122
+  _globals['_CONFIRMMESSAGE']._serialized_end=2170
+  _globals['_CONFIRMBATCH']._serialized_start=2172
+  _globals['_CONFIRMBATCH']._serialized_end=2232
+  _globals['_STOPREQUEST']._serialized_start=2234
+  _globals['_STOPREQUEST']._serialized_end=2287
+  _globals['_STOPRESPONSE']._serialized_start=2289
+  _globals['_STOPRESPONSE']._serialized_end=2323
+  _globals['_HEARTBEAT']._serialized_start=2325
+  _globals['_HEARTBEAT']._serialized_end=2358
+  _globals['_FRAMEERROR']._serialized_start=2360
+  _globals['_FRAMEERROR']._serialized_end=2428
+  _globals['_FRAME']._serialized_start=2431
+  _globals['_FRAME']._serialized_end=3277
+  _globals['_DELIVERYNOTICE']._serialized_start=3279
+  _globals['_DELIVERYNOTICE']._serialized_end=3340
+  _globals['_NOTICEACK']._serialized_start=3342
+  _globals['_NOTICEACK']._serialized_end=3353
+  _globals['_BROKER']._serialized_start=3651
+  _globals['_BROKER']._serialized_end=3781
 # @@protoc_insertion_point(module_scope)

@@ -174,34 +174,44 @@ class PutBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PutMessage, _Mapping]]] = ...) -> None: ...
 
 class PutColumns(_message.Message):
-    __slots__ = ("queue_id", "arrow_ipc")
+    __slots__ = ("queue_id", "arrow_ipc", "per_message")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     arrow_ipc: bytes
-    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    per_message: bool
+    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ...) -> None: ...
 
 class PushColumns(_message.Message):
-    __slots__ = ("queue_id", "count", "arrow_ipc")
+    __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     count: int
     arrow_ipc: bytes
-    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AckColumns(_message.Message):
-    __slots__ = ("queue_id", "guids", "code", "message")
+    __slots__ = ("queue_id", "guids", "code", "message", "refused_rows", "refused_codes", "refused_messages")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GUIDS_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_CODES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     guids: bytes
     code: ResultCode
     message: str
-    def __init__(self, queue_id: _Optional[int] = ..., guids: _Optional[bytes] = ..., code: _Optional[_Union[ResultCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    refused_rows: _containers.RepeatedScalarFieldContainer[int]
+    refused_codes: _containers.RepeatedScalarFieldContainer[ResultCode]
+    refused_messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue_id: _Optional[int] = ..., guids: _Optional[bytes] = ..., code: _Optional[_Union[ResultCode, str]] = ..., message: _Optional[str] = ..., refused_rows: _Optional[_Iterable[int]] = ..., refused_codes: _Optional[_Iterable[_Union[ResultCode, str]]] = ..., refused_messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AckMessage(_message.Message):
     __slots__ = ("queue_id", "guid", "code", "message")

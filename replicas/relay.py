@@ -240,7 +240,7 @@ class Relay:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
         assert up_qid is not None
-        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc)
+        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc, per_message=req.per_message)
         sending = self.sending and self._routes[up_qid].open
         if not self._again(link, req.queue_id, (up_qid, guids)):
             self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
@@ -392,15 +392,29 @@ class Relay:
         """A columnar PUSH frame goes down as it came, its queue id rewritten;
         only its GUIDs are read (what a graceful stop waits to see confirmed)."""
         push = frame.push_columns
-        route = self._routes.get(push.queue_id)
-        if route is None:
+        per_link: dict[Hashable, list[int]] = {}
+        routes = [r for r in (self._routes.get(q) for q in (list(push.queue_ids) or [push.queue_id])) if r is not None]
+        if not routes:
             return []  # the downstream link is gone; the primary redelivers
         from protocol import columns  # pyarrow only when columnar frames are used
         guids = columns.push_guids(push.arrow_ipc)
-        if guids is not None:  # unreadable: the consumer will say so; the primary redelivers when it goes
-            route.unconfirmed.update(guids)
-        push.queue_id = route.queue_id
-        return [(route.link, frame)]
+        for route in routes:
+            if guids is not None:  # unreadable: the consumer will say so; the primary redelivers when it goes
+                route.unconfirmed.update(guids)
+            per_link.setdefault(route.link, []).append(route.queue_id)
+        out: Out = []
+        for n, (link, queue_ids) in enumerate(per_link.items()):
+            copy = frame
+            if n < len(per_link) - 1:   # (a broadcast to consumers below several links) the last one goes as is
+                copy = pb.Frame()
+                copy.CopyFrom(frame)
+            body = copy.push_columns
+            body.queue_id = queue_ids[0]
+            del body.queue_ids[:]
+            if len(queue_ids) > 1:
+                body.queue_ids.extend(queue_ids)
+            out.append((link, copy))
+        return out
 
     def _response(self, kind: str, body: Any) -> Out:
         request = self._requests.pop(body.request_id, None)

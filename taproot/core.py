@@ -23,9 +23,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from protocol import ResultCode, pb
+from protocol import ResultCode, columns, pb
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
-from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
 from taproot.errors import AckError, ConnectionError, TaprootError
@@ -116,6 +116,19 @@ class Effects:
     def __bool__(self) -> bool:
         return any((self.frames, self.answered, self.responses, self.pushes, self.push_frames, self.closed,
                     self.events))
+
+
+def column_frames(puts: list[pb.PutMessage]) -> list[pb.Frame]:
+    """Single PUTs as PutColumns frames, one per run of one queue, in order:
+    every hop and the primary take them as a frame (columns.encode_puts)."""
+    frames: list[pb.Frame] = []
+    start = 0
+    for i in range(1, len(puts) + 1):
+        if i == len(puts) or puts[i].queue_id != puts[start].queue_id:
+            frames.append(pb.Frame(put_columns=pb.PutColumns(
+                queue_id=puts[start].queue_id, arrow_ipc=columns.encode_puts(puts[start:i]), per_message=True)))
+            start = i
+    return frames
 
 
 class SessionCore:
@@ -215,8 +228,20 @@ class SessionCore:
         within every queue)."""
         self._send_puts()
         held = self.buffer.take_deferred(queue_id)
-        self._effects.frames.extend(put_frames((h.item.frame for h in held),
-                                               min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX)))
+        max_messages = min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX)
+        singles: list[pb.PutMessage] = []
+        for h in held:
+            frame = h.item.frame
+            if isinstance(frame, pb.PutColumns):
+                self._effects.frames.extend(column_frames(singles))
+                singles = []
+                self._send(pb.Frame(put_columns=frame))
+                continue
+            singles.append(frame)
+            if len(singles) >= max_messages:
+                self._effects.frames.extend(column_frames(singles))
+                singles = []
+        self._effects.frames.extend(column_frames(singles))
         return len(held)
 
     def connection_lost(self, reason: str) -> None:
@@ -347,7 +372,7 @@ class SessionCore:
     def _send_puts(self) -> None:
         items = self._puts.take()
         if items and self.sending:
-            self._send(pb.Frame(put=pb.PutBatch(messages=items)))
+            self._effects.frames.extend(column_frames(items))
         # Not sending: they stay in the buffer and go with the resend.
 
     def _send_confirms(self) -> None:
@@ -395,13 +420,31 @@ class SessionCore:
         elif kind == "ack_columns":
             ack = frame.ack_columns
             guids = ack.guids  # one copy: each access of a protobuf bytes field copies it
+            code = ResultCode.of(ack.code)
             held = self.buffer.release(guids)
-            if held is not None:
-                if ResultCode.of(ack.code) is ResultCode.SUCCESS:
+            if held is not None and isinstance(held.item.frame, pb.PutColumns):   # a post_columns frame
+                if code is ResultCode.SUCCESS:
                     self._effects.answered.append(
                         (held.item.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))
                 else:
-                    self._answer(held, ResultCode.of(ack.code), ack.message)
+                    self._answer(held, code, ack.message)
+                return
+            # A frame of single PUTs (`post()`, sent as columns): one answer
+            # each, the code of the frame or, for a row refused on its own, its own.
+            refused = {row: (ResultCode.of(c), text) for row, c, text in zip(
+                ack.refused_rows, ack.refused_codes, ack.refused_messages)} if ack.refused_rows else {}
+            answered = self._effects.answered
+            release = self.buffer.release
+            for i in range(0, len(guids), 16):
+                guid = guids[i:i + 16]
+                one = held if held is not None and i == 0 else release(guid)
+                if one is None:
+                    continue  # a retransmitted PUT's second ACK, or one already answered
+                row_code, text = refused.get(i // 16, (code, ack.message))
+                if row_code is ResultCode.SUCCESS:
+                    answered.append((one.item.token, Ack(guid, one.item.queue.uri)))
+                else:
+                    self._answer(one, row_code, text)
         elif kind == "push":
             self._effects.pushes.extend(frame.push.messages)
         elif kind == "push_columns":

@@ -722,22 +722,24 @@ class Session:
         from protocol import columns
         from protocol.properties import maps_to_wire
 
-        q = self._queues.get(frame.queue_id)
-        if q is None:
+        # One copy for several queues of this session (broadcast consumers).
+        targets = [q for q in (self._queues.get(i) for i in (frame.queue_ids or [frame.queue_id])) if q is not None]
+        if not targets:
             return  # queue closed meanwhile: the broker redelivers elsewhere
         table = columns.decode_push(frame.arrow_ipc)
         if isinstance(table, str):
-            log.error("%s: a PUSH frame of %d messages could not be read: %s", q.uri, frame.count, table)
+            log.error("%s: a PUSH frame of %d messages could not be read: %s", targets[0].uri, frame.count, table)
             return  # unconfirmed: redelivered once this consumer goes
         data = {name: table[name].to_pylist() for name in table.column_names}
-        uri, deliver = q.uri, q._deliver
-        for guid, seq, payload, values, types, put_time_us, count, compression in zip(
-                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
-                data["put_time_us"], data["delivery_count"], data["compression"]):
-            payload = _decompressed(uri, guid, payload, compression)
-            properties = from_wire(maps_to_wire(values, types)) if values else {}
-            deliver(Message(guid, payload, properties, uri, count, seq, put_time_us,
-                            COMPRESSION_NAMES.get(compression), q))
+        for q in targets:
+            uri, deliver = q.uri, q._deliver
+            for guid, seq, payload, values, types, put_time_us, count, compression in zip(
+                    data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
+                    data["put_time_us"], data["delivery_count"], data["compression"]):
+                payload = _decompressed(uri, guid, payload, compression)
+                properties = from_wire(maps_to_wire(values, types)) if values else {}
+                deliver(Message(guid, payload, properties, uri, count, seq, put_time_us,
+                                COMPRESSION_NAMES.get(compression), q))
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
                  channel: grpc.Channel) -> None:

@@ -37,7 +37,7 @@ from conf import parse_domain
 from primary import admission
 from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
 from primary.express import GuidHistory
-from protocol import ResultCode, pb, status
+from protocol import ResultCode, columns, pb, status
 from protocol.retransmit import RetransmissionLimits
 from replicas.relay import UPSTREAM, Relay
 from taproot.batching import BatchPolicy
@@ -231,7 +231,8 @@ class Primary(Endpoint):
 
     def _volatile(self) -> None:
         self.links: dict[Link, dict[int, bool]] = {}     # link -> queue id -> read
-        self.uncommitted: list[tuple[Link, pb.PutMessage]] = []
+        # (link, queue id, the frame's GUIDs (None: a single PUT), its PUTs)
+        self.uncommitted: list[tuple[Link, int, bytes | None, list[pb.PutMessage]]] = []
         self.history = GuidHistory(self.domains["sim"].dedup_history_window_ms * 1000)
         self.dispatcher = QueueDispatcher()
 
@@ -274,12 +275,26 @@ class Primary(Endpoint):
                 refused = (admission.Refusal(ResultCode.INVALID_ARGUMENT, "queue id not open")
                            if message.queue_id not in queues else admission.check_put(message, self.domains["sim"]))
                 if refused is None:
-                    self.uncommitted.append((link, message))
+                    self.uncommitted.append((link, message.queue_id, None, [message]))
                 else:
                     nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
                                                code=refused.code, message=refused.message))
             if nacks:
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=nacks)))
+        elif kind == "put_columns":   # a frame: admitted, committed and ACKed as a whole
+            req = frame.put_columns
+            table = columns.decode(req.arrow_ipc)
+            if isinstance(table, str) or req.queue_id not in queues:
+                return   # the SDK and the hops never send one (the node answers with a FrameError)
+            guids = columns.guids_of(table)
+            refused = columns.check(table, self.domains["sim"].max_payload_bytes)
+            if refused is not None:
+                link.send_down(pb.Frame(ack_columns=pb.AckColumns(
+                    queue_id=req.queue_id, guids=guids, code=ResultCode.INVALID_ARGUMENT, message=refused)))
+                return
+            self.uncommitted.append((link, req.queue_id, guids, [pb.PutMessage(
+                queue_id=req.queue_id, guid=g, payload=p) for g, p in zip(
+                    table["guid"].to_pylist(), table["payload"].to_pylist())]))
         elif kind == "confirm":  # as the node does: per queue, the frame's GUIDs at once
             by_queue: dict[int, list[bytes]] = {}
             for message in frame.confirm.messages:
@@ -310,16 +325,22 @@ class Primary(Endpoint):
             return
         # Group commit: everything waiting becomes durable, then it is ACKed,
         # then the express lane decides what to push (duplicates by GUID not).
-        batch, self.uncommitted = self.uncommitted, []
+        groups, self.uncommitted = self.uncommitted, []
+        batch = [m for _, _, _, messages in groups for m in messages]
         now_us = self.sim.now * 1000
-        self.log.extend((m.guid, now_us) for _, m in batch)
-        self.log_set.update(m.guid for _, m in batch)
-        for link, message in batch:
-            if link.alive:
+        self.log.extend((m.guid, now_us) for m in batch)
+        self.log_set.update(m.guid for m in batch)
+        for link, queue_id, frame_guids, messages in groups:
+            if not link.alive:
+                continue
+            if frame_guids is not None:   # one ACK for the frame
+                link.send_down(pb.Frame(ack_columns=pb.AckColumns(queue_id=queue_id, guids=frame_guids,
+                                                                  code=ResultCode.SUCCESS)))
+            else:
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
-                    queue_id=message.queue_id, guid=message.guid, code=ResultCode.SUCCESS)])))
-        duplicates = self.history.commit([m.guid for _, m in batch], now_us)
-        fresh = [StoredMessage(m.guid, 0, m.payload) for (_, m), dup in zip(batch, duplicates) if not dup]
+                    queue_id=queue_id, guid=messages[0].guid, code=ResultCode.SUCCESS)])))
+        duplicates = self.history.commit([m.guid for m in batch], now_us)
+        fresh = [StoredMessage(m.guid, 0, m.payload) for m, dup in zip(batch, duplicates) if not dup]
         self._push(self.dispatcher.add_messages(fresh))
 
     def crash(self) -> None:

@@ -351,3 +351,48 @@ def test_copies_not_yet_answered_are_each_answered_when_they_time_out():
     assert to == "A" and [m.guid for m in timed_out.ack.messages] == [g(1), g(1), g(2)]
     assert {m.code for m in timed_out.ack.messages} == {ResultCode.TIMEOUT}
 
+
+
+def test_a_broadcast_frame_goes_down_each_link_once_with_its_queue_ids_and_relays_split_it_by_link():
+    import pyarrow as pa
+
+    from primary.dispatcher import ConsumerOptions, QueueDispatcher
+    from primary.partition import push_run, send_pushes
+    from protocol import columns
+
+    a, b = FakeLink(columnar={1, 2}), FakeLink(columnar={9})
+    d = QueueDispatcher()
+    for key in ((a, 1), (a, 2), (b, 9)):
+        d.add_consumer(key, ConsumerOptions())
+    rows = pa.table({"guid": [g(1), g(2)], "payload": [b"x", b"y"], "properties": pa.nulls(2, columns.PROPERTY_MAP),
+                     "property_types": pa.nulls(2, columns.PROPERTY_MAP), "compression": pa.nulls(2, pa.string())})
+    send_pushes(d.broadcast_run(push_run(rows, [0, 0], delivery_count=1)))
+    (to_a,), (to_b,) = a.frames, b.frames
+    assert (to_a.push_columns.queue_id, list(to_a.push_columns.queue_ids)) == (1, [1, 2])
+    assert (to_b.push_columns.queue_id, list(to_b.push_columns.queue_ids)) == (9, [])
+    table = columns.decode_push(to_a.push_columns.arrow_ipc)
+    assert table["guid"].to_pylist() == [g(1), g(2)] and table["delivery_count"].to_pylist() == [1, 1]
+    assert d.unconfirmed_count == 0   # broadcast keeps nothing
+
+    relay = Relay()
+    ups = []
+    for link, qid in (("A", 1), ("A", 2), ("B", 5)):
+        (_, up), = relay.from_downstream(link, open_frame(qid, qid, read=True, write=False))
+        opened(relay, up)
+        ups.append(up.open_queue.queue_id)
+    frame = pb.Frame(push_columns=pb.PushColumns(queue_id=ups[0], queue_ids=ups, count=2,
+                                                 arrow_ipc=to_a.push_columns.arrow_ipc))
+    out = sorted(relay.from_upstream(frame), key=lambda o: o[0])
+    assert [(dest, f.push_columns.queue_id, list(f.push_columns.queue_ids)) for dest, f in out] == \
+        [("A", 1, [1, 2]), ("B", 5, [])]
+    assert all(f.push_columns.arrow_ipc == to_a.push_columns.arrow_ipc for _, f in out)
+
+
+def test_a_frame_of_single_puts_keeps_its_per_message_flag_upstream():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(1, 10))
+    opened(relay, up)
+    from taproot.core import column_frames
+    frame, = column_frames([pb.PutMessage(queue_id=1, guid=g(i), payload=b"p") for i in range(3)])
+    (dest, sent), = relay.from_downstream("A", frame)
+    assert dest == UPSTREAM and sent.put_columns.per_message and sent.put_columns.queue_id == up.open_queue.queue_id

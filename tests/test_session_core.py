@@ -4,7 +4,7 @@ the clock is a number."""
 
 import pytest
 
-from protocol import ResultCode, pb, status
+from protocol import ResultCode, columns, pb, status
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from taproot import events
 from taproot.batching import BatchPolicy
@@ -45,7 +45,21 @@ def reopened(core: SessionCore, frames, window_ms: int = 0) -> None:
 
 
 def sent_guids(frames) -> list[bytes]:
-    return [m.guid for f in frames if f.WhichOneof("body") == "put" for m in f.put.messages]
+    """The GUIDs of the PUTs in `frames`: single PUTs go as PutColumns frames
+    (a test's stand-in bytes for a post_columns frame are skipped)."""
+    guids = []
+    for f in frames:
+        if f.WhichOneof("body") == "put":
+            guids += [m.guid for m in f.put.messages]
+        elif f.WhichOneof("body") == "put_columns":
+            table = columns.decode(f.put_columns.arrow_ipc)
+            guids += [] if isinstance(table, str) else table["guid"].to_pylist()
+    return guids
+
+
+def ack_frame(*ids: int, code: int = ResultCode.SUCCESS) -> pb.Frame:
+    """The node's answer to a PutColumns frame of these PUTs."""
+    return pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=b"".join(g(i) for i in ids), code=code))
 
 
 # -- the buffer ----------------------------------------------------------------
@@ -113,6 +127,29 @@ def test_puts_batch_until_full_or_their_linger_time_and_each_ack_answers_once():
     (token, error), = answered[2:]
     assert token == "t3" and isinstance(error, AckError) and error.code == ResultCode.STORAGE_FAILURE
     assert len(core.buffer) == 1
+
+
+def test_single_puts_travel_as_one_columnar_frame_and_its_ack_answers_each_once():
+    core = core_with_queue()
+    core.post(1, pb.PutMessage(queue_id=1, guid=g(1), payload=b"a", put_time_us=7,
+                               properties=[pb.Property(name="n", int32_value=5)]), "t1", now_ms=0)
+    core.post(1, put(2), "t2", now_ms=0)
+    core.post(2, put(3, queue_id=2), "other queue", now_ms=0)   # not open: waits, in no frame
+    core.flush()
+    frame, = core.take().frames
+    table = columns.decode(frame.put_columns.arrow_ipc)
+    assert not isinstance(table, str) and columns.check(table, 100) is None
+    assert table["guid"].to_pylist() == [g(1), g(2)] and table["put_time_us"].to_pylist() == [7, None]
+    assert table["properties"].to_pylist()[0] == [("n", "5")]
+    assert table["property_types"].to_pylist()[0] == [("n", "int32")]
+    core.on_frame(ack_frame(1, 2))
+    core.on_frame(ack_frame(1, 2))                    # a resent frame's second ACK
+    assert core.take().answered == [("t1", Ack(g(1), "taproot://d/q")), ("t2", Ack(g(2), "taproot://d/q"))]
+    core.post(1, put(4), "t4", now_ms=1)
+    core.flush()
+    core.on_frame(ack_frame(4, code=ResultCode.LIMIT_MESSAGES))   # refused as a frame: each PUT gets the code
+    (token, error), = core.take().answered
+    assert token == "t4" and isinstance(error, AckError) and error.code == ResultCode.LIMIT_MESSAGES
 
 
 def test_a_reconnection_reopens_every_queue_and_resends_its_unacked_puts_in_order_once_it_is_open():
@@ -213,13 +250,15 @@ def test_columnar_frames_keep_their_place_in_put_order_across_a_resend():
     frame = pb.PutColumns(queue_id=1, arrow_ipc=b"ipc")
     core.post_columns(1, frame, g(2) + g(3), 2, "cols", now_ms=0)
     core.post(1, put(4), "b", now_ms=0)
-    first = [f.WhichOneof("body") for f in core.take().frames]
-    assert first == ["put", "put_columns"]            # the batched single went first
+    first = core.take().frames
+    assert [f.WhichOneof("body") for f in first] == ["put_columns", "put_columns"]   # the batched single went first
+    assert sent_guids(first) == [g(1)]
     core.connection_lost("x")
     core.connected("h2", 1)
     reopened(core, core.take().frames)
-    resent = [f.WhichOneof("body") for f in core.take().frames]
-    assert resent == ["put", "put_columns", "put"]
+    resent = core.take().frames
+    assert [f.WhichOneof("body") for f in resent] == ["put_columns", "put_columns", "put_columns"]
+    assert sent_guids(resent) == [g(1), g(4)] and resent[1].put_columns == frame
     core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=g(2) + g(3))))
     assert core.take().answered == [("cols", [g(2), g(3)])]
     assert core.buffer.messages == 2

@@ -72,11 +72,14 @@ def _refuse_all(self, nbytes, count=1):
 
 def _ack_on_receipt(original):
     def receive_from_below(self, link, frame):
-        if frame.WhichOneof("body") == "put" and self.up and link in self.links:
-            link.send_down(pb.Frame(ack=pb.AckBatch(messages=[  # before the commit: a crash loses them
-                pb.AckMessage(queue_id=m.queue_id, guid=m.guid, code=ResultCode.SUCCESS)
-                for m in frame.put.messages])))
-            self.uncommitted.extend((link, m) for m in frame.put.messages)
+        if frame.WhichOneof("body") == "put_columns" and self.up and link in self.links:
+            before = len(self.uncommitted)
+            original(self, link, frame)
+            if len(self.uncommitted) == before:
+                return   # refused, and answered so
+            held = self.uncommitted[-1]
+            link.send_down(pb.Frame(ack_columns=pb.AckColumns(  # before the commit: a crash loses them
+                queue_id=held[1], guids=held[2], code=ResultCode.SUCCESS)))
             return
         original(self, link, frame)
     return receive_from_below
@@ -92,7 +95,7 @@ def _remove_consumer_dropping(self, key):
 SEEDED_BUGS = {
     "PUTs ACKed more than once": (RetransmissionBuffer, "release", lambda _: _release_keeping, {}),
     "PUTs both ACKed and failed": (RetransmissionBuffer, "expire", lambda _: _expire_keeping,
-                                   {"session_limits": RetransmissionLimits(timeout_ms=300)}),
+                                   {"session_limits": RetransmissionLimits(timeout_ms=100)}),
     "ACKed but not in the durable log": (simulation.Primary, "receive_from_below", _ack_on_receipt, {}),
     "PUTs never answered": (Relay, "upstream_lost", _forgetful_upstream_lost, {}),
     "PUTs failed": (RetransmissionBuffer, "refusal", lambda _: _refuse_all, {}),
