@@ -15,8 +15,15 @@ pushed again but dropped as a poison pill; a message whose TTL passed is
 dropped as expired. Dropped messages are collected for the caller
 (`take_dropped`), which writes them to the dead-letter table.
 
-Every method returns the pushes to send as `(consumer_key, message)` pairs;
-the caller owns the links. Not thread safe: the caller holds the partition lock.
+A columnar PUT frame enters as one `MessageRun` (its Arrow columns) and
+goes to a consumer as one run, cut at its window, when that consumer is the
+only one of the top priority with room; otherwise it is dispatched row by
+row. Either way the outcome is the per-message one (`tests/test_dispatcher.py`
+holds both to the same schedules).
+
+Every method returns the pushes to send as `(consumer_key, message or run)`
+pairs; the caller owns the links. Not thread safe: the caller holds the
+partition lock.
 """
 
 from __future__ import annotations
