@@ -43,7 +43,6 @@ from primary.partition import (
     PendingConfirms,
     PendingPut,
     QueueState,
-    ack_columns,
     push_run,
     send_acks,
 )
@@ -514,7 +513,7 @@ class Node:
         refused: dict[int, tuple[ResultCode, str]] = {}
 
         def nack(code: ResultCode, text: str) -> None:
-            link.send(ack_columns(req.queue_id, guids, code, text, refused))
+            link.send(columns.ack_columns(req.queue_id, guids, code, text, refused))
 
         handle = self._handles_of(link).get(req.queue_id)
         if handle is None:

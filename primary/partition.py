@@ -47,7 +47,7 @@ from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.columns import PUT_TIME, encode_push, encode_push_run
+from protocol.columns import PUT_TIME, ack_columns, encode_push, encode_push_run
 from protocol.properties import wire_to_maps
 from protocol.uri import QueueUri
 from storage import deltars, tables
@@ -284,15 +284,6 @@ def _answer_puts(singles: list[PendingPut], bulks: list[PendingColumns], code: R
                for i in singles])
     for b in bulks:
         b.link.send(ack_columns(b.queue_id, b.guids, code, text, b.refused))
-
-
-def ack_columns(queue_id: int, guids: bytes, code: ResultCode, text: str,
-                refused: Mapping[int, tuple[ResultCode, str]]) -> pb.Frame:
-    """The answer to a PutColumns frame: `code` for every row but those refused on their own."""
-    rows = sorted(refused)
-    return pb.Frame(ack_columns=pb.AckColumns(
-        queue_id=queue_id, guids=guids, code=wire(code), message=text, refused_rows=rows,
-        refused_codes=[wire(refused[r][0]) for r in rows], refused_messages=[refused[r][1] for r in rows]))
 
 
 def push_run(rows: pa.Table, seqs: list[int], delivery_count: int = 0, expires_us: int = 0) -> MessageRun:

@@ -12,13 +12,14 @@ to one consumer queue; relays forward the bytes; the SDK decodes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from protocol.codes import COMPRESSION_CODES
+from protocol import taproot_pb2 as pb
+from protocol.codes import COMPRESSION_CODES, ResultCode, wire
 from protocol.limits import GUID_LENGTH
 from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
 
@@ -116,6 +117,16 @@ def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
         writer.write_table(pa.Table.from_arrays(columns, schema=PUSH_SCHEMA))
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def ack_columns(queue_id: int, guids: bytes, code: ResultCode, text: str,
+                refused: "Mapping[int, tuple[ResultCode, str]]") -> pb.Frame:
+    """The answer to a PutColumns frame: `code` for every row but those a
+    per-message frame refused on their own (row -> code and why)."""
+    rows = sorted(refused)
+    return pb.Frame(ack_columns=pb.AckColumns(
+        queue_id=queue_id, guids=guids, code=wire(code), message=text, refused_rows=rows,
+        refused_codes=[wire(refused[r][0]) for r in rows], refused_messages=[refused[r][1] for r in rows]))
 
 
 def read_stream(data: bytes) -> pa.Table | str:

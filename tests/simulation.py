@@ -219,9 +219,15 @@ class Primary(Endpoint):
     the Delta commits are modelled (a group commit makes PUTs durable, then
     they are ACKed; a crash loses what is not committed, never what is)."""
 
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim: "Simulation", refuse_rows: bool = False):
         self.sim = sim
         self.domains = {"sim": parse_domain("sim", {})}
+        # A quota stand-in: with `refuse_rows`, a PUT whose GUID ends in a
+        # multiple of 7 is refused on its own (LIMIT_MESSAGES), the rest of
+        # its frame stored; always the same GUIDs, whichever frame brings them.
+        self.refuse_rows = refuse_rows
+        self.refused: set[bytes] = set()
+        self.partly_refused = 0                 # frames with some rows refused and some stored
         self.log: list[tuple[bytes, int]] = []   # committed PUTs (GUID, commit time): durable
         self.log_set: set[bytes] = set()
         self.confirmed: set[bytes] = set()      # durable too
@@ -231,8 +237,9 @@ class Primary(Endpoint):
 
     def _volatile(self) -> None:
         self.links: dict[Link, dict[int, bool]] = {}     # link -> queue id -> read
-        # (link, queue id, the frame's GUIDs (None: a single PUT), its PUTs)
-        self.uncommitted: list[tuple[Link, int, bytes | None, list[pb.PutMessage]]] = []
+        # (link, queue id, the frame's GUIDs (None: a single PUT), its PUTs to store, its rows refused)
+        self.uncommitted: list[tuple[Link, int, bytes | None, list[pb.PutMessage],
+                                     dict[int, tuple[ResultCode, str]]]] = []
         self.history = GuidHistory(self.domains["sim"].dedup_history_window_ms * 1000)
         self.dispatcher = QueueDispatcher()
 
@@ -275,7 +282,7 @@ class Primary(Endpoint):
                 refused = (admission.Refusal(ResultCode.INVALID_ARGUMENT, "queue id not open")
                            if message.queue_id not in queues else admission.check_put(message, self.domains["sim"]))
                 if refused is None:
-                    self.uncommitted.append((link, message.queue_id, None, [message]))
+                    self.uncommitted.append((link, message.queue_id, None, [message], {}))
                 else:
                     nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
                                                code=refused.code, message=refused.message))
@@ -292,9 +299,17 @@ class Primary(Endpoint):
                 link.send_down(pb.Frame(ack_columns=pb.AckColumns(
                     queue_id=req.queue_id, guids=guids, code=ResultCode.INVALID_ARGUMENT, message=refused)))
                 return
+            rows = list(zip(table["guid"].to_pylist(), table["payload"].to_pylist()))
+            refused = {i: (ResultCode.LIMIT_MESSAGES, "quota (simulated)") for i, (g, _) in enumerate(rows)
+                       if self.refuse_rows and req.per_message and g[-1] % 7 == 0}
+            self.refused.update(rows[i][0] for i in refused)
+            if len(refused) == len(rows):
+                link.send_down(columns.ack_columns(req.queue_id, guids, ResultCode.SUCCESS, "", refused))
+                return
+            self.partly_refused += bool(refused)
             self.uncommitted.append((link, req.queue_id, guids, [pb.PutMessage(
-                queue_id=req.queue_id, guid=g, payload=p) for g, p in zip(
-                    table["guid"].to_pylist(), table["payload"].to_pylist())]))
+                queue_id=req.queue_id, guid=g, payload=p) for i, (g, p) in enumerate(rows) if i not in refused],
+                refused))
         elif kind == "confirm":  # as the node does: per queue, the frame's GUIDs at once
             by_queue: dict[int, list[bytes]] = {}
             for message in frame.confirm.messages:
@@ -326,16 +341,15 @@ class Primary(Endpoint):
         # Group commit: everything waiting becomes durable, then it is ACKed,
         # then the express lane decides what to push (duplicates by GUID not).
         groups, self.uncommitted = self.uncommitted, []
-        batch = [m for _, _, _, messages in groups for m in messages]
+        batch = [m for _, _, _, messages, _ in groups for m in messages]
         now_us = self.sim.now * 1000
         self.log.extend((m.guid, now_us) for m in batch)
         self.log_set.update(m.guid for m in batch)
-        for link, queue_id, frame_guids, messages in groups:
+        for link, queue_id, frame_guids, messages, refused in groups:
             if not link.alive:
                 continue
-            if frame_guids is not None:   # one ACK for the frame
-                link.send_down(pb.Frame(ack_columns=pb.AckColumns(queue_id=queue_id, guids=frame_guids,
-                                                                  code=ResultCode.SUCCESS)))
+            if frame_guids is not None:   # one ACK for the frame, naming the rows refused on their own
+                link.send_down(columns.ack_columns(queue_id, frame_guids, ResultCode.SUCCESS, "", refused))
             else:
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
                     queue_id=queue_id, guid=messages[0].guid, code=ResultCode.SUCCESS)])))
@@ -364,7 +378,8 @@ class Primary(Endpoint):
 
 class Simulation:
     def __init__(self, seed: int, messages: int = 200, faults: int = 6,
-                 limits: RetransmissionLimits | None = None, session_limits: RetransmissionLimits | None = None):
+                 limits: RetransmissionLimits | None = None, session_limits: RetransmissionLimits | None = None,
+                 refuse_rows: bool = False):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0
@@ -373,7 +388,7 @@ class Simulation:
         self._events: list[_Event] = []
         self._order = itertools.count()
         limits = limits or RetransmissionLimits(timeout_ms=10**9)
-        self.primary = Primary(self)
+        self.primary = Primary(self, refuse_rows)
         self.replica = Hop(self, "replica", self.primary, limits)
         self.proxy = Hop(self, "proxy", self.replica, limits)
         self.producer = Client(self, "producer", self.proxy, read=False, limits=session_limits or limits)
@@ -448,6 +463,9 @@ class Simulation:
         """Invariants once the run is over."""
         unanswered = self.messages - len(self.producer.acks) - len(self.producer.failed)
         assert unanswered == 0, f"seed {self.seed}: {unanswered} PUTs never answered; log tail {self.log[-5:]}"
-        assert not self.producer.failed, f"seed {self.seed}: {len(self.producer.failed)} PUTs failed"
+        failed = set(self.producer.failed) - self.primary.refused
+        assert not failed, f"seed {self.seed}: {len(failed)} PUTs failed"
+        unrefused = self.primary.refused - set(self.producer.failed)
+        assert not unrefused, f"seed {self.seed}: {len(unrefused)} PUTs refused by the primary but not failed"
         missing = set(self.producer.acks) - set(self.consumer.delivered)
         assert not missing, f"seed {self.seed}: {len(missing)} ACKed messages never delivered; {self.log[-5:]}"

@@ -8,7 +8,7 @@ import simulation
 from simulation import Simulation
 
 from primary.dispatcher import QueueDispatcher
-from protocol import ResultCode, pb
+from protocol import ResultCode, columns, pb
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits
 from replicas.relay import Relay
 
@@ -92,6 +92,12 @@ def _remove_consumer_dropping(self, key):
     return []
 
 
+def _refused_rows_shifted(original):
+    def ack_columns(queue_id, guids, code, text, refused):
+        return original(queue_id, guids, code, text, {row + 1: why for row, why in refused.items()})
+    return ack_columns
+
+
 SEEDED_BUGS = {
     "PUTs ACKed more than once": (RetransmissionBuffer, "release", lambda _: _release_keeping, {}),
     "PUTs both ACKed and failed": (RetransmissionBuffer, "expire", lambda _: _expire_keeping,
@@ -115,3 +121,25 @@ def test_each_invariant_fails_on_a_seeded_bug(invariant, monkeypatch):
 
 def test_a_correct_tree_breaks_none_of_them():
     assert broken_invariants() == []
+
+
+def test_a_frame_refused_in_part_answers_each_put_with_its_own_code():
+    """Frames of single PUTs whose primary refuses some rows on their own (a
+    quota stand-in): those PUTs fail, and only those; the rest of each frame
+    is ACKed and delivered, through the same faults."""
+    refused = partly = 0
+    for seed in range(10):
+        sim = Simulation(seed, refuse_rows=True)
+        sim.run(horizon_ms=10_000)
+        sim.check_end()
+        refused += len(sim.primary.refused)
+        partly += sim.primary.partly_refused
+    assert refused > 0 and partly > 0
+
+
+def test_an_answer_naming_the_wrong_rows_is_caught(monkeypatch):
+    """The primary's answer names the row after each one it refused: the
+    refused PUT is ACKed though never stored, and the checker says so."""
+    monkeypatch.setattr(columns, "ack_columns", _refused_rows_shifted(columns.ack_columns))
+    failures = broken_invariants(refuse_rows=True)
+    assert any("ACKed but not in the durable log" in f for f in failures), failures[:3]
