@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from protocol import ResultCode, columns, pb
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
-from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
 from taproot.errors import AckError, ConnectionError, TaprootError
@@ -228,20 +228,9 @@ class SessionCore:
         within every queue)."""
         self._send_puts()
         held = self.buffer.take_deferred(queue_id)
-        max_messages = min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX)
-        singles: list[pb.PutMessage] = []
-        for h in held:
-            frame = h.item.frame
-            if isinstance(frame, pb.PutColumns):
-                self._effects.frames.extend(column_frames(singles))
-                singles = []
-                self._send(pb.Frame(put_columns=frame))
-                continue
-            singles.append(frame)
-            if len(singles) >= max_messages:
-                self._effects.frames.extend(column_frames(singles))
-                singles = []
-        self._effects.frames.extend(column_frames(singles))
+        self._effects.frames.extend(put_frames((h.item.frame for h in held),
+                                               min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX),
+                                               column_frames))
         return len(held)
 
     def connection_lost(self, reason: str) -> None:
