@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import taproot_pb2 as pb
-from protocol.codes import COMPRESSION_CODES, ResultCode, wire
+from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES, ResultCode, wire
 from protocol.limits import GUID_LENGTH
-from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX
+from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX, wire_to_maps
 
 if TYPE_CHECKING:
     from protocol.taproot_pb2 import PutMessage
@@ -52,20 +52,22 @@ TYPES = ("bool", "int32", "int64", "string", "binary")
 COMPRESSIONS = tuple(COMPRESSION_CODES)
 
 
-def encode(table: pa.Table) -> bytes:
+def _ipc(schema: pa.Schema, table: pa.Table | pa.RecordBatch) -> bytes:
+    """`table` as one Arrow IPC stream of `schema` (a frame's body)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, SCHEMA) as writer:
-        writer.write_table(table.select(SCHEMA.names).cast(SCHEMA))
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def encode(table: pa.Table) -> bytes:
+    return _ipc(SCHEMA, table.select(SCHEMA.names).cast(SCHEMA))
 
 
 def encode_puts(messages: "Sequence[PutMessage]") -> bytes:
     """One PutColumns body from single PUTs (what `post()` batched), each
     message's fields as its row, its typed properties as the tables' maps."""
-    from protocol.codes import COMPRESSION_NAMES
-    from protocol.properties import wire_to_maps
-
     count = len(messages)
     if any(m.properties for m in messages):
         maps = [wire_to_maps(m.properties) if m.properties else ([], []) for m in messages]
@@ -81,11 +83,7 @@ def encode_puts(messages: "Sequence[PutMessage]") -> bytes:
                         else pa.nulls(count, pa.string())),
         PUT_TIME: pa.array([m.put_time_us or None for m in messages], pa.int64()),
     }, schema=PUT_SCHEMA)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PUT_SCHEMA) as writer:
-        writer.write_table(table)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
+    return _ipc(PUT_SCHEMA, table)
 
 
 def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
@@ -98,11 +96,7 @@ def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
         pa.array(put_times_us, pa.int64()), pa.array(delivery_counts, pa.int32()),
         pa.array(compressions, pa.int8()),
     ], schema=PUSH_SCHEMA)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PUSH_SCHEMA) as writer:
-        writer.write_batch(batch)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
+    return _ipc(PUSH_SCHEMA, batch)
 
 
 def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
@@ -112,11 +106,7 @@ def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
     count = table.num_rows
     columns = [pa.array(np.full(count, delivery_count, np.int32)) if name == "delivery_count" else table[name]
                for name in PUSH_SCHEMA.names]
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PUSH_SCHEMA) as writer:
-        writer.write_table(pa.Table.from_arrays(columns, schema=PUSH_SCHEMA))
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
+    return _ipc(PUSH_SCHEMA, pa.Table.from_arrays(columns, schema=PUSH_SCHEMA))
 
 
 def ack_columns(queue_id: int, guids: bytes, code: ResultCode, text: str,

@@ -731,15 +731,15 @@ class Session:
             log.error("%s: a PUSH frame of %d messages could not be read: %s", targets[0].uri, frame.count, table)
             return  # unconfirmed: redelivered once this consumer goes
         data = {name: table[name].to_pylist() for name in table.column_names}
-        for q in targets:
-            uri, deliver = q.uri, q._deliver
-            for guid, seq, payload, values, types, put_time_us, count, compression in zip(
-                    data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
-                    data["put_time_us"], data["delivery_count"], data["compression"]):
-                payload = _decompressed(uri, guid, payload, compression)
-                properties = from_wire(maps_to_wire(values, types)) if values else {}
-                deliver(Message(guid, payload, properties, uri, count, seq, put_time_us,
-                                COMPRESSION_NAMES.get(compression), q))
+        uri = targets[0].uri
+        for guid, seq, payload, values, types, put_time_us, count, compression in zip(
+                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
+                data["put_time_us"], data["delivery_count"], data["compression"]):
+            payload = _decompressed(uri, guid, payload, compression)   # once, whatever the targets
+            properties = from_wire(maps_to_wire(values, types)) if values else {}
+            for n, q in enumerate(targets):
+                q._deliver(Message(guid, payload, properties if n == 0 else dict(properties), q.uri, count, seq,
+                                   put_time_us, COMPRESSION_NAMES.get(compression), q))
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
                  channel: grpc.Channel) -> None:
