@@ -203,7 +203,7 @@ class ConsumerOptions:
 class _Consumer:
     key: ConsumerKey
     options: ConsumerOptions
-    unconfirmed: "OrderedDict[bytes, Held]" = field(default_factory=OrderedDict)
+    unconfirmed: "OrderedDict[int, Held]" = field(default_factory=OrderedDict)   # by seq, in push order
     unconfirmed_bytes: int = 0
 
     def has_capacity(self) -> bool:
@@ -255,7 +255,8 @@ class QueueDispatcher:
     def consumer_keys(self) -> list[ConsumerKey]:
         return list(self._consumers)
 
-    def unconfirmed_of(self, key: ConsumerKey) -> list[bytes]:
+    def unconfirmed_of(self, key: ConsumerKey) -> list[int]:
+        """The seqs `key` holds unconfirmed, in push order."""
         return list(self._consumers[key].unconfirmed)
 
     def take_dropped(self) -> list[Dropped]:
@@ -306,35 +307,42 @@ class QueueDispatcher:
                 self._pending.appendleft(message)
         return self._dispatch()
 
-    def confirm(self, key: ConsumerKey, guid: bytes) -> tuple[Confirmed | None, list[Push]]:
+    def confirm(self, key: ConsumerKey, seq: int, guid: bytes | None = None) -> tuple[Confirmed | None, list[Push]]:
         """Returns the confirmed message (None if unknown or not held by `key`)."""
-        confirmed, pushes = self.confirm_many(key, [guid])
-        return (Confirmed(guid, confirmed.seqs[0]) if confirmed.seqs else None), pushes
+        confirmed, pushes = self.confirm_many(key, [seq], None if guid is None else [guid])
+        return (Confirmed(confirmed.guids[0], seq) if confirmed.seqs else None), pushes
 
-    def confirm_many(self, key: ConsumerKey, guids: Iterable[bytes]) -> tuple["ConfirmedRows", list[Push]]:
-        """Confirm a CONFIRM frame's GUIDs for `key` at once, then dispatch once:
-        the messages confirmed (those unknown or not held by `key` are skipped)
-        and what the room they free lets through."""
+    def confirm_many(self, key: ConsumerKey, seqs: Iterable[int],
+                     guids: Sequence[bytes] | None = None) -> tuple["ConfirmedRows", list[Push]]:
+        """Confirm a CONFIRM frame's seqs for `key` at once, then dispatch once:
+        the messages confirmed (seqs `key` does not hold are skipped, and so
+        is a seq whose GUID, when `guids` names one, is not the held one) and
+        what the room they free lets through."""
         confirmed = ConfirmedRows([], [])
         consumer = self._consumers.get(key)
         if consumer is None:
             return confirmed, []
-        done, seqs = confirmed.guids, confirmed.seqs
+        done, done_seqs = confirmed.guids, confirmed.seqs
         unconfirmed, known = consumer.unconfirmed, self._known
         freed = 0
-        for guid in guids:
-            held = unconfirmed.pop(guid, None)
+        for n, seq in enumerate(seqs):
+            held = unconfirmed.pop(seq, None) if guids is None else unconfirmed.get(seq)
             if held is None:
                 continue
-            known.discard(guid)
-            done.append(guid)
             if isinstance(held, tuple):
                 run, i = held
-                freed += run.sizes[i]
-                seqs.append(run.seqs[i])
+                guid = run.guids[i]
+                size = run.sizes[i]
             else:
-                freed += held.size
-                seqs.append(held.seq)
+                guid, size = held.guid, held.size
+            if guids is not None:
+                if guids[n] and guids[n] != guid:
+                    continue   # not the message held for this seq: it stays held
+                del unconfirmed[seq]
+            known.discard(guid)
+            done.append(guid)
+            done_seqs.append(seq)
+            freed += size
         consumer.unconfirmed_bytes -= freed
         return confirmed, (self._dispatch() if done else [])
 
@@ -439,11 +447,11 @@ class QueueDispatcher:
                 if rest is not None:
                     self._pending.appendleft(rest)
                 message.delivery_count += 1
-                consumer.unconfirmed.update(zip(message.guids, zip(itertools.repeat(message), range(len(message)))))
+                consumer.unconfirmed.update(zip(message.seqs, zip(itertools.repeat(message), range(len(message)))))
                 consumer.unconfirmed_bytes += message.size
             else:
                 message.delivery_count += 1
-                consumer.unconfirmed[message.guid] = message
+                consumer.unconfirmed[message.seq] = message
                 consumer.unconfirmed_bytes += message.size
             pushes.append((consumer.key, message))
         # Messages nobody could take stay in front, in their order.

@@ -48,6 +48,7 @@ from primary.partition import (
 )
 from primary.quota import DomainQuota
 from protocol import ResultCode, columns, pb, status, wire
+from protocol import seqs as seq_ranges
 from protocol.stream import Link
 from protocol.uri import QueueUri, partition_of
 from replicas.forwarding import Forwarding
@@ -289,6 +290,7 @@ class Node:
             handle.state.producers -= handle.write
         if handle.read:
             link.columnar.discard(queue_id)
+            link.broadcast.discard(queue_id)
             handle.partition.route(handle.state, handle.app, lambda d: d.remove_consumer((link, queue_id)))
 
     def _handles_of(self, link: Link) -> dict[int, OpenHandle]:
@@ -308,6 +310,7 @@ class Node:
             "put": self._on_put,
             "put_columns": self._on_put_columns,
             "confirm": self._on_confirm,
+            "confirm_columns": self._on_confirm_columns,
             "stop_request": self._on_stop,
             "stop_response": self._on_stop_response,
             "heartbeat": self._on_heartbeat,
@@ -331,6 +334,7 @@ class Node:
             assert checked is not None
             response.status.CopyFrom(status(ResultCode.SUCCESS))
             response.max_payload_bytes = checked.domain.max_payload_bytes
+            response.broadcast = checked.domain.mode == "broadcast"
             if req.read:
                 effective = checked.options
                 response.options.CopyFrom(pb.QueueOptions(
@@ -416,6 +420,8 @@ class Node:
         if req.read:
             if req.columnar_push:
                 link.columnar.add(req.queue_id)
+            if handle.broadcast:
+                link.broadcast.add(req.queue_id)
             options = checked.options
             partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
 
@@ -564,33 +570,43 @@ class Node:
                                lambda d: [push for m in messages for push in d.broadcast(m)])
 
     def _on_confirm(self, link: Link, batch: pb.ConfirmBatch) -> None:
-        handles = self._handles_of(link)
-        by_queue: dict[int, list[bytes]] = {}
+        """CONFIRMs one by one (seq, and the GUID checked against it)."""
+        by_queue: dict[int, tuple[list[int], list[bytes]]] = {}
         for message in batch.messages:
-            handle = handles.get(message.queue_id)
-            if handle is None or not handle.read or handle.broadcast:
-                # A confirm for a queue this link does not read is dropped: the
-                # message stays with whoever holds it (at-least-once). Broadcast
-                # keeps nothing, so there is nothing to confirm.
-                continue
-            by_queue.setdefault(message.queue_id, []).append(message.guid)
-        for queue_id, guids in by_queue.items():
-            handle = handles[queue_id]
-            state, app = handle.state, handle.app
-            confirms: list[PendingConfirms] = []
+            seqs, guids = by_queue.setdefault(message.queue_id, ([], []))
+            seqs.append(message.sequence)
+            guids.append(message.guid)
+        for queue_id, (seqs, guids) in by_queue.items():
+            self._confirm(link, queue_id, seqs, guids)
 
-            def confirm_all(d: QueueDispatcher, guids: list[bytes] = guids, queue_id: int = queue_id,
-                            state: QueueState = state, app: str = app,
-                            confirms: list[PendingConfirms] = confirms) -> list[Push]:
-                confirmed, pushes = d.confirm_many((link, queue_id), guids)   # one dispatch per frame
-                if confirmed.guids:
-                    confirms.append(PendingConfirms(state, app, confirmed))
-                    state.apps_done(confirmed.guids, app)
-                return pushes
+    def _on_confirm_columns(self, link: Link, frame: pb.ConfirmColumns) -> None:
+        """CONFIRMs as seq ranges (what the SDK sends)."""
+        invalid = seq_ranges.confirm_columns_invalid(frame)
+        if invalid:
+            link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))
+            return
+        self._confirm(link, frame.queue_id, seq_ranges.expand(frame.starts, frame.counts), None)
 
-            handle.partition.route(state, app, confirm_all)
-            if confirms:
-                handle.partition.confirm_committer.submit(confirms, 0, sum(len(c.confirmed.guids) for c in confirms))
+    def _confirm(self, link: Link, queue_id: int, seqs: list[int], guids: list[bytes] | None) -> None:
+        handle = self._handles_of(link).get(queue_id)
+        if handle is None or not handle.read or handle.broadcast:
+            # A confirm for a queue this link does not read is dropped: the
+            # message stays with whoever holds it (at-least-once). Broadcast
+            # keeps nothing, so there is nothing to confirm.
+            return
+        state, app = handle.state, handle.app
+        confirms: list[PendingConfirms] = []
+
+        def confirm_all(d: QueueDispatcher) -> list[Push]:
+            confirmed, pushes = d.confirm_many((link, queue_id), seqs, guids)   # one dispatch per frame
+            if confirmed.guids:
+                confirms.append(PendingConfirms(state, app, confirmed))
+                state.apps_done(confirmed.guids, app)
+            return pushes
+
+        handle.partition.route(state, app, confirm_all)
+        if confirms:
+            handle.partition.confirm_committer.submit(confirms, 0, sum(len(c.confirmed.guids) for c in confirms))
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes, then answer.

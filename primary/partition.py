@@ -49,6 +49,7 @@ from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
 from protocol.columns import PUT_TIME, ack_columns, encode_push, encode_push_run
 from protocol.properties import wire_to_maps
+from protocol.seqs import ranges as seq_ranges
 from protocol.uri import QueueUri
 from storage import deltars, tables
 from storage.leases import Fenced
@@ -219,10 +220,12 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                 while end < len(items) and items[end][1] is message:
                     end += 1
                 queue_ids = [q for q, _ in items[i:end]] if end - i > 1 else []
+                confirmable = queue_id not in link.broadcast
                 for start in range(0, len(message), frame_messages_max):
                     count = min(frame_messages_max, len(message) - start)
+                    starts, counts = seq_ranges(message.seqs[start:start + count]) if confirmable else ([], [])
                     link.send(pb.Frame(push_columns=pb.PushColumns(
-                        queue_id=queue_id, count=count, queue_ids=queue_ids,
+                        queue_id=queue_id, count=count, queue_ids=queue_ids, seq_starts=starts, seq_counts=counts,
                         arrow_ipc=encode_push_run(message.table.slice(start, count), message.delivery_count))))
                 i = end
                 continue
@@ -235,8 +238,11 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                     messages = []
                     for start in range(i, end, frame_messages_max):
                         run = [cast(StoredMessage, m) for _, m in items[start:min(end, start + frame_messages_max)]]
+                        starts, counts = (seq_ranges([m.seq for m in run]) if queue_id not in link.broadcast
+                                          else ([], []))
                         link.send(pb.Frame(push_columns=pb.PushColumns(
-                            queue_id=queue_id, count=len(run), arrow_ipc=_push_columns(run))))
+                            queue_id=queue_id, count=len(run), seq_starts=starts, seq_counts=counts,
+                            arrow_ipc=_push_columns(run))))
                     i = end
                     continue
             if messages:

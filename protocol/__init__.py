@@ -2,9 +2,10 @@
 pieces every role shares: result codes (`codes`), queue URIs and their
 partition (`uri`), property encoding (`properties`), the subscription language
 (`expression`), columnar frames (`columns`), constants and defaults defined once
-(`limits`), the retransmission buffer the SDK and every hop keep
-(`retransmit`), the injectable clock (`clock`), the gRPC stream plumbing
-(`stream`) and a `/proc` reader (`procstat`).
+(`limits`), seq ranges for CONFIRMs and PUSH headers (`seqs`), the
+retransmission buffer the SDK and every hop keep (`retransmit`), the
+injectable clock (`clock`), the gRPC stream plumbing (`stream`) and a `/proc`
+reader (`procstat`).
 
 Generated code (`taproot_pb2*.py`) is checked in so that installing Taproot needs
 no protoc; `make proto` regenerates it after an edit to `taproot.proto`.
@@ -12,7 +13,7 @@ It ships with the SDK, so it needs nothing a client does not install.
 
 Imports: (nothing else from Taproot).
 Never: pyspark, delta, deltalake, pandas.
-Pure: codes, columns, expression, limits, liveness, properties, retransmit, taproot_pb2, uri.
+Pure: codes, columns, expression, limits, liveness, properties, retransmit, seqs, taproot_pb2, uri.
 """
 
 from typing import Any

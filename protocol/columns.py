@@ -142,15 +142,6 @@ def decode_push(data: bytes) -> pa.Table | str:
     return table
 
 
-def push_guids(data: bytes) -> list[bytes] | None:
-    """The GUIDs of a PushColumns body (what a relay tracks), or None if unreadable."""
-    table = decode_push(data)
-    if isinstance(table, str):
-        return None
-    guids: list[bytes] = table["guid"].to_pylist()
-    return guids
-
-
 def guids_of(table: pa.Table) -> bytes:
     """The frame's GUIDs, concatenated, straight from the column's buffers."""
     column = table["guid"].combine_chunks()

@@ -10,6 +10,7 @@ MAX_UNCONFIRMED_MESSAGES = 1000
 MAX_UNCONFIRMED_BYTES = 32 * 1024 * 1024
 CONSUMER_PRIORITY_MAX = 2**30                 # priorities lie in [-2^30, 2^30]
 PUT_FRAME_MESSAGES_MAX = 1000                 # PUTs per frame a hop builds when it resends
+CONFIRM_FRAME_MESSAGES_MAX = 100_000          # seqs one ConfirmColumns may name (the SDK splits)
 DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs
 # One producer's retransmission buffer (the SDK); a hop's holds many producers'
 # (`protocol.retransmit.RetransmissionLimits`).

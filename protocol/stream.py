@@ -85,6 +85,7 @@ class Link:
         self.id = next(_ids)
         self.peer = peer
         self.columnar: set[int] = set()   # queue ids whose consumer takes PushColumns frames
+        self.broadcast: set[int] = set()  # queue ids read in broadcast mode (no confirms, no seqs)
         self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._closed = threading.Event()
         # The event loop writing this link, woken when a frame is queued while

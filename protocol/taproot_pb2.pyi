@@ -82,20 +82,22 @@ class OpenQueue(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
-    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms")
+    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms", "broadcast")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DEDUP_HISTORY_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     status: Status
     max_payload_bytes: int
     options: QueueOptions
     dedup_history_window_ms: int
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., dedup_history_window_ms: _Optional[int] = ...) -> None: ...
+    broadcast: bool
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., dedup_history_window_ms: _Optional[int] = ..., broadcast: _Optional[bool] = ...) -> None: ...
 
 class ConfigureQueue(_message.Message):
     __slots__ = ("request_id", "queue_id", "options")
@@ -184,16 +186,20 @@ class PutColumns(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ...) -> None: ...
 
 class PushColumns(_message.Message):
-    __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids")
+    __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids", "seq_starts", "seq_counts")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_STARTS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_COUNTS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     count: int
     arrow_ipc: bytes
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    seq_starts: _containers.RepeatedScalarFieldContainer[int]
+    seq_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ..., seq_starts: _Optional[_Iterable[int]] = ..., seq_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AckColumns(_message.Message):
     __slots__ = ("queue_id", "guids", "code", "message", "refused_rows", "refused_codes", "refused_messages")
@@ -260,18 +266,30 @@ class PushBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PushMessage, _Mapping]]] = ...) -> None: ...
 
 class ConfirmMessage(_message.Message):
-    __slots__ = ("queue_id", "guid")
+    __slots__ = ("queue_id", "guid", "sequence")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GUID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     guid: bytes
-    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ...) -> None: ...
+    sequence: int
+    def __init__(self, queue_id: _Optional[int] = ..., guid: _Optional[bytes] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class ConfirmBatch(_message.Message):
     __slots__ = ("messages",)
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ConfirmMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[ConfirmMessage, _Mapping]]] = ...) -> None: ...
+
+class ConfirmColumns(_message.Message):
+    __slots__ = ("queue_id", "starts", "counts")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    starts: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., starts: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("request_id", "timeout_ms")
@@ -302,7 +320,7 @@ class FrameError(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns", "push_columns")
+    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns", "push_columns", "confirm_columns")
     OPEN_QUEUE_FIELD_NUMBER: _ClassVar[int]
     OPEN_QUEUE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CONFIGURE_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +338,7 @@ class Frame(_message.Message):
     PUT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ACK_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     PUSH_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     open_queue: OpenQueue
     open_queue_response: OpenQueueResponse
     configure_queue: ConfigureQueue
@@ -337,7 +356,8 @@ class Frame(_message.Message):
     put_columns: PutColumns
     ack_columns: AckColumns
     push_columns: PushColumns
-    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ..., push_columns: _Optional[_Union[PushColumns, _Mapping]] = ...) -> None: ...
+    confirm_columns: ConfirmColumns
+    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ..., push_columns: _Optional[_Union[PushColumns, _Mapping]] = ..., confirm_columns: _Optional[_Union[ConfirmColumns, _Mapping]] = ...) -> None: ...
 
 class DeliveryNotice(_message.Message):
     __slots__ = ("partition", "delivery_version")

@@ -20,7 +20,8 @@ from protocol.stream import Link
 from replicas.upstream import Upstream
 
 # Frames that name one of a link's queues (the rest concern the link itself).
-QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "configure_queue", "close_queue", "stop_request"})
+QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "confirm_columns", "configure_queue", "close_queue",
+                          "stop_request"})
 
 
 class Forwarding:

@@ -45,6 +45,7 @@ from typing import Any, Hashable
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
+from protocol.seqs import confirm_columns_invalid
 
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
@@ -59,7 +60,8 @@ class _Route:
     read: bool
     open_request: pb.OpenQueue      # as sent up (upstream ids), options kept current
     open: bool = False              # the upstream answered SUCCESS on this connection
-    unconfirmed: set[bytes] = field(default_factory=set)   # GUIDs pushed down and not confirmed yet
+    unconfirmed: set[int] = field(default_factory=set)     # seqs pushed down and not confirmed yet
+    broadcast: bool = False         # the upstream said so at open: nothing to confirm
     timeout_ms: float = 0.0         # retransmission time bound (min of the limit and the dedup window)
 
 
@@ -123,6 +125,8 @@ class Relay:
             return self._put(link, frame)
         if kind == "confirm":
             return self._confirm(link, frame.confirm)
+        if kind == "confirm_columns":
+            return self._confirm_columns(link, frame)
         if kind == "put_columns":
             return self._put_columns(link, frame.put_columns)
         if kind == "open_queue":
@@ -255,9 +259,29 @@ class Relay:
         for message in batch.messages:
             up_qid = self._up.get((link, message.queue_id))
             if up_qid is not None:
-                self._routes[up_qid].unconfirmed.discard(message.guid)
-                messages.append(pb.ConfirmMessage(queue_id=up_qid, guid=message.guid))
+                self._routes[up_qid].unconfirmed.discard(message.sequence)
+                messages.append(pb.ConfirmMessage(queue_id=up_qid, guid=message.guid, sequence=message.sequence))
         return [(UPSTREAM, pb.Frame(confirm=pb.ConfirmBatch(messages=messages)))] if messages else []
+
+    def _confirm_columns(self, link: Hashable, frame: pb.Frame) -> Out:
+        """Seq ranges: the frame goes up as it came, its queue id rewritten."""
+        if not self.connected:
+            return []
+        body = frame.confirm_columns
+        invalid = confirm_columns_invalid(body)
+        if invalid:
+            return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))]
+        up_qid = self._up.get((link, body.queue_id))
+        if up_qid is None:
+            return []   # not open (any more): nothing of it is held here
+        unconfirmed = self._routes[up_qid].unconfirmed
+        for start, count in zip(body.starts, body.counts):
+            if count <= len(unconfirmed):
+                unconfirmed.difference_update(range(start, start + count))
+            else:   # a wide range over few held: look at those
+                unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
+        body.queue_id = up_qid
+        return [(UPSTREAM, frame)]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.
@@ -372,7 +396,8 @@ class Relay:
                 route = self._routes.get(up_qid)
                 if route is None:
                     continue  # the downstream link is gone; the primary redelivers PUSHes
-                route.unconfirmed.add(message.guid)
+                if not route.broadcast:
+                    route.unconfirmed.add(message.sequence)
                 per_link.setdefault(route.link, []).append(route.queue_id)
             for n, (link, queue_ids) in enumerate(per_link.items()):
                 copy = message
@@ -390,17 +415,17 @@ class Relay:
 
     def _route_push_columns(self, frame: pb.Frame) -> Out:
         """A columnar PUSH frame goes down as it came, its queue id rewritten;
-        only its GUIDs are read (what a graceful stop waits to see confirmed)."""
+        only its header is read: the seq ranges, what a graceful stop waits
+        to see confirmed. The Arrow body is not opened here."""
         push = frame.push_columns
         per_link: dict[Hashable, list[int]] = {}
         routes = [r for r in (self._routes.get(q) for q in (list(push.queue_ids) or [push.queue_id])) if r is not None]
         if not routes:
             return []  # the downstream link is gone; the primary redelivers
-        from protocol import columns  # pyarrow only when columnar frames are used
-        guids = columns.push_guids(push.arrow_ipc)
         for route in routes:
-            if guids is not None:  # unreadable: the consumer will say so; the primary redelivers when it goes
-                route.unconfirmed.update(guids)
+            if not route.broadcast:
+                for start, count in zip(push.seq_starts, push.seq_counts):
+                    route.unconfirmed.update(range(start, start + count))
             per_link.setdefault(route.link, []).append(route.queue_id)
         out: Out = []
         for n, (link, queue_ids) in enumerate(per_link.items()):
@@ -435,6 +460,7 @@ class Relay:
                 self._forget_route(request.upstream_queue_id)
             else:
                 route.open = True
+                route.broadcast = body.broadcast
                 window = body.dedup_history_window_ms
                 if window > 0:
                     route.timeout_ms = min(self.limits.timeout_ms, window)

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from protocol import ResultCode, columns, pb
-from protocol.limits import PUT_FRAME_MESSAGES_MAX
+from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
+from protocol.seqs import ranges as seq_ranges
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
 from taproot.errors import AckError, ConnectionError, TaprootError
@@ -85,6 +86,7 @@ class QueueRecord:
     max_payload_bytes: int = 0
     timeout_ms: float = 0.0          # retransmission bound: min(the session's, the domain's dedup window)
     open: bool = False               # open on the current stream: its PUTs may go
+    broadcast: bool = False          # broadcast mode: PUSHes are not confirmed
 
 
 @dataclass
@@ -131,6 +133,28 @@ def column_frames(puts: list[pb.PutMessage]) -> list[pb.Frame]:
     return frames
 
 
+def confirm_frames(queue_id: int, seqs: list[int],
+                   frame_max: int = CONFIRM_FRAME_MESSAGES_MAX) -> list[pb.Frame]:
+    """CONFIRMs of one queue as ConfirmColumns frames of seq ranges, each
+    naming at most `frame_max` messages."""
+    starts, counts = seq_ranges(seqs)
+    frames: list[pb.Frame] = []
+    body = pb.ConfirmColumns(queue_id=queue_id)
+    room = frame_max
+    for start, count in zip(starts, counts):
+        while count:
+            n = min(count, room)
+            body.starts.append(start)
+            body.counts.append(n)
+            start, count, room = start + n, count - n, room - n
+            if not room:
+                frames.append(pb.Frame(confirm_columns=body))
+                body, room = pb.ConfirmColumns(queue_id=queue_id), frame_max
+    if body.starts:
+        frames.append(pb.Frame(confirm_columns=body))
+    return frames
+
+
 class SessionCore:
     def __init__(self, *, batch: BatchPolicy | None = None, limits: RetransmissionLimits | None = None,
                  reconnect: bool = True):
@@ -144,7 +168,8 @@ class SessionCore:
         self.queues: dict[int, QueueRecord] = {}
         self.buffer: RetransmissionBuffer[bytes, _Pending] = RetransmissionBuffer(self.limits)
         self._puts = Batcher(self.batch_policy)
-        self._confirms: list[pb.ConfirmMessage] = []
+        self._confirms: dict[int, list[int]] = {}     # queue id -> seqs to confirm, in order
+        self._confirm_count = 0
         self._confirms_since_ms = 0.0
         self._requests: dict[int, _Request] = {}
         self._reopens: dict[int, int] = {}            # reopen request id -> queue id
@@ -255,7 +280,7 @@ class SessionCore:
     def _end(self, state: ConnectionState, code: ResultCode, reason: str) -> None:
         self.state = state
         self._puts.take()
-        self._confirms = []
+        self._confirms, self._confirm_count = {}, 0
         for _, held in self.buffer.clear():
             self._answer(held, code, reason)
         requests, self._requests, self._reopens = self._requests, {}, {}
@@ -299,6 +324,7 @@ class SessionCore:
             return
         was_open, q.open = q.open, True
         q.max_payload_bytes = response.max_payload_bytes
+        q.broadcast = response.broadcast
         window = response.dedup_history_window_ms
         q.timeout_ms = min(self.limits.timeout_ms, window) if window > 0 else self.limits.timeout_ms
         if q.read and response.HasField("options"):
@@ -344,14 +370,21 @@ class SessionCore:
             self._send(pb.Frame(put_columns=frame))
         return None
 
-    def confirm(self, queue_id: int, guids: Iterable[bytes], now_ms: float) -> None:
-        """CONFIRMs made while no stream is up are dropped: those messages come again."""
-        if not self.state.linked:
+    def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
+        """CONFIRM messages by seq (`PushMessage.sequence`); they go as seq
+        ranges (ConfirmColumns). CONFIRMs made while no stream is up are
+        dropped: those messages come again. A broadcast queue's are not sent
+        (nothing is kept to confirm)."""
+        q = self.queues.get(queue_id)
+        if not self.state.linked or (q is not None and q.broadcast):
             return
-        if not self._confirms:
+        if not self._confirm_count:
             self._confirms_since_ms = now_ms
-        self._confirms.extend(pb.ConfirmMessage(queue_id=queue_id, guid=g) for g in guids)
-        if len(self._confirms) >= self.batch_policy.max_messages:
+        held = self._confirms.setdefault(queue_id, [])
+        before = len(held)
+        held.extend(seqs)
+        self._confirm_count += len(held) - before
+        if self._confirm_count >= self.batch_policy.max_messages:
             self._send_confirms()
 
     def flush(self) -> None:
@@ -365,10 +398,12 @@ class SessionCore:
         # Not sending: they stay in the buffer and go with the resend.
 
     def _send_confirms(self) -> None:
-        if self._confirms:
-            items, self._confirms = self._confirms, []
+        if self._confirm_count:
+            items, self._confirms, self._confirm_count = self._confirms, {}, 0
             if self.state.linked:
-                self._send(pb.Frame(confirm=pb.ConfirmBatch(messages=items)))
+                for queue_id, seqs in items.items():
+                    for frame in confirm_frames(queue_id, seqs):
+                        self._send(frame)
 
     def tick(self, now_ms: float) -> float:
         """Send the batches whose linger time is up and fail the PUTs held past
@@ -376,7 +411,7 @@ class SessionCore:
         deadline = self._puts.deadline_ms()
         if deadline is not None and now_ms >= deadline:
             self._send_puts()
-        if self._confirms and now_ms >= self._confirms_since_ms + self.batch_policy.linger_ms:
+        if self._confirm_count and now_ms >= self._confirms_since_ms + self.batch_policy.linger_ms:
             self._send_confirms()
         if now_ms >= self._next_expiry_ms:
             self._next_expiry_ms = now_ms + EXPIRY_INTERVAL_MS
@@ -385,7 +420,7 @@ class SessionCore:
         wake = self._next_expiry_ms
         if self._puts.items:
             wake = min(wake, self._puts.deadline_ms() or wake)
-        if self._confirms:
+        if self._confirm_count:
             wake = min(wake, self._confirms_since_ms + self.batch_policy.linger_ms)
         return wake
 

@@ -35,11 +35,12 @@ import itertools
 import logging
 import queue as _queue
 import threading
+from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
+import pyarrow as pa
 
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
 from protocol.clock import Clock, MonotonicClock, wall_time_us
@@ -59,38 +60,15 @@ from protocol.stream import GRPC_OPTIONS, drain
 from taproot import errors, events
 from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
-from taproot.compression import compress, decompress
+from taproot.compression import compress
 from taproot.core import Ack, ConnectionState, Effects, QueueRecord, SessionCore
 from taproot.futures import PutFuture
 from taproot.guid import GuidGenerator
+from taproot.message import Message, MessageBatch, Rows, decompressed, messages_table, received_table, table_messages
 
-__all__ = ["Ack", "Message", "PutFuture", "Queue", "Session"]
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+__all__ = ["Ack", "Message", "MessageBatch", "PutFuture", "Queue", "Session"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Message:
-    guid: bytes
-    payload: bytes
-    properties: Mapping[str, PropertyValue]
-    queue_uri: str
-    delivery_count: int
-    sequence: int
-    put_time_us: int
-    compression: str | None = None    # how the payload travelled; `payload` is always decompressed
-    _queue: "Queue | None" = field(default=None, repr=False, compare=False)
-
-    @property
-    def redelivered(self) -> bool:
-        return self.delivery_count > 1
-
-    def confirm(self) -> None:
-        assert self._queue is not None, "message not attached to a queue"
-        self._queue.confirm(self)
 
 
 def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
@@ -118,6 +96,9 @@ class Queue:
         self.write = record.write
         self._on_message = on_message
         self._inbox: "_queue.SimpleQueue[object]" = _queue.SimpleQueue()
+        # What was taken from the inbox and not handed out yet (the rest of a
+        # frame cut by max_messages, or exploded into Messages), in order.
+        self._head: deque[Message | Rows] = deque()
         self._closed = False
 
     @property
@@ -208,19 +189,37 @@ class Queue:
         self._session._flush()
 
     # -- consuming ----------------------------------------------------------
-    def get(self, timeout_s: float | None = None) -> Message | None:
-        """The next pushed message, or None after `timeout_s`."""
+    # One reader per queue keeps push order; several readers may take from it.
+    def _next(self, timeout_s: float | None, wait: bool = True) -> Message | Rows | None:
+        """The next item of the inbox: a Message, a frame's Rows, or None
+        (nothing within `timeout_s`, or the queue closed: raises if the
+        session was lost)."""
+        if self._head:
+            try:
+                return self._head.popleft()
+            except IndexError:
+                pass   # another reader took it
         try:
-            item = self._inbox.get(timeout=timeout_s)
+            item = self._inbox.get(timeout=timeout_s) if wait else self._inbox.get_nowait()
         except _queue.Empty:
             return None
         if item is _CLOSE:
             self._inbox.put(_CLOSE)  # keep later callers from blocking
-            failure = self._session._core.failure()
-            if failure is not None and self._session._core.state is ConnectionState.LOST:
-                raise failure
+            if wait:
+                failure = self._session._core.failure()
+                if failure is not None and self._session._core.state is ConnectionState.LOST:
+                    raise failure
             return None
         return item  # type: ignore[return-value]
+
+    def get(self, timeout_s: float | None = None) -> Message | None:
+        """The next pushed message, or None after `timeout_s`."""
+        item = self._next(timeout_s)
+        if isinstance(item, Rows):
+            messages = table_messages(item.table.slice(item.offset), self)
+            self._head.extendleft(reversed(messages[1:]))
+            return messages[0]
+        return item
 
     def messages(self, timeout_s: float | None = None) -> Iterator[Message]:
         """Yield pushed messages until none arrives for `timeout_s` (forever if None)."""
@@ -237,20 +236,19 @@ class Queue:
         lot with one `confirm(batch)`: one CONFIRM frame for all of them."""
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
-        first = self.get(timeout_s)
-        if first is None:
-            return []
-        batch = [first]
-        inbox = self._inbox
-        while len(batch) < max_messages:
-            try:
-                item = inbox.get_nowait()
-            except _queue.Empty:
+        batch: list[Message] = []
+        item = self._next(timeout_s)
+        while item is not None:
+            if isinstance(item, Rows):
+                table, rest = item.take(max_messages - len(batch))
+                if rest is not None:
+                    self._head.appendleft(rest)
+                batch.extend(table_messages(table, self))
+            else:
+                batch.append(item)
+            if len(batch) >= max_messages:
                 break
-            if item is _CLOSE:
-                inbox.put(_CLOSE)  # the next call reports it
-                break
-            batch.append(item)  # type: ignore[arg-type]
+            item = self._next(0, wait=False)
         return batch
 
     def batches(self, max_messages: int = 1000, timeout_s: float | None = None) -> Iterator[list[Message]]:
@@ -261,9 +259,59 @@ class Queue:
                 return
             yield batch
 
-    def confirm(self, messages: Message | Iterable[Message]) -> None:
-        items = [messages] if isinstance(messages, Message) else list(messages)
-        self._session._confirm(self, [m.guid for m in items])
+    def get_columns(self, max_messages: int = 10_000, timeout_s: float | None = None) -> MessageBatch | None:
+        """Up to `max_messages` pushed messages as one Arrow table
+        (`MessageBatch`, columns `taproot.message.BATCH_SCHEMA`), in push
+        order: waits up to `timeout_s` for the first, then takes only what
+        has already arrived. None after `timeout_s` (or once the queue is
+        closed). PUSH frames are handed over as the Arrow batches they came
+        in, with no Python object per message; `batch.confirm()` confirms
+        them all with one CONFIRM frame."""
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        tables: list[pa.Table] = []
+        singles: list[Message] = []   # messages that came one by one, kept in order with the frames
+        count = 0
+        item = self._next(timeout_s)
+        while item is not None:
+            if isinstance(item, Rows):
+                if singles:
+                    tables.append(messages_table(singles))
+                    singles = []
+                table, rest = item.take(max_messages - count)
+                if rest is not None:
+                    self._head.appendleft(rest)
+                tables.append(table)
+                count += table.num_rows
+            else:
+                singles.append(item)
+                count += 1
+            if count >= max_messages:
+                break
+            item = self._next(0, wait=False)
+        if singles:
+            tables.append(messages_table(singles))
+        if not tables:
+            return None
+        return MessageBatch(tables[0] if len(tables) == 1 else pa.concat_tables(tables), self)
+
+    def column_batches(self, max_messages: int = 10_000, timeout_s: float | None = None) -> Iterator[MessageBatch]:
+        """Yield `get_columns` results until none arrives for `timeout_s` (forever if None)."""
+        while True:
+            batch = self.get_columns(max_messages, timeout_s)
+            if batch is None:
+                return
+            yield batch
+
+    def confirm(self, messages: Message | MessageBatch | Iterable[Message]) -> None:
+        """Confirm messages (by their seqs): a Message, a batch, or many."""
+        if isinstance(messages, MessageBatch):
+            return messages.confirm()
+        items = [messages] if isinstance(messages, Message) else messages
+        self._session._confirm(self, [m.sequence for m in items])
+
+    def _confirm_seqs(self, seqs: "Sequence[int]") -> None:
+        self._session._confirm(self, seqs)
 
     def configure(self, *, max_unconfirmed_messages: int | None = None,
                   max_unconfirmed_bytes: int | None = None, consumer_priority: int | None = None,
@@ -605,11 +653,11 @@ class Session:
         while len(buffer) and buffer.refusal(nbytes, count) is not None and self._core.state.linked:
             self._lock.wait(0.1)
 
-    def _confirm(self, q: Queue, guids: list[bytes]) -> None:
+    def _confirm(self, q: Queue, seqs: "Sequence[int]") -> None:
         if self._core.state is ConnectionState.STOPPED:
             raise errors.ConnectionError("session is stopped")
         with self._lock:
-            self._core.confirm(q.queue_id, guids, self._now_ms())
+            self._core.confirm(q.queue_id, seqs, self._now_ms())
             self._send_effects_locked()
             self._lock.notify_all()
 
@@ -709,7 +757,7 @@ class Session:
             targets = [q for q in (self._queues.get(i) for i in (m.queue_ids or [m.queue_id])) if q is not None]
             if not targets:
                 continue  # queue closed meanwhile: the broker redelivers elsewhere
-            payload = _decompressed(targets[0].uri, m.guid, m.payload, m.compression)
+            payload = decompressed(targets[0].uri, m.guid, m.payload, m.compression)
             properties = from_wire(m.properties)
             for n, q in enumerate(targets):
                 q._deliver(Message(m.guid, payload, properties if n == 0 else dict(properties), q.uri,
@@ -717,29 +765,25 @@ class Session:
                                    COMPRESSION_NAMES.get(m.compression), q))
 
     def _deliver_columns(self, frame: pb.PushColumns) -> None:
-        """A columnar PUSH frame: one Arrow batch to one queue, handed over as
-        `Message`s in its order."""
+        """A columnar PUSH frame: one Arrow batch to each target queue's
+        inbox as it is (`Rows`), or as `Message`s to a callback, in its order."""
         from protocol import columns
-        from protocol.properties import maps_to_wire
 
         # One copy for several queues of this session (broadcast consumers).
         targets = [q for q in (self._queues.get(i) for i in (frame.queue_ids or [frame.queue_id])) if q is not None]
         if not targets:
             return  # queue closed meanwhile: the broker redelivers elsewhere
-        table = columns.decode_push(frame.arrow_ipc)
-        if isinstance(table, str):
-            log.error("%s: a PUSH frame of %d messages could not be read: %s", targets[0].uri, frame.count, table)
+        push = columns.decode_push(frame.arrow_ipc)
+        if isinstance(push, str):
+            log.error("%s: a PUSH frame of %d messages could not be read: %s", targets[0].uri, frame.count, push)
             return  # unconfirmed: redelivered once this consumer goes
-        data = {name: table[name].to_pylist() for name in table.column_names}
-        uri = targets[0].uri
-        for guid, seq, payload, values, types, put_time_us, count, compression in zip(
-                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
-                data["put_time_us"], data["delivery_count"], data["compression"]):
-            payload = _decompressed(uri, guid, payload, compression)   # once, whatever the targets
-            properties = from_wire(maps_to_wire(values, types)) if values else {}
-            for n, q in enumerate(targets):
-                q._deliver(Message(guid, payload, properties if n == 0 else dict(properties), q.uri, count, seq,
-                                   put_time_us, COMPRESSION_NAMES.get(compression), q))
+        table = received_table(push, targets[0].uri)   # decompressed once, whatever the targets
+        for q in targets:
+            if q._on_message is None:
+                q._inbox.put(Rows(table))
+            else:
+                for message in table_messages(table, q):
+                    q._deliver(message)
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
                  channel: grpc.Channel) -> None:
@@ -790,16 +834,3 @@ class Session:
                 self._send_locked(effects)
             self._carry_out(effects)
             return
-
-
-def _decompressed(uri: str, guid: bytes, payload: bytes, compression: int) -> bytes:
-    """A pushed payload as the producer posted it. One that does not
-    decompress is delivered as received, so the application can see and
-    dead-letter it."""
-    if not compression:
-        return payload
-    try:
-        return decompress(payload, compression)
-    except ValueError as exc:
-        log.error("%s: message %s: %s", uri, guid.hex(), exc)
-        return payload

@@ -126,8 +126,8 @@ def arrow_batch(rng: random.Random) -> bytes:
 
 def plausible_frame(rng: random.Random, queue_ids: list[int]) -> pb.Frame:
     queue_id = rng.choice(queue_ids + [0, 99, 2**32 - 1])
-    kind = rng.choice(["put", "put", "put_columns", "confirm", "configure_queue", "close_queue", "open_queue",
-                       "heartbeat", "stop_request"])
+    kind = rng.choice(["put", "put", "put_columns", "confirm", "confirm_columns", "configure_queue", "close_queue",
+                       "open_queue", "heartbeat", "stop_request"])
     if kind == "put":
         return pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(
             queue_id=queue_id, guid=rng.randbytes(rng.choice([16, 16, 16, 0, 8, 32])),
@@ -141,8 +141,14 @@ def plausible_frame(rng: random.Random, queue_ids: list[int]) -> pb.Frame:
         return pb.Frame(put_columns=pb.PutColumns(queue_id=queue_id, arrow_ipc=arrow_batch(rng)))
     if kind == "confirm":
         return pb.Frame(confirm=pb.ConfirmBatch(messages=[
-            pb.ConfirmMessage(queue_id=queue_id, guid=rng.randbytes(rng.choice([16, 0, 3])))
+            pb.ConfirmMessage(queue_id=queue_id, guid=rng.randbytes(rng.choice([16, 0, 3])),
+                              sequence=rng.choice([0, 1, -1, 2**63 - 1, rng.randint(0, 500)]))
             for _ in range(rng.choice([1, 5]))]))
+    if kind == "confirm_columns":
+        ranges = rng.choice([1, 2, 50])
+        return pb.Frame(confirm_columns=pb.ConfirmColumns(
+            queue_id=queue_id, starts=[rng.choice([0, -1, 2**62, rng.randint(0, 500)]) for _ in range(ranges)],
+            counts=[rng.choice([0, 1, 1000, 2**32 - 1]) for _ in range(ranges + rng.choice([0, 0, 1, -1]))]))
     if kind == "configure_queue":
         return pb.Frame(configure_queue=pb.ConfigureQueue(request_id=rng.randint(1, 9), queue_id=queue_id,
                                                           options=options(rng)))

@@ -38,6 +38,7 @@ from primary import admission
 from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
 from primary.express import GuidHistory
 from protocol import ResultCode, columns, pb, status
+from protocol import seqs as seq_ranges
 from protocol.retransmit import RetransmissionLimits
 from replicas.relay import UPSTREAM, Relay
 from taproot.batching import BatchPolicy
@@ -146,9 +147,8 @@ class Client(Endpoint):
                     and response.status.code == ResultCode.SUCCESS:
                 self.core.opened(1, response)
         if effects.pushes:
-            guids = [m.guid for m in effects.pushes]
-            self.delivered.extend(guids)
-            self.core.confirm(1, guids, self.sim.now)
+            self.delivered.extend(m.guid for m in effects.pushes)
+            self.core.confirm(1, [m.sequence for m in effects.pushes], self.sim.now)
             self.core.flush()
 
     def receive_from_above(self, link: Link, frame: pb.Frame) -> None:
@@ -254,7 +254,7 @@ class Primary(Endpoint):
         for (link, queue_id), message in pushes:
             by_link.setdefault(link, []).append(pb.PushMessage(
                 queue_id=queue_id, guid=message.guid, payload=message.payload,
-                delivery_count=message.delivery_count))
+                delivery_count=message.delivery_count, sequence=message.seq))
         for link, messages in by_link.items():
             link.send_down(pb.Frame(push=pb.PushBatch(messages=messages)))
 
@@ -310,14 +310,12 @@ class Primary(Endpoint):
             self.uncommitted.append((link, req.queue_id, guids, [pb.PutMessage(
                 queue_id=req.queue_id, guid=g, payload=p) for i, (g, p) in enumerate(rows) if i not in refused],
                 refused))
-        elif kind == "confirm":  # as the node does: per queue, the frame's GUIDs at once
-            by_queue: dict[int, list[bytes]] = {}
-            for message in frame.confirm.messages:
-                by_queue.setdefault(message.queue_id, []).append(message.guid)
-            for queue_id, guids in by_queue.items():
-                stored, more = self.dispatcher.confirm_many((link, queue_id), guids)
-                self.confirmed.update(stored.guids)
-                self._push(more)
+        elif kind == "confirm_columns":  # as the node does: the frame's seqs at once
+            body = frame.confirm_columns
+            stored, more = self.dispatcher.confirm_many((link, body.queue_id), seq_ranges.expand(body.starts,
+                                                                                                 body.counts))
+            self.confirmed.update(stored.guids)
+            self._push(more)
         elif kind == "close_queue":
             req = frame.close_queue
             if queues.pop(req.queue_id, None):
@@ -343,6 +341,7 @@ class Primary(Endpoint):
         groups, self.uncommitted = self.uncommitted, []
         batch = [m for _, _, _, messages, _ in groups for m in messages]
         now_us = self.sim.now * 1000
+        first_seq = len(self.log)   # a PUT's seq: its place in the log
         self.log.extend((m.guid, now_us) for m in batch)
         self.log_set.update(m.guid for m in batch)
         for link, queue_id, frame_guids, messages, refused in groups:
@@ -354,7 +353,8 @@ class Primary(Endpoint):
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
                     queue_id=queue_id, guid=messages[0].guid, code=ResultCode.SUCCESS)])))
         duplicates = self.history.commit([m.guid for m in batch], now_us)
-        fresh = [StoredMessage(m.guid, 0, m.payload) for m, dup in zip(batch, duplicates) if not dup]
+        fresh = [StoredMessage(m.guid, first_seq + i, m.payload)
+                 for i, (m, dup) in enumerate(zip(batch, duplicates)) if not dup]
         self._push(self.dispatcher.add_messages(fresh))
 
     def crash(self) -> None:
@@ -370,9 +370,9 @@ class Primary(Endpoint):
         self.up = True
         # Recovery: the GUID history from the log, and what is not confirmed back to delivery.
         seen: set[bytes] = set()
-        first = [(g, at) for g, at in self.log if not (g in seen or seen.add(g))]
-        self.history.load(first)
-        self.dispatcher.add_messages(StoredMessage(g, 0, g) for g, _ in first if g not in self.confirmed)
+        first = [(seq, g, at) for seq, (g, at) in enumerate(self.log) if not (g in seen or seen.add(g))]
+        self.history.load([(g, at) for _, g, at in first])
+        self.dispatcher.add_messages(StoredMessage(g, seq, g) for seq, g, _ in first if g not in self.confirmed)
         self.sim.log.append(f"{self.sim.now}: primary back (epoch {self.epoch})")
 
 

@@ -35,7 +35,7 @@ def test_consumer_at_capacity_gets_nothing_new_until_it_confirms():
     pushes = d.add_messages(msgs(5))
     assert [m.seq for _, m in pushes] == [0, 1]
     assert d.pending_count == 3
-    confirmed, more = d.confirm("a", pushes[0][1].guid)
+    confirmed, more = d.confirm("a", pushes[0][1].seq)
     assert confirmed.seq == 0
     assert [m.seq for _, m in more] == [2]
 
@@ -76,8 +76,18 @@ def test_duplicate_guid_is_not_queued_twice_and_unknown_confirm_is_ignored():
     d.add_messages(msgs(2))
     assert d.pending_count == 2
     d.add_consumer("a", ConsumerOptions())
-    assert d.confirm("a", b"\xff" * 16) == (None, [])
-    assert d.confirm("nobody", b"\x00" * 16) == (None, [])
+    assert d.confirm("a", 999) == (None, [])
+    assert d.confirm("nobody", 0) == (None, [])
+
+
+def test_a_confirm_naming_another_guid_for_the_seq_confirms_nothing():
+    d = QueueDispatcher()
+    d.add_consumer("a", ConsumerOptions())
+    pushed = d.add_messages(msgs(3))
+    assert d.confirm("a", 1, b"\xee" * 16) == (None, [])   # seq 1 holds GUID 01..01: not this one
+    assert d.unconfirmed_of("a") == [0, 1, 2]
+    done, _ = d.confirm_many("a", [2, 1], [pushed[2][1].guid, b""])    # an empty GUID: by seq alone
+    assert done.seqs == [2, 1] and d.unconfirmed_of("a") == [0]
 
 
 # -- subscriptions, TTL, poison pills, broadcast --------------------------------
@@ -178,15 +188,15 @@ def confirm_schedules(draw):
     return consumers, steps
 
 
-def confirm_one_by_one(d: QueueDispatcher, key, guid: bytes):
-    """The per-GUID confirm confirm_many replaced, kept here as the oracle:
+def confirm_one_by_one(d: QueueDispatcher, key, seq: int):
+    """The one-by-one confirm confirm_many replaced, kept here as the oracle:
     pop the message, give the room back, dispatch."""
     consumer = d._consumers.get(key)
-    message = consumer.unconfirmed.pop(guid, None) if consumer is not None else None
+    message = consumer.unconfirmed.pop(seq, None) if consumer is not None else None
     if message is None:
         return None, []
     consumer.unconfirmed_bytes -= message.size
-    d._known.discard(guid)
+    d._known.discard(message.guid)
     return message, d._dispatch()
 
 
@@ -217,14 +227,14 @@ def test_confirm_many_frees_the_window_as_per_guid_confirms_would(schedule):
         key = who % len(consumers)
         for name, d in dispatchers.items():
             held = d.unconfirmed_of(key)
-            guids = [held[i % len(held)] for i in picks if held] + [bytes([200 + j]) * 16 for j in range(unknown)]
+            seqs = [held[i % len(held)] for i in picks if held] + [10_000 + j for j in range(unknown)]
             if name == "oracle":
-                for g in guids:
-                    stored, more = confirm_one_by_one(d, key, g)
+                for seq in seqs:
+                    stored, more = confirm_one_by_one(d, key, seq)
                     confirmed[name] += [stored.seq] if stored else []
                     pushed[name] += [m.seq for _, m in more]
             else:
-                stored_all, more = d.confirm_many(key, guids)
+                stored_all, more = d.confirm_many(key, seqs)
                 confirmed[name] += stored_all.seqs
                 pushed[name] += [m.seq for _, m in more]
         if len(consumers) == 1:
@@ -312,8 +322,8 @@ def test_runs_dispatch_as_messages_do(schedule):
             elif step[0] == "confirm":
                 key = step[1] % len(consumers)
                 held = d.unconfirmed_of(key)
-                guids = [held[i % len(held)] for i in step[2] if held] + [bytes([200 + j]) * 16 for j in range(step[3])]
-                done, more = d.confirm_many(key, guids)
+                seqs = [held[i % len(held)] for i in step[2] if held] + [10_000 + j for j in range(step[3])]
+                done, more = d.confirm_many(key, seqs)
                 confirmed[name] += done.seqs
                 pushed[name] += expanded(more)
             else:
@@ -348,7 +358,7 @@ def test_a_run_splits_at_the_window_and_the_rest_waits():
     d.add_consumer("a", ConsumerOptions(max_unconfirmed_messages=3))
     pushes = d.add_messages([run_of(msgs(10))])
     assert len(pushes) == 1 and pushes[0][1].seqs == [0, 1, 2] and d.pending_count == 7
-    done, more = d.confirm_many("a", [bytes([1]) * 16])
+    done, more = d.confirm_many("a", [1])
     assert done == ([bytes([1]) * 16], [1]) and [m.seqs for _, m in more] == [[3]]
     again = d.remove_consumer("a")
     assert again == [] and d.pending_count == 9

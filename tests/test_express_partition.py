@@ -57,7 +57,7 @@ class Consumer:
 
     def confirm(self, message: pb.PushMessage) -> None:
         def confirm(d):
-            stored, more = d.confirm_many((self.link, 1), [message.guid])
+            stored, more = d.confirm_many((self.link, 1), [message.sequence], [message.guid])
             confirmed.append(stored)
             return more
         confirmed: list = []
@@ -313,7 +313,7 @@ def test_pushes_keep_put_order_while_confirms_free_the_window_concurrently(parti
                 def confirm(d, batch=batch):
                     pushes = []
                     for m in batch:
-                        pushes.extend(d.confirm((consumer.link, 1), m.guid)[1])
+                        pushes.extend(d.confirm((consumer.link, 1), m.sequence, m.guid)[1])
                     return pushes
                 partition.route(consumer.state, "", confirm)
 

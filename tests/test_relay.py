@@ -10,10 +10,10 @@ def open_frame(qid, req, read=False, write=True):
                                             write=write))
 
 
-def opened(relay, up_frame, window_ms=0):
+def opened(relay, up_frame, window_ms=0, broadcast=False):
     return relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
         request_id=up_frame.open_queue.request_id, queue_id=up_frame.open_queue.queue_id,
-        status=pb.Status(code=0), dedup_history_window_ms=window_ms)))
+        status=pb.Status(code=0), dedup_history_window_ms=window_ms, broadcast=broadcast)))
 
 
 def put(qid, *guids, payload=b"p"):
@@ -206,9 +206,10 @@ def test_relay_rejects_server_frames_from_clients_and_reused_queue_ids():
 
 
 class FakeLink:
-    def __init__(self, columnar=()):
+    def __init__(self, columnar=(), broadcast=()):
         self.frames = []
         self.columnar = set(columnar)
+        self.broadcast = set(broadcast)
 
     def send(self, frame):
         self.frames.append(frame)
@@ -245,6 +246,7 @@ def test_a_run_of_pushes_to_a_columnar_consumer_goes_as_one_arrow_frame_and_rela
     assert frame.queue_id == 1 and frame.count == table.num_rows == len(run)
     assert table["guid"].to_pylist() == [m.guid for m in run] and table["seq"].to_pylist() == list(range(len(run)))
     assert table["properties"].to_pylist()[1] == [("n", "1")] and table["properties"].to_pylist()[0] is None
+    assert (list(frame.seq_starts), list(frame.seq_counts)) == ([0], [len(run)])   # the header relays read
     assert [(m.queue_id, m.guid) for m in link.frames[1].push.messages] == \
         [(2, run[0].guid), (2, run[1].guid)] + [(1, m.guid) for m in few]
 
@@ -256,7 +258,45 @@ def test_a_run_of_pushes_to_a_columnar_consumer_goes_as_one_arrow_frame_and_rela
     assert dest == "A" and down.push_columns.queue_id == 7 and down.push_columns.arrow_ipc == frame.arrow_ipc
     assert relay.unconfirmed_count == len(run)
     relay.from_downstream("A", pb.Frame(confirm=pb.ConfirmBatch(messages=[
-        pb.ConfirmMessage(queue_id=7, guid=m.guid) for m in run])))
+        pb.ConfirmMessage(queue_id=7, guid=m.guid, sequence=m.seq) for m in run[:2]])))
+    assert relay.unconfirmed_count == len(run) - 2
+    (dest, confirm), = relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(
+        queue_id=7, starts=[2, 50], counts=[len(run) - 2, 3])))
+    assert dest == UPSTREAM and confirm.confirm_columns.queue_id == frame.queue_id
+    assert relay.unconfirmed_count == 0
+
+
+def test_a_broadcast_route_tracks_no_confirms_and_a_bad_confirm_frame_is_refused():
+    from primary.dispatcher import StoredMessage
+    from primary.partition import COLUMNAR_RUN_MIN, send_pushes
+
+    link = FakeLink(columnar={1}, broadcast={1})
+    send_pushes([((link, 1), StoredMessage(g(i), 0, b"b")) for i in range(COLUMNAR_RUN_MIN)])
+    (frame,) = link.frames
+    assert frame.push_columns.count == COLUMNAR_RUN_MIN and not frame.push_columns.seq_starts
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(7, 1, read=True, write=False))
+    opened(relay, up, broadcast=True)
+    frame.push_columns.queue_id = up.open_queue.queue_id
+    relay.from_upstream(frame)
+    relay.from_upstream(pb.Frame(push=pb.PushBatch(messages=[pb.PushMessage(queue_id=up.open_queue.queue_id,
+                                                                            guid=g(1))])))
+    assert relay.unconfirmed_count == 0 and relay.drained   # a graceful stop waits for no broadcast confirm
+    for bad in (pb.ConfirmColumns(queue_id=7, starts=[1, 2], counts=[1]),
+                pb.ConfirmColumns(queue_id=7, starts=[0], counts=[2**32 - 1])):
+        (dest, error), = relay.from_downstream("A", pb.Frame(confirm_columns=bad))
+        assert dest == "A" and error.error.status.code == ResultCode.INVALID_ARGUMENT
+
+
+def test_a_wide_confirm_range_over_few_held_seqs_is_cheap():
+    relay = Relay()
+    (_, up), = relay.from_downstream("A", open_frame(7, 1, read=True, write=False))
+    opened(relay, up)
+    qid = up.open_queue.queue_id
+    relay.from_upstream(pb.Frame(push_columns=pb.PushColumns(queue_id=qid, count=3, seq_starts=[10, 90],
+                                                             seq_counts=[2, 1])))
+    assert relay.unconfirmed_count == 3
+    relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(queue_id=7, starts=[0], counts=[99_999])))
     assert relay.unconfirmed_count == 0
 
 

@@ -201,10 +201,10 @@ def test_stop_request_holds_puts_for_the_next_host_while_acks_and_confirms_flow(
     assert core.state is ConnectionState.HELD
     assert effects.frames == [pb.Frame(stop_response=pb.StopResponse(request_id=9))]
     core.post(1, put(1), 1, now_ms=0)
-    core.confirm(1, [g(7)], now_ms=0)
+    core.confirm(1, [7], now_ms=0)
     core.flush()
     frames = core.take().frames
-    assert sent_guids(frames) == [] and [f.WhichOneof("body") for f in frames] == ["confirm"]
+    assert sent_guids(frames) == [] and [f.WhichOneof("body") for f in frames] == ["confirm_columns"]
     core.connection_lost("host stopped")
     core.connected("h2", 1)
     reopened(core, core.take().frames)
@@ -392,3 +392,25 @@ def test_a_session_waiting_for_a_host_ends_when_stopped():
     thread.join(5)
     assert not thread.is_alive() and len(errors) == 1 and isinstance(errors[0], TaprootConnectionError)
     assert "stopped before a host answered" in str(errors[0])
+
+
+def test_confirms_go_as_seq_ranges_per_queue_split_at_the_frame_bound():
+    from taproot.core import confirm_frames
+
+    core = core_with_queue()
+    core.confirm(1, [5, 6, 7, 3, 9, 10], now_ms=0)
+    core.flush()
+    (frame,) = core.take().frames
+    assert frame.confirm_columns == pb.ConfirmColumns(queue_id=1, starts=[5, 3, 9], counts=[3, 1, 2])
+    frames = confirm_frames(4, list(range(100, 125)) + [7], frame_max=10)
+    assert [(list(f.confirm_columns.starts), list(f.confirm_columns.counts)) for f in frames] == \
+        [([100], [10]), ([110], [10]), ([120, 7], [5, 1])]
+    assert {f.confirm_columns.queue_id for f in frames} == {4}
+
+
+def test_a_broadcast_queue_sends_no_confirms():
+    core = core_with_queue()
+    core.queues[1].broadcast = True
+    core.confirm(1, [1, 2], now_ms=0)
+    core.flush()
+    assert core.take().frames == []

@@ -29,6 +29,11 @@ class Samples:
         self.times.extend(array("d", [at_s]) * count)
         self.latency_ms.extend(array("d", [latency_ms]) * count)
 
+    def add_array(self, at_s: float, latency_ms: "np.ndarray") -> None:
+        """Events with one time and a latency each (the rows of a batch)."""
+        self.times.extend(array("d", [at_s]) * len(latency_ms))
+        self.latency_ms.frombytes(np.ascontiguousarray(latency_ms, dtype=np.float64).tobytes())
+
     def extend(self, other: "Samples") -> None:
         self.times.extend(other.times)
         self.latency_ms.extend(other.latency_ms)

@@ -19,6 +19,7 @@ from taproot_ops.bench.runner import (
     merge_consumers,
     merge_producers,
     payload_factory,
+    push_latencies_ms,
     push_latency_ms,
 )
 from taproot_ops.bench.scenarios import APP_RULES, N_VALUES, Scenario, app_matches
@@ -225,8 +226,8 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
 
 def _batch_consumer(session: Session, scenario: Scenario, queue_indexes: tuple[int, ...], n: int,
                     shared: Shared) -> Samples:
-    """One queue read with `get_batch`: each lot's PUSH latencies, then one
-    CONFIRM for the lot."""
+    """One queue read with `get_columns` (Arrow batches): each batch's PUSH
+    latencies, read from its payload column, then one CONFIRM for the batch."""
     if len(queue_indexes) != 1:
         raise ValueError("batch consumers read one queue per session (queues_per_client = 1)")
     queue_index = queue_indexes[0]
@@ -237,13 +238,11 @@ def _batch_consumer(session: Session, scenario: Scenario, queue_indexes: tuple[i
     own = unreported = 0
     last_message = last_report = time.monotonic()
     while True:
-        batch = queue.get_batch(scenario.batch, timeout_s=0.2)
+        batch = queue.get_columns(scenario.batch, timeout_s=0.2)
         now = time.monotonic()
         if batch:
-            at_s, now_ns = time.time(), time.time_ns()
-            for message in batch:
-                pushes.add(at_s, push_latency_ms(message.payload, now_ns))
-            queue.confirm(batch)
+            pushes.add_array(time.time(), push_latencies_ms(batch.table["payload"], time.time_ns()))
+            batch.confirm()
             own += len(batch)
             unreported += len(batch)
             last_message = now

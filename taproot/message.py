@@ -1,0 +1,169 @@
+"""What a consumer receives: one `Message` at a time, or a `MessageBatch`
+(an Arrow table of many, confirmed with one call).
+
+A columnar PUSH frame waits in a queue's inbox as `Rows` (its decoded Arrow
+table) and becomes `Message` objects only if the application asks for them
+one at a time; `Queue.get_columns` hands the rows over as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import columns
+from protocol.properties import PropertyValue, from_wire, maps_to_wire, to_wire, wire_to_maps
+from taproot.compression import NAMES as COMPRESSION_NAMES
+from taproot.compression import decompress
+
+if TYPE_CHECKING:
+    from taproot.session import Queue
+
+log = logging.getLogger(__name__)
+
+# The columns of a `MessageBatch` table.
+BATCH_SCHEMA = pa.schema([
+    pa.field("guid", pa.binary()),
+    pa.field("seq", pa.int64()),
+    pa.field("payload", pa.binary()),                    # decompressed
+    pa.field("properties", columns.PROPERTY_MAP),        # the tables' form: values as strings
+    pa.field("property_types", columns.PROPERTY_MAP),    # name -> bool, int32, int64, string, binary
+    pa.field("put_time_us", pa.int64()),
+    pa.field("delivery_count", pa.int32()),
+    pa.field("compression", pa.string()),                # how the payload travelled (null: as it is)
+])
+
+
+@dataclass(frozen=True)
+class Message:
+    guid: bytes
+    payload: bytes
+    properties: Mapping[str, PropertyValue]
+    queue_uri: str
+    delivery_count: int
+    sequence: int
+    put_time_us: int
+    compression: str | None = None    # how the payload travelled; `payload` is always decompressed
+    _queue: "Queue | None" = field(default=None, repr=False, compare=False)
+
+    @property
+    def redelivered(self) -> bool:
+        return self.delivery_count > 1
+
+    def confirm(self) -> None:
+        assert self._queue is not None, "message not attached to a queue"
+        self._queue.confirm(self)
+
+
+class MessageBatch:
+    """Pushed messages of one queue as one Arrow table (`BATCH_SCHEMA`), in
+    push order: for consumers that process columns (Spark, pandas, Arrow
+    compute) rather than one message at a time. `confirm()` confirms them
+    all with one CONFIRM frame of seq ranges; `confirm(rows)` some of them."""
+
+    __slots__ = ("table", "queue")
+
+    def __init__(self, table: pa.Table, queue: "Queue"):
+        self.table = table
+        self.queue = queue
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __repr__(self) -> str:
+        return f"MessageBatch({self.queue.uri}, rows={len(self)})"
+
+    @property
+    def seqs(self) -> np.ndarray:
+        seqs: np.ndarray = self.table["seq"].to_numpy()
+        return seqs
+
+    def messages(self) -> list[Message]:
+        """The rows as `Message`s (the per-message view of the batch)."""
+        return table_messages(self.table, self.queue)
+
+    def confirm(self, rows: Sequence[int] | slice | None = None) -> None:
+        """Confirm every message of the batch, or the rows named (indexes or a slice)."""
+        seqs = self.seqs
+        if rows is not None:
+            seqs = seqs[rows] if isinstance(rows, slice) else seqs[np.asarray(rows, dtype=np.int64)]
+        self.queue._confirm_seqs(seqs.tolist())
+
+
+class Rows:
+    """A decoded PUSH frame waiting in a queue's inbox, from row `offset` on."""
+
+    __slots__ = ("table", "offset")
+
+    def __init__(self, table: pa.Table, offset: int = 0):
+        self.table, self.offset = table, offset
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows) - self.offset
+
+    def take(self, count: int) -> tuple[pa.Table, "Rows | None"]:
+        """The next `count` rows (at most), and what is left (None: nothing)."""
+        n = min(count, len(self))
+        taken = self.table.slice(self.offset, n)
+        return taken, (Rows(self.table, self.offset + n) if n < len(self) else None)
+
+
+def received_table(push: pa.Table, uri: str) -> pa.Table:
+    """A PushColumns body (`columns.PUSH_SCHEMA`) as `BATCH_SCHEMA`: payloads
+    decompressed, compression as its name. A payload that does not
+    decompress is kept as received (logged), so the application can see and
+    dead-letter it."""
+    codes = push["compression"]
+    payload, names = push["payload"], pa.nulls(push.num_rows, pa.string())
+    if pc.any(pc.not_equal(codes, 0)).as_py():
+        code_list = codes.to_pylist()
+        guids = push["guid"].to_pylist()
+        payload = pa.array([p if not c else decompressed(uri, g, p, c) for p, c, g in zip(
+            payload.to_pylist(), code_list, guids)], pa.binary())
+        names = pa.array([COMPRESSION_NAMES.get(c) for c in code_list], pa.string())
+    return pa.Table.from_arrays([push["guid"], push["seq"], payload, push["properties"], push["property_types"],
+                                 push["put_time_us"], push["delivery_count"], names], schema=BATCH_SCHEMA)
+
+
+def table_messages(table: pa.Table, queue: "Queue") -> list[Message]:
+    """`BATCH_SCHEMA` rows as `Message`s of `queue`."""
+    data = {name: table[name].to_pylist() for name in BATCH_SCHEMA.names}
+    uri = queue.uri
+    return [Message(guid, payload, from_wire(maps_to_wire(values, types)) if values else {}, uri, count, seq,
+                    put_time_us, compression, queue)
+            for guid, seq, payload, values, types, put_time_us, count, compression in zip(
+                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
+                data["put_time_us"], data["delivery_count"], data["compression"])]
+
+
+def messages_table(messages: Sequence[Message]) -> pa.Table:
+    """`Message`s (those that came one by one) as `BATCH_SCHEMA` rows."""
+    maps = [wire_to_maps(to_wire(m.properties)) if m.properties else (None, None) for m in messages]
+    return pa.table({
+        "guid": pa.array([m.guid for m in messages], pa.binary()),
+        "seq": pa.array([m.sequence for m in messages], pa.int64()),
+        "payload": pa.array([m.payload for m in messages], pa.binary()),
+        "properties": pa.array([v for v, _ in maps], columns.PROPERTY_MAP),
+        "property_types": pa.array([t for _, t in maps], columns.PROPERTY_MAP),
+        "put_time_us": pa.array([m.put_time_us for m in messages], pa.int64()),
+        "delivery_count": pa.array([m.delivery_count for m in messages], pa.int32()),
+        "compression": pa.array([m.compression for m in messages], pa.string()),
+    }, schema=BATCH_SCHEMA)
+
+
+def decompressed(uri: str, guid: bytes, payload: bytes, compression: int) -> bytes:
+    """A pushed payload as the producer posted it. One that does not
+    decompress is delivered as received, so the application can see and
+    dead-letter it."""
+    if not compression:
+        return payload
+    try:
+        return decompress(payload, compression)
+    except ValueError as exc:
+        log.error("%s: message %s: %s", uri, guid.hex(), exc)
+        return payload
