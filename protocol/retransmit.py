@@ -176,29 +176,22 @@ class RetransmissionBuffer(Generic[K, T]):
         return entries
 
 
-def put_batch(singles: list[pb.PutMessage]) -> list[pb.Frame]:
-    """Single PUTs as one PutBatch frame."""
-    return [pb.Frame(put=pb.PutBatch(messages=singles))]
-
-
-def put_frames(puts: Iterable[pb.PutMessage | pb.PutColumns], max_messages: int,
-               pack: Callable[[list[pb.PutMessage]], list[pb.Frame]] = put_batch) -> list[pb.Frame]:
+def put_frames(puts: Iterable[pb.PutMessage | pb.PutColumns], max_messages: int) -> list[pb.Frame]:
     """Buffered PUTs as frames to resend, in order: runs of at most
-    `max_messages` single PUTs as `pack` makes them into frames (a PutBatch;
-    the SDK's columnar frames), each columnar frame as it was."""
+    `max_messages` single PUTs as PutBatch frames, each columnar frame as it was."""
     frames: list[pb.Frame] = []
     singles: list[pb.PutMessage] = []
     for put in puts:
         if isinstance(put, pb.PutColumns):
             if singles:
-                frames.extend(pack(singles))
+                frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
                 singles = []
             frames.append(pb.Frame(put_columns=put))
             continue
         singles.append(put)
         if len(singles) >= max_messages:
-            frames.extend(pack(singles))
+            frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
             singles = []
     if singles:
-        frames.extend(pack(singles))
+        frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
     return frames

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from protocol import ResultCode, columns, pb
-from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX, PUT_FRAME_MESSAGES_MAX
-from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
+from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
 from protocol.seqs import ranges as seq_ranges
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
@@ -91,10 +91,13 @@ class QueueRecord:
 
 @dataclass
 class _Pending:
-    token: Any
+    """One entry of the retransmission buffer: a PutColumns frame, sent (or
+    to be sent) as it is and answered as a whole."""
+    token: Any                       # a post_columns frame's future (None for a frame of single PUTs)
     queue: QueueRecord
-    frame: pb.PutMessage | pb.PutColumns
-    guids: bytes                     # the PUT's GUID, or the columnar frame's GUIDs
+    frame: pb.PutColumns
+    guids: bytes                     # the frame's GUIDs, 16 bytes each (the buffer's key)
+    tokens: list[Any] | None = None  # a frame of single PUTs (`post()`): each row's future
 
 
 @dataclass
@@ -118,19 +121,6 @@ class Effects:
     def __bool__(self) -> bool:
         return any((self.frames, self.answered, self.responses, self.pushes, self.push_frames, self.closed,
                     self.events))
-
-
-def column_frames(puts: list[pb.PutMessage]) -> list[pb.Frame]:
-    """Single PUTs as PutColumns frames, one per run of one queue, in order:
-    every hop and the primary take them as a frame (columns.encode_puts)."""
-    frames: list[pb.Frame] = []
-    start = 0
-    for i in range(1, len(puts) + 1):
-        if i == len(puts) or puts[i].queue_id != puts[start].queue_id:
-            frames.append(pb.Frame(put_columns=pb.PutColumns(
-                queue_id=puts[start].queue_id, arrow_ipc=columns.encode_puts(puts[start:i]), per_message=True)))
-            start = i
-    return frames
 
 
 def confirm_frames(queue_id: int, seqs: list[int],
@@ -241,22 +231,19 @@ class SessionCore:
             self._requests[request.request_id] = _Request(carried.get(q.queue_id), "open_queue", q.queue_id)
             self._reopens[request.request_id] = q.queue_id
             self._send(pb.Frame(open_queue=request))
-        self._puts.take()  # what the batch held is in the buffer too
+        self._seal()  # batched PUTs become frames, held (no queue is open on this stream yet)
         self.buffer.defer_all(lambda _, held: held.item.queue.queue_id)  # each goes with its queue's reopen
-        self._effects.events.append(events.Reconnected(host, len(self.buffer)))
+        self._effects.events.append(events.Reconnected(host, self.buffer.messages))
         if not self._reopens:
             self._effects.events.append(events.StateRestored(host, 0, ()))
 
     def _resend(self, queue_id: int) -> int:
-        """The buffered PUTs of one queue not sent on this stream, in PUT
-        order (batched single PUTs of other queues go first, so order holds
-        within every queue)."""
-        self._send_puts()
+        """The buffered frames of one queue not sent on this stream, as they
+        were, in PUT order; then what was batched meanwhile (newer)."""
         held = self.buffer.take_deferred(queue_id)
-        self._effects.frames.extend(put_frames((h.item.frame for h in held),
-                                               min(self.batch_policy.max_messages, PUT_FRAME_MESSAGES_MAX),
-                                               column_frames))
-        return len(held)
+        self._effects.frames.extend(pb.Frame(put_columns=h.item.frame) for h in held)
+        self._seal()
+        return sum(h.count for h in held)
 
     def connection_lost(self, reason: str) -> None:
         """The stream ended. With `reconnect`, everything waits for the next
@@ -270,7 +257,7 @@ class SessionCore:
             self._end(ConnectionState.LOST, ResultCode.UNKNOWN, self.lost_reason)
             return
         self.state = ConnectionState.DISCONNECTED
-        self._effects.events.append(events.ConnectionLost(host, reason, len(self.buffer)))
+        self._effects.events.append(events.ConnectionLost(host, reason, self.pending))
 
     def stop(self) -> None:
         """The application stopped the session: every PUT still waiting fails CANCELED."""
@@ -279,7 +266,7 @@ class SessionCore:
 
     def _end(self, state: ConnectionState, code: ResultCode, reason: str) -> None:
         self.state = state
-        self._puts.take()
+        self._seal()   # not sent (the state is final): answered below with the rest
         self._confirms, self._confirm_count = {}, 0
         for _, held in self.buffer.clear():
             self._answer(held, code, reason)
@@ -336,21 +323,30 @@ class SessionCore:
         self.queues.pop(queue_id, None)
 
     # -- producing -----------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """PUTs not answered yet: held in the buffer, or batched."""
+        return self.buffer.messages + len(self._puts.items)
+
+    def refusal(self, nbytes: int, count: int = 1) -> tuple[ResultCode, str] | None:
+        """Why `count` more PUTs of `nbytes` would not fit the retransmission
+        buffer, counting those batched (not made into a frame yet), or None."""
+        return self.buffer.refusal(nbytes + self._puts.nbytes, count + len(self._puts.items))
+
     def post(self, queue_id: int, message: pb.PutMessage, token: Any, now_ms: float) -> AckError | None:
-        """Buffer one PUT and batch it when sending. The refusal, if it does
-        not fit the buffer (the shell waits first while connected)."""
+        """Batch one PUT. Once the batch is full or its linger time is up
+        (`tick`), its PUTs become frames (`_seal`), one entry each in the
+        retransmission buffer. The refusal, if it does not fit the buffer
+        (the shell waits first while connected)."""
         q = self.queues.get(queue_id)
         if q is None:
             return AckError(ResultCode.CANCELED, "the queue was closed", message.guid)
         nbytes = len(message.payload)
-        refused = self.buffer.refusal(nbytes)
+        refused = self.refusal(nbytes)
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", message.guid)
-        self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), nbytes, 1, now_ms, q.timeout_ms)
-        if not (self.sending and q.open):
-            self.buffer.defer(queue_id, message.guid)  # goes once connected and open
-        elif self._puts.add(message, nbytes, now_ms):
-            self._send_puts()
+        if self._puts.add((q, message, token), nbytes, now_ms):
+            self._seal()
         return None
 
     def post_columns(self, queue_id: int, frame: pb.PutColumns, guids: bytes, count: int, token: Any,
@@ -359,15 +355,11 @@ class SessionCore:
         if q is None:
             return AckError(ResultCode.CANCELED, "the queue was closed", guids[:16])
         nbytes = len(frame.arrow_ipc)
-        refused = self.buffer.refusal(nbytes, count)
+        refused = self.refusal(nbytes, count)
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
-        self.buffer.hold(guids, _Pending(token, q, frame, guids), nbytes, count, now_ms, q.timeout_ms)
-        if not (self.sending and q.open):
-            self.buffer.defer(queue_id, guids)
-        else:
-            self._send_puts()  # keep PUT order: batched single PUTs go first
-            self._send(pb.Frame(put_columns=frame))
+        self._seal()   # keep PUT order: batched single PUTs go first
+        self._hold(_Pending(token, q, frame, guids), nbytes, count, now_ms)
         return None
 
     def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
@@ -388,14 +380,43 @@ class SessionCore:
             self._send_confirms()
 
     def flush(self) -> None:
-        self._send_puts()
+        self._seal()
         self._send_confirms()
 
-    def _send_puts(self) -> None:
+    def _seal(self) -> None:
+        """The batched single PUTs as PutColumns frames, one per run of one
+        queue, in order (every hop and the primary take each as a whole,
+        checking and answering its rows one by one). Each frame is one entry
+        of the retransmission buffer, held since the batch's first PUT:
+        resent as it is, answered by one ACK frame."""
+        now_ms = self._puts.first_ms
         items = self._puts.take()
-        if items and self.sending:
-            self._effects.frames.extend(column_frames(items))
-        # Not sending: they stay in the buffer and go with the resend.
+        start = 0
+        for i in range(1, len(items) + 1):
+            if i == len(items) or items[i][0] is not items[start][0]:
+                run = items[start:i]
+                q = run[0][0]
+                messages = [m for _, m, _ in run]
+                tokens = [t for _, _, t in run]
+                if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
+                    self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
+                                                  for m, t in zip(messages, tokens))
+                else:
+                    frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
+                                          per_message=True)
+                    self._hold(_Pending(None, q, frame, b"".join(m.guid for m in messages), tokens),
+                               sum(len(m.payload) for m in messages), len(run), now_ms)
+                start = i
+
+    def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> None:
+        """Keep a frame until its ACK; send it now, or once its queue is
+        open on a stream."""
+        q = pending.queue
+        self.buffer.hold(pending.guids, pending, nbytes, count, now_ms, q.timeout_ms)
+        if self.sending and q.open:
+            self._send(pb.Frame(put_columns=pending.frame))
+        else:
+            self.buffer.defer(q.queue_id, pending.guids)
 
     def _send_confirms(self) -> None:
         if self._confirm_count:
@@ -410,7 +431,7 @@ class SessionCore:
         their time bound (TIMEOUT). Returns when to call again."""
         deadline = self._puts.deadline_ms()
         if deadline is not None and now_ms >= deadline:
-            self._send_puts()
+            self._seal()
         if self._confirm_count and now_ms >= self._confirms_since_ms + self.batch_policy.linger_ms:
             self._send_confirms()
         if now_ms >= self._next_expiry_ms:
@@ -425,50 +446,33 @@ class SessionCore:
         return wake
 
     def _answer(self, held: Held[_Pending], code: ResultCode, text: str) -> None:
+        """Every PUT of a held frame fails with `code`."""
         pending = held.item
-        guid = pending.guids[:16]
-        self._effects.answered.append((pending.token, AckError(code, text, guid)))
+        if pending.tokens is None:
+            self._effects.answered.append((pending.token, AckError(code, text, pending.guids[:16])))
+            return
+        guids = pending.guids
+        self._effects.answered.extend((token, AckError(code, text, guids[16 * i:16 * i + 16]))
+                                      for i, token in enumerate(pending.tokens))
 
     # -- frames from the broker ------------------------------------------------------
     def on_frame(self, frame: pb.Frame) -> None:
         kind = frame.WhichOneof("body")
-        if kind == "ack":
+        if kind == "ack":   # single ACKs: a frame of one PUT each
             for ack in frame.ack.messages:
                 held = self.buffer.release(ack.guid)
                 if held is None:
                     continue  # a retransmitted PUT's second ACK, or one already answered
-                if ResultCode.of(ack.code) is ResultCode.SUCCESS:
-                    self._effects.answered.append((held.item.token, Ack(ack.guid, held.item.queue.uri)))
-                else:
-                    self._answer(held, ResultCode.of(ack.code), ack.message)
+                self._answer_rows(held, ack.guid, ResultCode.of(ack.code), ack.message, {})
         elif kind == "ack_columns":
             ack = frame.ack_columns
             guids = ack.guids  # one copy: each access of a protobuf bytes field copies it
-            code = ResultCode.of(ack.code)
             held = self.buffer.release(guids)
-            if held is not None and isinstance(held.item.frame, pb.PutColumns):   # a post_columns frame
-                if code is ResultCode.SUCCESS:
-                    self._effects.answered.append(
-                        (held.item.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))
-                else:
-                    self._answer(held, code, ack.message)
-                return
-            # A frame of single PUTs (`post()`, sent as columns): one answer
-            # each, the code of the frame or, for a row refused on its own, its own.
+            if held is None:
+                return   # a retransmitted frame's second ACK, or one already answered
             refused = {row: (ResultCode.of(c), text) for row, c, text in zip(
                 ack.refused_rows, ack.refused_codes, ack.refused_messages)} if ack.refused_rows else {}
-            answered = self._effects.answered
-            release = self.buffer.release
-            for i in range(0, len(guids), 16):
-                guid = guids[i:i + 16]
-                one = held if held is not None and i == 0 else release(guid)
-                if one is None:
-                    continue  # a retransmitted PUT's second ACK, or one already answered
-                row_code, text = refused.get(i // 16, (code, ack.message))
-                if row_code is ResultCode.SUCCESS:
-                    answered.append((one.item.token, Ack(guid, one.item.queue.uri)))
-                else:
-                    self._answer(one, row_code, text)
+            self._answer_rows(held, guids, ResultCode.of(ack.code), ack.message, refused)
         elif kind == "push":
             self._effects.pushes.extend(frame.push.messages)
         elif kind == "push_columns":
@@ -491,6 +495,26 @@ class SessionCore:
             else:
                 log.warning("broker rejected a frame: %s: %s", ResultCode.of(error.status.code).name,
                             error.status.message)
+
+    def _answer_rows(self, held: Held[_Pending], guids: bytes, code: ResultCode, text: str,
+                     refused: dict[int, tuple[ResultCode, str]]) -> None:
+        """The answer to a held frame: a post_columns frame's, all or
+        nothing; a frame of single PUTs, one per PUT: the frame's code or,
+        for a row refused on its own, its own."""
+        pending = held.item
+        answered = self._effects.answered
+        if pending.tokens is None:
+            if code is ResultCode.SUCCESS:
+                answered.append((pending.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))
+            else:
+                self._answer(held, code, text)
+            return
+        uri = pending.queue.uri
+        for i, token in enumerate(pending.tokens):
+            guid = guids[16 * i:16 * i + 16]
+            row_code, row_text = refused.get(i, (code, text)) if refused else (code, text)
+            answered.append((token, Ack(guid, uri) if row_code is ResultCode.SUCCESS
+                             else AckError(row_code, row_text, guid)))
 
     def _respond(self, request_id: int, body: Any) -> None:
         request = self._requests.pop(request_id, None)
@@ -516,6 +540,7 @@ class SessionCore:
             else:
                 log.warning("%s: reopen refused: %s", q.uri, body.status.message)
                 self._not_restored.append(q.uri)
+                self._seal()   # its batched PUTs too are answered below
                 self.queues.pop(queue_id, None)
                 self.buffer.forget_deferred(queue_id)
                 self._effects.closed.append(queue_id)

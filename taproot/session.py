@@ -509,7 +509,7 @@ class Session:
         self._flush()
         deadline = self._now_ms() + timeout_s * 1000
         with self._lock:
-            while len(self._core.buffer) and not self._core.state.final and self._now_ms() < deadline:
+            while self._core.pending and not self._core.state.final and self._now_ms() < deadline:
                 self._lock.wait(0.05)
         for q in list(self._queues.values()):
             try:
@@ -649,8 +649,8 @@ class Session:
         """Connected, a producer waits while its PUTs would not fit the
         retransmission buffer (flow control: the ACKs make room), never
         dropped. Disconnected, or larger than the empty buffer, it is refused."""
-        buffer = self._core.buffer
-        while len(buffer) and buffer.refusal(nbytes, count) is not None and self._core.state.linked:
+        core = self._core
+        while core.pending and core.refusal(nbytes, count) is not None and core.state.linked:
             self._lock.wait(0.1)
 
     def _confirm(self, q: Queue, seqs: "Sequence[int]") -> None:

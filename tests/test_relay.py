@@ -432,7 +432,8 @@ def test_a_frame_of_single_puts_keeps_its_per_message_flag_upstream():
     relay = Relay()
     (_, up), = relay.from_downstream("A", open_frame(1, 10))
     opened(relay, up)
-    from taproot.core import column_frames
-    frame, = column_frames([pb.PutMessage(queue_id=1, guid=g(i), payload=b"p") for i in range(3)])
+    from protocol import columns
+    frame = pb.Frame(put_columns=pb.PutColumns(queue_id=1, per_message=True, arrow_ipc=columns.encode_puts(
+        [pb.PutMessage(queue_id=1, guid=g(i), payload=b"p") for i in range(3)])))
     (dest, sent), = relay.from_downstream("A", frame)
     assert dest == UPSTREAM and sent.put_columns.per_message and sent.put_columns.queue_id == up.open_queue.queue_id

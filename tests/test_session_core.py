@@ -108,25 +108,29 @@ def test_deferred_entries_go_by_queue_in_put_order_and_pack_into_frames():
 
 
 # -- the session core ------------------------------------------------------------
-def test_puts_batch_until_full_or_their_linger_time_and_each_ack_answers_once():
+def test_puts_batch_until_full_or_their_linger_time_and_each_frame_ack_answers_each_put_once():
     core = core_with_queue()
     for i in (1, 2):
         assert core.post(1, put(i), f"t{i}", now_ms=0) is None
-    assert core.take().frames == []                   # lingering
+    assert core.take().frames == [] and core.pending == 2 and len(core.buffer) == 0   # lingering
     core.post(1, put(3), "t3", now_ms=1)
-    assert sent_guids(core.take().frames) == [g(1), g(2), g(3)]  # full batch
+    assert sent_guids(core.take().frames) == [g(1), g(2), g(3)]  # full batch: one frame
+    assert len(core.buffer) == 1 and core.buffer.messages == 3   # held as one entry
     core.post(1, put(4), "t4", now_ms=2)
     assert core.tick(3) == 7 and core.take().frames == []
     core.tick(7)
     assert sent_guids(core.take().frames) == [g(4)]
-    core.on_frame(ack(1, 2))
-    core.on_frame(ack(2))                              # a retransmitted PUT's second ACK
-    core.on_frame(ack(3, code=ResultCode.STORAGE_FAILURE))
+    refused = pb.Frame(ack_columns=pb.AckColumns(queue_id=1, guids=g(1) + g(2) + g(3), refused_rows=[2],
+                                                 refused_codes=[ResultCode.LIMIT_MESSAGES], refused_messages=["q"]))
+    core.on_frame(refused)
+    core.on_frame(refused)                             # a resent frame's second ACK
+    core.on_frame(ack(4, code=ResultCode.STORAGE_FAILURE))   # single ACKs answer a one-PUT frame
     answered = core.take().answered
     assert answered[:2] == [("t1", Ack(g(1), "taproot://d/q")), ("t2", Ack(g(2), "taproot://d/q"))]
-    (token, error), = answered[2:]
-    assert token == "t3" and isinstance(error, AckError) and error.code == ResultCode.STORAGE_FAILURE
-    assert len(core.buffer) == 1
+    (t3, limit), (t4, failure) = answered[2:]
+    assert (t3, limit.code, limit.guid, limit.message) == ("t3", ResultCode.LIMIT_MESSAGES, g(3), "q")
+    assert t4 == "t4" and isinstance(failure, AckError) and failure.code == ResultCode.STORAGE_FAILURE
+    assert len(core.buffer) == 0 and core.pending == 0
 
 
 def test_single_puts_travel_as_one_columnar_frame_and_its_ack_answers_each_once():
@@ -152,15 +156,17 @@ def test_single_puts_travel_as_one_columnar_frame_and_its_ack_answers_each_once(
     assert token == "t4" and isinstance(error, AckError) and error.code == ResultCode.LIMIT_MESSAGES
 
 
-def test_a_reconnection_reopens_every_queue_and_resends_its_unacked_puts_in_order_once_it_is_open():
+def test_a_reconnection_reopens_every_queue_and_resends_its_unacked_frames_as_they_were_once_it_is_open():
     core = core_with_queue()
     for i in range(1, 5):
         core.post(1, put(i), i, now_ms=0)
-    core.on_frame(ack(2))
+    core.flush()
+    first, second = core.take().frames                 # [1, 2, 3] (a full batch) and [4]
+    core.on_frame(ack_frame(4))
     core.take()
     core.connection_lost("UNAVAILABLE")
     assert core.state is ConnectionState.DISCONNECTED
-    core.post(1, put(5), 5, now_ms=1)                 # waits in the buffer
+    core.post(1, put(5), 5, now_ms=1)                 # batched, then held: nowhere to send it
     effects = core.take()
     assert effects.events == [events.ConnectionLost("h1", "UNAVAILABLE", 3)]
     assert effects.frames == []
@@ -173,7 +179,8 @@ def test_a_reconnection_reopens_every_queue_and_resends_its_unacked_puts_in_orde
     assert core.take().frames == []
     reopened(core, effects.frames, window_ms=5000)
     effects = core.take()
-    assert sent_guids(effects.frames) == [g(1), g(3), g(4), g(5), g(6)]
+    assert sent_guids(effects.frames) == [g(1), g(2), g(3), g(5), g(6)]
+    assert effects.frames[0] == first                  # the same frame, byte for byte
     assert effects.events == [events.StateRestored("h2", 1, ())]
     assert core.queues[1].timeout_ms == 5000
 
@@ -215,8 +222,10 @@ def test_bounds_refuse_while_disconnected_and_time_out_with_timeout():
     core = core_with_queue(limits=RetransmissionLimits(max_messages=2, max_bytes=1 << 20, timeout_ms=1000))
     core.connection_lost("x")
     assert core.post(1, put(1), 1, now_ms=0) is None
+    core.tick(5)                                      # its linger time: a frame, held since 0
     assert core.post(1, put(2), 2, now_ms=600) is None
-    refused = core.post(1, put(3), 3, now_ms=100)
+    core.tick(605)
+    refused = core.post(1, put(3), 3, now_ms=700)
     assert isinstance(refused, AckError) and refused.code == ResultCode.LIMIT_MESSAGES
     core.tick(999)                                    # checked every EXPIRY_INTERVAL_MS (500)
     assert core.take().answered == []
