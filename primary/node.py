@@ -516,6 +516,12 @@ class Node:
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))
             return
         guids = columns.guids_of(table)
+        header = req.guids
+        if header and header != guids:
+            # Relays keyed the frame by its header: answer with it.
+            link.send(columns.ack_columns(req.queue_id, header, ResultCode.INVALID_ARGUMENT,
+                                          "the header's GUIDs (PutColumns.guids) are not the rows' GUIDs", {}))
+            return
         refused: dict[int, tuple[ResultCode, str]] = {}
 
         def nack(code: ResultCode, text: str) -> None:

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/taproot.proto\x12\ntaproot.v1\"?\n\x06Status\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x81\x01\n\x0cQueueOptions\x12 \n\x18max_unconfirmed_messages\x18\x01 \x01(\x03\x12\x1d\n\x15max_unconfirmed_bytes\x18\x02 \x01(\x03\x12\x19\n\x11\x63onsumer_priority\x18\x03 \x01(\x05\x12\x15\n\rsubscriptions\x18\x04 \x03(\t\"\x9d\x01\n\tOpenQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x0c\n\x04read\x18\x04 \x01(\x08\x12\r\n\x05write\x18\x05 \x01(\x08\x12)\n\x07options\x18\x06 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x15\n\rcolumnar_push\x18\x07 \x01(\x08\"\xd7\x01\n\x11OpenQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\x03\x12)\n\x07options\x18\x05 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x1f\n\x17\x64\x65\x64up_history_window_ms\x18\x06 \x01(\x03\x12\x11\n\tbroadcast\x18\x07 \x01(\x08\"a\n\x0e\x43onfigureQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12)\n\x07options\x18\x03 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\"b\n\x16\x43onfigureQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"2\n\nCloseQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\"^\n\x12\x43loseQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"\x95\x01\n\x08Property\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x15\n\x0bint32_value\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bint64_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"\xaa\x01\n\nPutMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12,\n\x0b\x63ompression\x18\x06 \x01(\x0e\x32\x17.taproot.v1.Compression\"4\n\x08PutBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.PutMessage\"F\n\nPutColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x13\n\x0bper_message\x18\x03 \x01(\x08\"|\n\x0bPushColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\x12\x11\n\tqueue_ids\x18\x04 \x03(\r\x12\x12\n\nseq_starts\x18\x05 \x03(\x03\x12\x12\n\nseq_counts\x18\x06 \x03(\r\"\xc3\x01\n\nAckColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05guids\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x14\n\x0crefused_rows\x18\x05 \x03(\r\x12-\n\rrefused_codes\x18\x06 \x03(\x0e\x32\x16.taproot.v1.ResultCode\x12\x18\n\x10refused_messages\x18\x07 \x03(\t\"c\n\nAckMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\"4\n\x08\x41\x63kBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.AckMessage\"\xe8\x01\n\x0bPushMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12\x16\n\x0e\x64\x65livery_count\x18\x06 \x01(\r\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12,\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x17.taproot.v1.Compression\x12\x11\n\tqueue_ids\x18\t \x03(\r\"6\n\tPushBatch\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.taproot.v1.PushMessage\"B\n\x0e\x43onfirmMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\"<\n\x0c\x43onfirmBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.taproot.v1.ConfirmMessage\"B\n\x0e\x43onfirmColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06starts\x18\x02 \x03(\x03\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\"5\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\"\n\x0cStopResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"!\n\tHeartbeat\x12\x14\n\x0csent_time_us\x18\x01 \x01(\x03\"D\n\nFrameError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.taproot.v1.Status\"\x85\x07\n\x05\x46rame\x12+\n\nopen_queue\x18\x01 \x01(\x0b\x32\x15.taproot.v1.OpenQueueH\x00\x12<\n\x13open_queue_response\x18\x02 \x01(\x0b\x32\x1d.taproot.v1.OpenQueueResponseH\x00\x12\x35\n\x0f\x63onfigure_queue\x18\x03 \x01(\x0b\x32\x1a.taproot.v1.ConfigureQueueH\x00\x12\x46\n\x18\x63onfigure_queue_response\x18\x04 \x01(\x0b\x32\".taproot.v1.ConfigureQueueResponseH\x00\x12-\n\x0b\x63lose_queue\x18\x05 \x01(\x0b\x32\x16.taproot.v1.CloseQueueH\x00\x12>\n\x14\x63lose_queue_response\x18\x06 \x01(\x0b\x32\x1e.taproot.v1.CloseQueueResponseH\x00\x12#\n\x03put\x18\x07 \x01(\x0b\x32\x14.taproot.v1.PutBatchH\x00\x12#\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x14.taproot.v1.AckBatchH\x00\x12%\n\x04push\x18\t \x01(\x0b\x32\x15.taproot.v1.PushBatchH\x00\x12+\n\x07\x63onfirm\x18\n \x01(\x0b\x32\x18.taproot.v1.ConfirmBatchH\x00\x12/\n\x0cstop_request\x18\x0b \x01(\x0b\x32\x17.taproot.v1.StopRequestH\x00\x12\x31\n\rstop_response\x18\x0c \x01(\x0b\x32\x18.taproot.v1.StopResponseH\x00\x12*\n\theartbeat\x18\r \x01(\x0b\x32\x15.taproot.v1.HeartbeatH\x00\x12\'\n\x05\x65rror\x18\x0e \x01(\x0b\x32\x16.taproot.v1.FrameErrorH\x00\x12-\n\x0bput_columns\x18\x0f \x01(\x0b\x32\x16.taproot.v1.PutColumnsH\x00\x12-\n\x0b\x61\x63k_columns\x18\x10 \x01(\x0b\x32\x16.taproot.v1.AckColumnsH\x00\x12/\n\x0cpush_columns\x18\x11 \x01(\x0b\x32\x17.taproot.v1.PushColumnsH\x00\x12\x35\n\x0f\x63onfirm_columns\x18\x12 \x01(\x0b\x32\x1a.taproot.v1.ConfirmColumnsH\x00\x42\x06\n\x04\x62ody\"=\n\x0e\x44\x65liveryNotice\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x18\n\x10\x64\x65livery_version\x18\x02 \x01(\x03\"\x0b\n\tNoticeAck*\xd3\x01\n\nResultCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x0b\n\x07UNKNOWN\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02\x12\x11\n\rNOT_CONNECTED\x10\x03\x12\x0c\n\x08\x43\x41NCELED\x10\x04\x12\x11\n\rNOT_SUPPORTED\x10\x05\x12\x0b\n\x07REFUSED\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\x12\n\x0eLIMIT_MESSAGES\x10\x64\x12\x0f\n\x0bLIMIT_BYTES\x10\x65\x12\x13\n\x0fSTORAGE_FAILURE\x10h*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x82\x01\n\x06\x42roker\x12\x33\n\x07Session\x12\x11.taproot.v1.Frame\x1a\x11.taproot.v1.Frame(\x01\x30\x01\x12\x43\n\x0eNotifyDelivery\x12\x1a.taproot.v1.DeliveryNotice\x1a\x15.taproot.v1.NoticeAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/taproot.proto\x12\ntaproot.v1\"?\n\x06Status\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x81\x01\n\x0cQueueOptions\x12 \n\x18max_unconfirmed_messages\x18\x01 \x01(\x03\x12\x1d\n\x15max_unconfirmed_bytes\x18\x02 \x01(\x03\x12\x19\n\x11\x63onsumer_priority\x18\x03 \x01(\x05\x12\x15\n\rsubscriptions\x18\x04 \x03(\t\"\x9d\x01\n\tOpenQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x0c\n\x04read\x18\x04 \x01(\x08\x12\r\n\x05write\x18\x05 \x01(\x08\x12)\n\x07options\x18\x06 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x15\n\rcolumnar_push\x18\x07 \x01(\x08\"\xd7\x01\n\x11OpenQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\x03\x12)\n\x07options\x18\x05 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\x12\x1f\n\x17\x64\x65\x64up_history_window_ms\x18\x06 \x01(\x03\x12\x11\n\tbroadcast\x18\x07 \x01(\x08\"a\n\x0e\x43onfigureQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12)\n\x07options\x18\x03 \x01(\x0b\x32\x18.taproot.v1.QueueOptions\"b\n\x16\x43onfigureQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"2\n\nCloseQueue\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\"^\n\x12\x43loseQueueResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.taproot.v1.Status\"\x95\x01\n\x08Property\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x15\n\x0bint32_value\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bint64_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"\xaa\x01\n\nPutMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12,\n\x0b\x63ompression\x18\x06 \x01(\x0e\x32\x17.taproot.v1.Compression\"4\n\x08PutBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.PutMessage\"U\n\nPutColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x13\n\x0bper_message\x18\x03 \x01(\x08\x12\r\n\x05guids\x18\x04 \x01(\x0c\"|\n\x0bPushColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tarrow_ipc\x18\x03 \x01(\x0c\x12\x11\n\tqueue_ids\x18\x04 \x03(\r\x12\x12\n\nseq_starts\x18\x05 \x03(\x03\x12\x12\n\nseq_counts\x18\x06 \x03(\r\"\xc3\x01\n\nAckColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\r\n\x05guids\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x14\n\x0crefused_rows\x18\x05 \x03(\r\x12-\n\rrefused_codes\x18\x06 \x03(\x0e\x32\x16.taproot.v1.ResultCode\x12\x18\n\x10refused_messages\x18\x07 \x03(\t\"c\n\nAckMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12$\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x16.taproot.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\t\"4\n\x08\x41\x63kBatch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.taproot.v1.AckMessage\"\xe8\x01\n\x0bPushMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12(\n\nproperties\x18\x04 \x03(\x0b\x32\x14.taproot.v1.Property\x12\x13\n\x0bput_time_us\x18\x05 \x01(\x03\x12\x16\n\x0e\x64\x65livery_count\x18\x06 \x01(\r\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12,\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x17.taproot.v1.Compression\x12\x11\n\tqueue_ids\x18\t \x03(\r\"6\n\tPushBatch\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.taproot.v1.PushMessage\"B\n\x0e\x43onfirmMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0c\n\x04guid\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\"<\n\x0c\x43onfirmBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.taproot.v1.ConfirmMessage\"B\n\x0e\x43onfirmColumns\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06starts\x18\x02 \x03(\x03\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\"5\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\"\n\x0cStopResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"!\n\tHeartbeat\x12\x14\n\x0csent_time_us\x18\x01 \x01(\x03\"D\n\nFrameError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.taproot.v1.Status\"\x85\x07\n\x05\x46rame\x12+\n\nopen_queue\x18\x01 \x01(\x0b\x32\x15.taproot.v1.OpenQueueH\x00\x12<\n\x13open_queue_response\x18\x02 \x01(\x0b\x32\x1d.taproot.v1.OpenQueueResponseH\x00\x12\x35\n\x0f\x63onfigure_queue\x18\x03 \x01(\x0b\x32\x1a.taproot.v1.ConfigureQueueH\x00\x12\x46\n\x18\x63onfigure_queue_response\x18\x04 \x01(\x0b\x32\".taproot.v1.ConfigureQueueResponseH\x00\x12-\n\x0b\x63lose_queue\x18\x05 \x01(\x0b\x32\x16.taproot.v1.CloseQueueH\x00\x12>\n\x14\x63lose_queue_response\x18\x06 \x01(\x0b\x32\x1e.taproot.v1.CloseQueueResponseH\x00\x12#\n\x03put\x18\x07 \x01(\x0b\x32\x14.taproot.v1.PutBatchH\x00\x12#\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x14.taproot.v1.AckBatchH\x00\x12%\n\x04push\x18\t \x01(\x0b\x32\x15.taproot.v1.PushBatchH\x00\x12+\n\x07\x63onfirm\x18\n \x01(\x0b\x32\x18.taproot.v1.ConfirmBatchH\x00\x12/\n\x0cstop_request\x18\x0b \x01(\x0b\x32\x17.taproot.v1.StopRequestH\x00\x12\x31\n\rstop_response\x18\x0c \x01(\x0b\x32\x18.taproot.v1.StopResponseH\x00\x12*\n\theartbeat\x18\r \x01(\x0b\x32\x15.taproot.v1.HeartbeatH\x00\x12\'\n\x05\x65rror\x18\x0e \x01(\x0b\x32\x16.taproot.v1.FrameErrorH\x00\x12-\n\x0bput_columns\x18\x0f \x01(\x0b\x32\x16.taproot.v1.PutColumnsH\x00\x12-\n\x0b\x61\x63k_columns\x18\x10 \x01(\x0b\x32\x16.taproot.v1.AckColumnsH\x00\x12/\n\x0cpush_columns\x18\x11 \x01(\x0b\x32\x17.taproot.v1.PushColumnsH\x00\x12\x35\n\x0f\x63onfirm_columns\x18\x12 \x01(\x0b\x32\x1a.taproot.v1.ConfirmColumnsH\x00\x42\x06\n\x04\x62ody\"=\n\x0e\x44\x65liveryNotice\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x18\n\x10\x64\x65livery_version\x18\x02 \x01(\x03\"\x0b\n\tNoticeAck*\xd3\x01\n\nResultCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x0b\n\x07UNKNOWN\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02\x12\x11\n\rNOT_CONNECTED\x10\x03\x12\x0c\n\x08\x43\x41NCELED\x10\x04\x12\x11\n\rNOT_SUPPORTED\x10\x05\x12\x0b\n\x07REFUSED\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\x12\n\x0eLIMIT_MESSAGES\x10\x64\x12\x0f\n\x0bLIMIT_BYTES\x10\x65\x12\x13\n\x0fSTORAGE_FAILURE\x10h*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x82\x01\n\x06\x42roker\x12\x33\n\x07Session\x12\x11.taproot.v1.Frame\x1a\x11.taproot.v1.Frame(\x01\x30\x01\x12\x43\n\x0eNotifyDelivery\x12\x1a.taproot.v1.DeliveryNotice\x1a\x15.taproot.v1.NoticeAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.taproot_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESULTCODE']._serialized_start=3556
-  _globals['_RESULTCODE']._serialized_end=3767
-  _globals['_COMPRESSION']._serialized_start=3769
-  _globals['_COMPRESSION']._serialized_end=3848
+  _globals['_RESULTCODE']._serialized_start=3571
+  _globals['_RESULTCODE']._serialized_end=3782
+  _globals['_COMPRESSION']._serialized_start=3784
+  _globals['_COMPRESSION']._serialized_end=3863
   _globals['_STATUS']._serialized_start=38
   _globals['_STATUS']._serialized_end=101
   _globals['_QUEUEOPTIONS']._serialized_start=104
@@ -58,39 +58,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTBATCH']._serialized_start=1285
   _globals['_PUTBATCH']._serialized_end=1337
   _globals['_PUTCOLUMNS']._serialized_start=1339
-  _globals['_PUTCOLUMNS']._serialized_end=1409
-  _globals['_PUSHCOLUMNS']._serialized_start=1411
-  _globals['_PUSHCOLUMNS']._serialized_end=1535
-  _globals['_ACKCOLUMNS']._serialized_start=1538
-  _globals['_ACKCOLUMNS']._serialized_end=1733
-  _globals['_ACKMESSAGE']._serialized_start=1735
-  _globals['_ACKMESSAGE']._serialized_end=1834
-  _globals['_ACKBATCH']._serialized_start=1836
-  _globals['_ACKBATCH']._serialized_end=1888
-  _globals['_PUSHMESSAGE']._serialized_start=1891
-  _globals['_PUSHMESSAGE']._serialized_end=2123
-  _globals['_PUSHBATCH']._serialized_start=2125
-  _globals['_PUSHBATCH']._serialized_end=2179
-  _globals['_CONFIRMMESSAGE']._serialized_start=2181
-  _globals['_CONFIRMMESSAGE']._serialized_end=2247
-  _globals['_CONFIRMBATCH']._serialized_start=2249
-  _globals['_CONFIRMBATCH']._serialized_end=2309
-  _globals['_CONFIRMCOLUMNS']._serialized_start=2311
-  _globals['_CONFIRMCOLUMNS']._serialized_end=2377
-  _globals['_STOPREQUEST']._serialized_start=2379
-  _globals['_STOPREQUEST']._serialized_end=2432
-  _globals['_STOPRESPONSE']._serialized_start=2434
-  _globals['_STOPRESPONSE']._serialized_end=2468
-  _globals['_HEARTBEAT']._serialized_start=2470
-  _globals['_HEARTBEAT']._serialized_end=2503
-  _globals['_FRAMEERROR']._serialized_start=2505
-  _globals['_FRAMEERROR']._serialized_end=2573
-  _globals['_FRAME']._serialized_start=2576
-  _globals['_FRAME']._serialized_end=3477
-  _globals['_DELIVERYNOTICE']._serialized_start=3479
-  _globals['_DELIVERYNOTICE']._serialized_end=3540
-  _globals['_NOTICEACK']._serialized_start=3542
-  _globals['_NOTICEACK']._serialized_end=3553
-  _globals['_BROKER']._serialized_start=3851
-  _globals['_BROKER']._serialized_end=3981
+  _globals['_PUTCOLUMNS']._serialized_end=1424
+  _globals['_PUSHCOLUMNS']._serialized_start=1426
+  _globals['_PUSHCOLUMNS']._serialized_end=1550
+  _globals['_ACKCOLUMNS']._serialized_start=1553
+  _globals['_ACKCOLUMNS']._serialized_end=1748
+  _globals['_ACKMESSAGE']._serialized_start=1750
+  _globals['_ACKMESSAGE']._serialized_end=1849
+  _globals['_ACKBATCH']._serialized_start=1851
+  _globals['_ACKBATCH']._serialized_end=1903
+  _globals['_PUSHMESSAGE']._serialized_start=1906
+  _globals['_PUSHMESSAGE']._serialized_end=2138
+  _globals['_PUSHBATCH']._serialized_start=2140
+  _globals['_PUSHBATCH']._serialized_end=2194
+  _globals['_CONFIRMMESSAGE']._serialized_start=2196
+  _globals['_CONFIRMMESSAGE']._serialized_end=2262
+  _globals['_CONFIRMBATCH']._serialized_start=2264
+  _globals['_CONFIRMBATCH']._serialized_end=2324
+  _globals['_CONFIRMCOLUMNS']._serialized_start=2326
+  _globals['_CONFIRMCOLUMNS']._serialized_end=2392
+  _globals['_STOPREQUEST']._serialized_start=2394
+  _globals['_STOPREQUEST']._serialized_end=2447
+  _globals['_STOPRESPONSE']._serialized_start=2449
+  _globals['_STOPRESPONSE']._serialized_end=2483
+  _globals['_HEARTBEAT']._serialized_start=2485
+  _globals['_HEARTBEAT']._serialized_end=2518
+  _globals['_FRAMEERROR']._serialized_start=2520
+  _globals['_FRAMEERROR']._serialized_end=2588
+  _globals['_FRAME']._serialized_start=2591
+  _globals['_FRAME']._serialized_end=3492
+  _globals['_DELIVERYNOTICE']._serialized_start=3494
+  _globals['_DELIVERYNOTICE']._serialized_end=3555
+  _globals['_NOTICEACK']._serialized_start=3557
+  _globals['_NOTICEACK']._serialized_end=3568
+  _globals['_BROKER']._serialized_start=3866
+  _globals['_BROKER']._serialized_end=3996
 # @@protoc_insertion_point(module_scope)

@@ -176,14 +176,16 @@ class PutBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PutMessage, _Mapping]]] = ...) -> None: ...
 
 class PutColumns(_message.Message):
-    __slots__ = ("queue_id", "arrow_ipc", "per_message")
+    __slots__ = ("queue_id", "arrow_ipc", "per_message", "guids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GUIDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     arrow_ipc: bytes
     per_message: bool
-    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ...) -> None: ...
+    guids: bytes
+    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ..., guids: _Optional[bytes] = ...) -> None: ...
 
 class PushColumns(_message.Message):
     __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids", "seq_starts", "seq_counts")

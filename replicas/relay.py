@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 from protocol import ResultCode, pb, status, wire
-from protocol.limits import PUT_FRAME_MESSAGES_MAX
+from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from protocol.seqs import confirm_columns_invalid
 
@@ -232,22 +232,27 @@ class Relay:
         return out
 
     def _put_columns(self, link: Hashable, req: pb.PutColumns) -> Out:
-        from protocol import columns  # pyarrow only when columnar PUTs are used
-        table = columns.decode(req.arrow_ipc)
-        if isinstance(table, str):  # no GUID is known: a frame error is all that can be said
-            return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, table))))]
-        guids = columns.guids_of(table)
+        """A columnar PUT frame goes up as it came, its queue id rewritten.
+        Its header names its GUIDs (`PutColumns.guids`): the body is not
+        opened here (a frame without the header is read for them)."""
+        guids = frame_guids(req)
+        if isinstance(guids, str):  # no GUID is known: a frame error is all that can be said
+            return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, guids))))]
+        count = len(guids) // GUID_LENGTH
+        nbytes = len(req.arrow_ipc)
         up_qid = self._up.get((link, req.queue_id))
         refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
-                   else self._buffer.refusal(len(req.arrow_ipc), table.num_rows))
+                   else self._buffer.refusal(nbytes, count))
         if refused is not None:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
         assert up_qid is not None
-        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc, per_message=req.per_message)
+        # A frame of its own (the bytes as they came): the one from below may
+        # be held by its sender too (in-process links), and must not change.
+        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc, per_message=req.per_message, guids=guids)
         sending = self.sending and self._routes[up_qid].open
         if not self._again(link, req.queue_id, (up_qid, guids)):
-            self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), len(req.arrow_ipc), table.num_rows)
+            self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), nbytes, count)
             if not sending:
                 self._buffer.defer(up_qid, (up_qid, guids))
         return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
@@ -489,9 +494,9 @@ class Relay:
     def _answer(entry: _Buffered, code: ResultCode, text: str) -> list[tuple[object, pb.Frame]]:
         """The relay's own answer to a buffered PUT: one ACK per copy."""
         if isinstance(entry.frame, pb.PutColumns):
-            from protocol import columns
-            table = columns.decode(entry.frame.arrow_ipc)
-            guids = b"" if isinstance(table, str) else columns.guids_of(table)
+            guids = frame_guids(entry.frame)
+            if isinstance(guids, str):
+                guids = b""
             return [(entry.link, pb.Frame(ack_columns=pb.AckColumns(queue_id=entry.queue_id, guids=guids,
                                                                    code=wire(code), message=text)))] * entry.copies
         return [(entry.link, pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
@@ -563,6 +568,19 @@ class Relay:
                 else:
                     out.append((link, frame))
         return [(link, pb.Frame(ack=pb.AckBatch(messages=items))) for link, items in acks.items()] + out
+
+
+def frame_guids(req: pb.PutColumns) -> bytes | str:
+    """A PUT frame's GUIDs: its header, or (a frame without one) read from
+    its body; or why they cannot be known."""
+    guids = req.guids
+    if guids:
+        if len(guids) % GUID_LENGTH:
+            return f"PutColumns.guids holds {len(guids)} bytes, not a whole number of {GUID_LENGTH}-byte GUIDs"
+        return guids
+    from protocol import columns  # pyarrow only when a frame has no header
+    table = columns.decode(req.arrow_ipc)
+    return table if isinstance(table, str) else columns.guids_of(table)
 
 
 @dataclass

@@ -402,10 +402,11 @@ class SessionCore:
                     self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
                                                   for m, t in zip(messages, tokens))
                 else:
+                    guids = b"".join(m.guid for m in messages)
                     frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
-                                          per_message=True)
-                    self._hold(_Pending(None, q, frame, b"".join(m.guid for m in messages), tokens),
-                               sum(len(m.payload) for m in messages), len(run), now_ms)
+                                          per_message=True, guids=guids)
+                    self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages),
+                               len(run), now_ms)
                 start = i
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> None:

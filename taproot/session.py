@@ -634,7 +634,7 @@ class Session:
 
     def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> "Future[list[bytes]]":
         future: Future[list[bytes]] = Future()
-        frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data)
+        frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data, guids=guids)
         count = len(guids) // GUID_LENGTH
         with self._lock:
             self._wait_for_room_locked(len(data), count)

@@ -195,6 +195,28 @@ def test_a_column_consumer_takes_arrow_batches_and_confirms_them_as_seq_ranges(c
             assert again.get_columns(timeout_s=0.5) is None
 
 
+def test_a_put_frame_whose_header_names_other_guids_is_refused_by_the_header(cluster):
+    """Relays trust a PUT frame's header; the primary checks it against the
+    rows and refuses the frame, answering with the header's GUIDs (what the
+    relays and the producer hold it by)."""
+    import pyarrow as pa
+
+    from protocol import columns
+
+    raw = RawSession(cluster.proxy_address)
+    assert raw.open(1, "taproot://demo/header").status.code == ResultCode.SUCCESS
+    rows = pa.table({"guid": columns.fixed_width_binary(b"\x01" * 32, 16), "payload": [b"a", b"b"],
+                     "properties": pa.array([[], []], columns.PROPERTY_MAP),
+                     "property_types": pa.array([[], []], columns.PROPERTY_MAP),
+                     "compression": pa.nulls(2, pa.string())})
+    header = b"\x02" * 32
+    raw.send(pb.Frame(put_columns=pb.PutColumns(queue_id=1, arrow_ipc=columns.encode(rows), guids=header)))
+    ack = raw.recv("ack_columns").ack_columns
+    assert ack.code == ResultCode.INVALID_ARGUMENT and ack.guids == header and "header" in ack.message
+    raw.close()
+    assert not committed_guids(cluster) & {b"\x01" * 16, b"\x02" * 16}
+
+
 def test_columnar_pushes_carry_properties_compression_and_order(cluster):
     """A run of pushes to one consumer travels as one Arrow frame (the SDK asks
     for it): every field arrives as posted, through the proxy and directly."""

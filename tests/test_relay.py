@@ -437,3 +437,25 @@ def test_a_frame_of_single_puts_keeps_its_per_message_flag_upstream():
         [pb.PutMessage(queue_id=1, guid=g(i), payload=b"p") for i in range(3)])))
     (dest, sent), = relay.from_downstream("A", frame)
     assert dest == UPSTREAM and sent.put_columns.per_message and sent.put_columns.queue_id == up.open_queue.queue_id
+
+
+def test_a_put_frame_with_its_header_goes_up_unopened_and_its_answers_use_the_header():
+    """The relay keys, forwards and answers a PutColumns frame by its
+    header's GUIDs: a body it cannot read is not its business (the primary
+    checks it), so it is forwarded byte for byte."""
+    relay = Relay(RetransmissionLimits(max_messages=10))
+    (_, up), = relay.from_downstream("A", open_frame(1, 10))
+    opened(relay, up)
+    guids = g(1) + g(2)
+    frame = pb.Frame(put_columns=pb.PutColumns(queue_id=1, arrow_ipc=b"not arrow at all", guids=guids))
+    (dest, sent), = relay.from_downstream("A", frame)
+    assert dest == UPSTREAM and sent.put_columns.arrow_ipc == b"not arrow at all"
+    assert sent.put_columns.queue_id == up.open_queue.queue_id and relay.unacked_count == 2
+    (dest, down), = relay.from_upstream(pb.Frame(ack_columns=pb.AckColumns(
+        queue_id=up.open_queue.queue_id, guids=guids, code=ResultCode.INVALID_ARGUMENT)))
+    assert dest == "A" and down.ack_columns.queue_id == 1 and relay.unacked_count == 0
+    big = pb.Frame(put_columns=pb.PutColumns(queue_id=1, arrow_ipc=b"x", guids=b"".join(g(i) for i in range(11))))
+    (dest, refused), = relay.from_downstream("A", big)   # past the buffer's bound: answered from the header
+    assert refused.ack_columns.code == ResultCode.LIMIT_MESSAGES and len(refused.ack_columns.guids) == 11 * 16
+    (dest, error), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=1, guids=b"short")))
+    assert dest == "A" and error.error.status.code == ResultCode.INVALID_ARGUMENT
