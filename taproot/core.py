@@ -395,7 +395,7 @@ class SessionCore:
         for i in range(1, len(items) + 1):
             if i == len(items) or items[i][0] is not items[start][0]:
                 run = items[start:i]
-                q = run[0][0]
+                q: QueueRecord = run[0][0]
                 messages = [m for _, m, _ in run]
                 tokens = [t for _, _, t in run]
                 if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
