@@ -384,30 +384,34 @@ class SessionCore:
         self._send_confirms()
 
     def _seal(self) -> None:
-        """The batched single PUTs as PutColumns frames, one per run of one
-        queue, in order (every hop and the primary take each as a whole,
+        """The batched single PUTs as PutColumns frames, one per queue, each
+        queue's in PUT order (every hop and the primary take each as a whole,
         checking and answering its rows one by one). Each frame is one entry
         of the retransmission buffer, held since the batch's first PUT:
         resent as it is, answered by one ACK frame."""
         now_ms = self._puts.first_ms
         items = self._puts.take()
-        start = 0
-        for i in range(1, len(items) + 1):
-            if i == len(items) or items[i][0] is not items[start][0]:
-                run = items[start:i]
-                q: QueueRecord = run[0][0]
-                messages = [m for _, m, _ in run]
-                tokens = [t for _, _, t in run]
-                if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
-                    self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
-                                                  for m, t in zip(messages, tokens))
-                else:
-                    guids = b"".join(m.guid for m in messages)
-                    frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
-                                          per_message=True, guids=guids)
-                    self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages),
-                               len(run), now_ms)
-                start = i
+        if not items:
+            return
+        # One frame per queue, its PUTs in their order (the order that holds:
+        # a producer posting to its queues in turn would otherwise make a
+        # frame of each PUT).
+        runs: dict[int, list[tuple[QueueRecord, pb.PutMessage, Any]]] = {}
+        for item in items:
+            runs.setdefault(id(item[0]), []).append(item)
+        for run in runs.values():
+            q: QueueRecord = run[0][0]
+            messages = [m for _, m, _ in run]
+            tokens = [t for _, _, t in run]
+            if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
+                self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
+                                              for m, t in zip(messages, tokens))
+                continue
+            guids = b"".join(m.guid for m in messages)
+            frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages), per_message=True,
+                                  guids=guids)
+            self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages), len(run),
+                       now_ms)
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> None:
         """Keep a frame until its ACK; send it now, or once its queue is

@@ -297,7 +297,9 @@ def test_a_reconnection_resends_each_queues_puts_from_one_pass_over_the_buffer()
     core.connection_lost("x")
     core.connected("h2", 1)
     reopens = [f.open_queue for f in core.take().frames]
-    core.on_frame(ack(5))                                  # an ACK of the lost stream, arriving late
+    acked = [5, 205, 405, 605, 805]                        # queue 6's frame of the first batch
+    core.on_frame(pb.Frame(ack_columns=pb.AckColumns(       # its ACK, of the lost stream, arriving late
+        queue_id=6, guids=b"".join(g(i) for i in acked))))
     calls = []
     items = core.buffer.items
     core.buffer.items = lambda: calls.append(1) or items()  # type: ignore[method-assign]
@@ -306,7 +308,7 @@ def test_a_reconnection_resends_each_queues_puts_from_one_pass_over_the_buffer()
             request_id=req.request_id, queue_id=req.queue_id, status=status(ResultCode.SUCCESS))))
     resent = sent_guids(core.take().frames)
     assert calls == []                                     # no scan of the buffer per reopen
-    assert sorted(resent) == sorted(g(i) for i in range(2000) if i != 5)
+    assert sorted(resent) == sorted(g(i) for i in range(2000) if i not in acked)
     per_queue = [int.from_bytes(x, "big") for x in resent if int.from_bytes(x, "big") % 200 == 7]
     assert per_queue == sorted(per_queue)                  # PUT order within a queue
 
@@ -423,3 +425,18 @@ def test_a_broadcast_queue_sends_no_confirms():
     core.confirm(1, [1, 2], now_ms=0)
     core.flush()
     assert core.take().frames == []
+
+
+def test_a_producer_posting_to_its_queues_in_turn_sends_one_frame_per_queue_in_each_queues_order():
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=6))
+    core.connected("h1", 0)
+    for qid in (1, 2):
+        core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,
+                                   open_request=pb.OpenQueue(queue_id=qid, uri=f"taproot://d/q{qid}", write=True)))
+        core.opened(qid, pb.OpenQueueResponse(queue_id=qid, status=status(ResultCode.SUCCESS)))
+    for i in range(6):
+        core.post(1 + i % 2, put(i, queue_id=1 + i % 2), i, now_ms=0)
+    frames = core.take().frames
+    assert [(f.put_columns.queue_id, sent_guids([f])) for f in frames] == [(1, [g(0), g(2), g(4)]),
+                                                                            (2, [g(1), g(3), g(5)])]
+    assert len(core.buffer) == 2 and core.buffer.messages == 6
