@@ -11,6 +11,10 @@ MAX_UNCONFIRMED_BYTES = 32 * 1024 * 1024
 CONSUMER_PRIORITY_MAX = 2**30                 # priorities lie in [-2^30, 2^30]
 PUT_FRAME_MESSAGES_MAX = 1000                 # PUTs per frame a hop builds when it resends
 CONFIRM_FRAME_MESSAGES_MAX = 100_000          # seqs one ConfirmColumns may name (the SDK splits)
+# Fewer PUTs to one queue in one SDK batch go as PutMessages (in one PutBatch
+# with other queues' few): a columnar frame's fixed cost (Arrow IPC both
+# ways, the vectorised checks, a run in the express lane) is paid per frame.
+PUT_COLUMNS_MIN = 8
 DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs
 # One producer's retransmission buffer (the SDK); a hop's holds many producers'
 # (`protocol.retransmit.RetransmissionLimits`).

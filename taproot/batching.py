@@ -5,16 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.limits import PUT_COLUMNS_MIN
+
 
 @dataclass(frozen=True)
 class BatchPolicy:
     linger_ms: float = 1.0            # how long the first PUT of a batch may wait
     max_messages: int = 1000
     max_bytes: int = 4 * 1024 * 1024
+    # A queue's PUTs of one batch travel as one columnar frame from this many
+    # on; fewer go as PutMessages (a frame's fixed cost is paid per frame).
+    columns_min: int = PUT_COLUMNS_MIN
 
     def __post_init__(self) -> None:
-        if self.linger_ms < 0 or self.max_messages < 1 or self.max_bytes < 1:
-            raise ValueError("linger_ms >= 0, max_messages >= 1 and max_bytes >= 1 are required")
+        if self.linger_ms < 0 or self.max_messages < 1 or self.max_bytes < 1 or self.columns_min < 1:
+            raise ValueError("linger_ms >= 0, max_messages >= 1, max_bytes >= 1 and columns_min >= 1 are required")
 
 
 class Batcher:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from protocol import ResultCode, columns, pb
-from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX
-from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits
+from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX, PUT_FRAME_MESSAGES_MAX
+from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
 from protocol.seqs import ranges as seq_ranges
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
@@ -92,10 +92,11 @@ class QueueRecord:
 @dataclass
 class _Pending:
     """One entry of the retransmission buffer: a PutColumns frame, sent (or
-    to be sent) as it is and answered as a whole."""
-    token: Any                       # a post_columns frame's future (None for a frame of single PUTs)
+    to be sent) as it is and answered as a whole, or one PutMessage (a
+    queue's few PUTs of a batch travel as PutMessages)."""
+    token: Any                       # a post_columns frame's or a PutMessage's future (None: `tokens`)
     queue: QueueRecord
-    frame: pb.PutColumns
+    frame: pb.PutColumns | pb.PutMessage
     guids: bytes                     # the frame's GUIDs, 16 bytes each (the buffer's key)
     tokens: list[Any] | None = None  # a frame of single PUTs (`post()`): each row's future
 
@@ -241,7 +242,7 @@ class SessionCore:
         """The buffered frames of one queue not sent on this stream, as they
         were, in PUT order; then what was batched meanwhile (newer)."""
         held = self.buffer.take_deferred(queue_id)
-        self._effects.frames.extend(pb.Frame(put_columns=h.item.frame) for h in held)
+        self._effects.frames.extend(put_frames((h.item.frame for h in held), PUT_FRAME_MESSAGES_MAX))
         self._seal()
         return sum(h.count for h in held)
 
@@ -399,6 +400,7 @@ class SessionCore:
         runs: dict[int, list[tuple[QueueRecord, pb.PutMessage, Any]]] = {}
         for item in items:
             runs.setdefault(id(item[0]), []).append(item)
+        singles: list[pb.PutMessage] = []
         for run in runs.values():
             q: QueueRecord = run[0][0]
             messages = [m for _, m, _ in run]
@@ -407,11 +409,23 @@ class SessionCore:
                 self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
                                               for m, t in zip(messages, tokens))
                 continue
+            if len(run) < self.batch_policy.columns_min:   # a few: as PutMessages, each its own entry
+                sending = self.sending and q.open
+                for message, token in zip(messages, tokens):
+                    self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), len(message.payload),
+                                     1, now_ms, q.timeout_ms)
+                    if sending:
+                        singles.append(message)
+                    else:
+                        self.buffer.defer(q.queue_id, message.guid)
+                continue
             guids = b"".join(m.guid for m in messages)
             frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages), per_message=True,
                                   guids=guids)
             self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages), len(run),
                        now_ms)
+        if singles:
+            self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> None:
         """Keep a frame until its ACK; send it now, or once its queue is
@@ -508,6 +522,10 @@ class SessionCore:
         for a row refused on its own, its own."""
         pending = held.item
         answered = self._effects.answered
+        if isinstance(pending.frame, pb.PutMessage):
+            answered.append((pending.token, Ack(guids, pending.queue.uri) if code is ResultCode.SUCCESS
+                             else AckError(code, text, guids)))
+            return
         if pending.tokens is None:
             if code is ResultCode.SUCCESS:
                 answered.append((pending.token, [guids[i:i + 16] for i in range(0, len(guids), 16)]))

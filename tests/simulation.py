@@ -105,7 +105,8 @@ class Client(Endpoint):
 
     def __init__(self, sim: "Simulation", name: str, upper: "Endpoint", read: bool, limits: RetransmissionLimits):
         self.sim, self.name, self.upper, self.read = sim, name, upper, read
-        self.core = SessionCore(batch=BatchPolicy(linger_ms=2, max_messages=50), limits=limits)
+        # A queue's batch of one or two PUTs goes as PutMessages, of more as a frame: both paths.
+        self.core = SessionCore(batch=BatchPolicy(linger_ms=2, max_messages=50, columns_min=3), limits=limits)
         self.core.add_queue(QueueRecord(1, URI, read=read, write=not read,
                                         open_request=pb.OpenQueue(queue_id=1, uri=URI, read=read, write=not read)))
         self.link: Link | None = None
@@ -281,6 +282,9 @@ class Primary(Endpoint):
             for message in frame.put.messages:
                 refused = (admission.Refusal(ResultCode.INVALID_ARGUMENT, "queue id not open")
                            if message.queue_id not in queues else admission.check_put(message, self.domains["sim"]))
+                if refused is None and self.refuse_rows and message.guid[-1] % 7 == 0:
+                    refused = admission.Refusal(ResultCode.LIMIT_MESSAGES, "quota (simulated)")
+                    self.refused.add(message.guid)
                 if refused is None:
                     self.uncommitted.append((link, message.queue_id, None, [message], {}))
                 else:

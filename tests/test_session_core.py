@@ -27,7 +27,7 @@ def ack(*ids: int, code: int = ResultCode.SUCCESS) -> pb.Frame:
 
 
 def core_with_queue(**kwargs) -> SessionCore:
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=3), **kwargs)
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=3, columns_min=1), **kwargs)
     core.connected("h1", 0)
     core.add_queue(QueueRecord(1, "taproot://d/q", read=False, write=True,
                                open_request=pb.OpenQueue(queue_id=1, uri="taproot://d/q", write=True)))
@@ -285,7 +285,7 @@ def test_a_consumer_asks_for_columnar_pushes_and_the_core_hands_the_frames_to_th
 def test_a_reconnection_resends_each_queues_puts_from_one_pass_over_the_buffer():
     """Many queues reopening must not each scan the whole buffer: the resend
     lists are built once per connection; what was ACKed meanwhile is skipped."""
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000))
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=1))
     core.connected("h1", 0)
     for qid in range(1, 201):
         core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,
@@ -428,7 +428,7 @@ def test_a_broadcast_queue_sends_no_confirms():
 
 
 def test_a_producer_posting_to_its_queues_in_turn_sends_one_frame_per_queue_in_each_queues_order():
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=6))
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=6, columns_min=1))
     core.connected("h1", 0)
     for qid in (1, 2):
         core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,

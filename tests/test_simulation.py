@@ -72,14 +72,16 @@ def _refuse_all(self, nbytes, count=1):
 
 def _ack_on_receipt(original):
     def receive_from_below(self, link, frame):
-        if frame.WhichOneof("body") == "put_columns" and self.up and link in self.links:
+        if frame.WhichOneof("body") in ("put", "put_columns") and self.up and link in self.links:
             before = len(self.uncommitted)
             original(self, link, frame)
-            if len(self.uncommitted) == before:
-                return   # refused, and answered so
-            held = self.uncommitted[-1]
-            link.send_down(pb.Frame(ack_columns=pb.AckColumns(  # before the commit: a crash loses them
-                queue_id=held[1], guids=held[2], code=ResultCode.SUCCESS)))
+            for held in self.uncommitted[before:]:   # ACKed before the commit: a crash loses them
+                if held[2] is None:   # a single PUT
+                    link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
+                        queue_id=held[1], guid=held[3][0].guid, code=ResultCode.SUCCESS)])))
+                else:
+                    link.send_down(pb.Frame(ack_columns=pb.AckColumns(
+                        queue_id=held[1], guids=held[2], code=ResultCode.SUCCESS)))
             return
         original(self, link, frame)
     return receive_from_below
