@@ -440,3 +440,28 @@ def test_a_producer_posting_to_its_queues_in_turn_sends_one_frame_per_queue_in_e
     assert [(f.put_columns.queue_id, sent_guids([f])) for f in frames] == [(1, [g(0), g(2), g(4)]),
                                                                             (2, [g(1), g(3), g(5)])]
     assert len(core.buffer) == 2 and core.buffer.messages == 6
+
+
+def test_a_queues_few_puts_go_as_put_messages_each_held_and_answered_on_its_own():
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=3))
+    core.connected("h1", 0)
+    core.add_queue(QueueRecord(1, "taproot://d/q", read=False, write=True,
+                               open_request=pb.OpenQueue(queue_id=1, uri="taproot://d/q", write=True)))
+    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=status(ResultCode.SUCCESS)))
+    core.take()
+    core.post(1, put(1), "a", now_ms=0)
+    core.post(1, put(2), "b", now_ms=0)
+    core.flush()
+    (frame,) = core.take().frames
+    assert frame.WhichOneof("body") == "put" and [m.guid for m in frame.put.messages] == [g(1), g(2)]
+    assert len(core.buffer) == 2                      # an entry each
+    core.on_frame(ack(2, code=ResultCode.LIMIT_BYTES))
+    (token, error), = core.take().answered
+    assert token == "b" and error.code == ResultCode.LIMIT_BYTES
+    core.connection_lost("x")
+    core.connected("h2", 1)
+    reopened(core, core.take().frames)
+    (resent,) = core.take().frames                    # resent as PutMessages, packed again
+    assert resent.WhichOneof("body") == "put" and [m.guid for m in resent.put.messages] == [g(1)]
+    core.on_frame(ack(1))
+    assert core.take().answered == [("a", Ack(g(1), "taproot://d/q"))] and core.pending == 0
