@@ -276,6 +276,19 @@ def _push_columns(run: list[StoredMessage]) -> bytes:
         [m.delivery_count for m in run], [m.compression for m in run])
 
 
+def _segments(items: list[PendingPut | PendingColumns]) -> list[list[PendingPut] | PendingColumns]:
+    """`items` in order, consecutive single PUTs together."""
+    out: list[list[PendingPut] | PendingColumns] = []
+    for item in items:
+        if isinstance(item, PendingColumns):
+            out.append(item)
+        elif out and isinstance(out[-1], list):
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
+
+
 def send_acks(acks: list[tuple["Link", pb.AckMessage]]) -> None:
     by_link: dict["Link", list[pb.AckMessage]] = {}
     for link, ack in acks:
@@ -536,7 +549,7 @@ class Partition:
         bulks = [i for i in items if isinstance(i, PendingColumns)]
         next_seq = self._next_seq
         try:
-            batch = self._put_batch(singles, bulks, now_us)
+            batch = self._put_batch(items, now_us)
         except Exception as exc:
             # Nothing was written: answer at once rather than leave the
             # producers to their timeout.
@@ -568,17 +581,27 @@ class Partition:
             # The ACKs first: the producers wait for them; the express
             # decisions come next, still before any delivery row is reconciled.
             _answer_puts(singles, bulks, ResultCode.SUCCESS, "")
-            targets = self._express(batch, singles, bulks, now_us)
+            targets = self._express(batch, items, now_us)
         if targets:
             self._route_targets(targets)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
 
-    def _put_batch(self, singles: list[PendingPut], bulks: list[PendingColumns], now_us: int) -> pa.Table:
-        """The PUT-log rows of one group commit: the singles, then each bulk's rows."""
+    def _put_batch(self, items: list[PendingPut | PendingColumns], now_us: int) -> pa.Table:
+        """The PUT-log rows of one group commit, in the order the PUTs came
+        (a producer's single PUTs and frames to one queue may share a
+        commit: their seqs keep its order). Consecutive single PUTs make
+        one part, each frame another."""
         parts = []
-        if singles:
+        for singles_or_bulk in _segments(items):
+            if isinstance(singles_or_bulk, PendingColumns):
+                t = singles_or_bulk.table
+                producer_us = t[PUT_TIME] if PUT_TIME in t.column_names else pa.nulls(t.num_rows, pa.int64())
+                parts.append(self._rows([singles_or_bulk.queue] * t.num_rows, t["guid"], t["payload"],
+                                        t["properties"], t["property_types"], producer_us, t["compression"], now_us))
+                continue
+            singles = singles_or_bulk
             props = [wire_to_maps(i.message.properties) for i in singles]
             parts.append(self._rows(
                 [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
@@ -587,11 +610,6 @@ class Partition:
                 pa.array([p[1] for p in props], tables.PROPERTY_MAP),
                 pa.array([i.message.put_time_us or None for i in singles], pa.int64()),
                 pa.array([COMPRESSION_NAMES.get(i.message.compression) for i in singles], pa.string()), now_us))
-        for bulk in bulks:
-            t = bulk.table
-            producer_us = t[PUT_TIME] if PUT_TIME in t.column_names else pa.nulls(t.num_rows, pa.int64())
-            parts.append(self._rows([bulk.queue] * t.num_rows, t["guid"], t["payload"], t["properties"],
-                                    t["property_types"], producer_us, t["compression"], now_us))
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     @staticmethod
@@ -603,25 +621,25 @@ class Partition:
             b.queue.unadmit(b.table["guid"].to_pylist())
         _answer_puts(singles, bulks, code, text)
 
-    def _express(self, batch: pa.Table, singles: list[PendingPut], bulks: list[PendingColumns],
-                 now_us: int) -> Targets:
+    def _express(self, batch: pa.Table, items: list[PendingPut | PendingColumns], now_us: int) -> Targets:
         """The express lane, right after the commit: the GUID history decides
         duplicates (ACKed, never pushed), the app subscriptions the targets.
-        Rows are in `batch` order: the singles, then each bulk's rows."""
+        Rows are in `batch` order: the items' order (`_put_batch`)."""
         duplicates = self._history.commit(batch["guid"].to_pylist(), now_us)
         first_seq = batch["seq"][0].as_py()
         targets: Targets = {}
         row = 0
-        for i in singles:
-            state, m = i.queue, i.message
-            if state.express:
-                ttl_ms = state.domain.message_ttl_ms
-                message = StoredMessage(m.guid, first_seq + row, m.payload, list(m.properties), m.put_time_us,
-                                        expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
-                                        compression=m.compression)
-                self._decide_and_target(targets, state, message, duplicates[row])
-            row += 1
-        for b in bulks:
+        for b in items:
+            if isinstance(b, PendingPut):
+                state, m = b.queue, b.message
+                if state.express:
+                    ttl_ms = state.domain.message_ttl_ms
+                    message = StoredMessage(m.guid, first_seq + row, m.payload, list(m.properties), m.put_time_us,
+                                            expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                            compression=m.compression)
+                    self._decide_and_target(targets, state, message, duplicates[row])
+                row += 1
+                continue
             state = b.queue
             if not state.express:
                 row += b.table.num_rows

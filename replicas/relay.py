@@ -269,7 +269,7 @@ class Relay:
         return [(UPSTREAM, pb.Frame(confirm=pb.ConfirmBatch(messages=messages)))] if messages else []
 
     def _confirm_columns(self, link: Hashable, frame: pb.Frame) -> Out:
-        """Seq ranges: the frame goes up as it came, its queue id rewritten."""
+        """Seq ranges: they go up as they came, under the upstream queue id."""
         if not self.connected:
             return []
         body = frame.confirm_columns
@@ -285,8 +285,9 @@ class Relay:
                 unconfirmed.difference_update(range(start, start + count))
             else:   # a wide range over few held: look at those
                 unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
-        body.queue_id = up_qid
-        return [(UPSTREAM, frame)]
+        # A frame of its own: the one from below may be its sender's too (in-process links).
+        return [(UPSTREAM, pb.Frame(confirm_columns=pb.ConfirmColumns(queue_id=up_qid, starts=body.starts,
+                                                                      counts=body.counts)))]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.

@@ -368,6 +368,29 @@ def test_a_columnar_frame_to_apps_without_subscriptions_is_decided_once_per_fram
     assert disagreements(partition.paths) == []
 
 
+def test_a_frame_and_single_puts_in_one_group_commit_keep_the_order_they_came_in(partition):
+    """A producer's few PUTs go as PutMessages and its many as a frame; both
+    to one queue may share a group commit. Their seqs, and so the PUSH
+    order, follow the order they came in (it was: singles first)."""
+    from primary.partition import PendingColumns
+    from protocol import columns
+
+    consumer = Consumer(partition)
+    state = partition.queue_state(QueueUri("d", "q"), partition.config.domains["d"])
+    link = Link("producer")
+    table = pa.table({"guid": pa.array([G[0], G[1]], pa.binary()), "payload": pa.array([b"f0", b"f1"]),
+                      "properties": pa.array([None, None], columns.PROPERTY_MAP),
+                      "property_types": pa.array([None, None], columns.PROPERTY_MAP),
+                      "compression": pa.array([None, None], pa.string())}, schema=columns.SCHEMA)
+    items = [PendingColumns(link, 1, state, table, G[0] + G[1]),
+             PendingPut(link, 1, state, pb.PutMessage(queue_id=1, guid=G[2], payload=b"s2")),
+             PendingPut(link, 1, state, pb.PutMessage(queue_id=1, guid=G[3], payload=b"s3"))]
+    assert partition.put_committer.submit(items, 0)   # one group
+    pushed = consumer.pushed(4, timeout_s=10)
+    assert [m.guid for m in pushed] == [G[0], G[1], G[2], G[3]]
+    assert [m.sequence for m in pushed] == [0, 1, 2, 3]
+
+
 def test_a_group_whose_rows_cannot_be_built_is_refused_at_once_and_the_next_one_commits(partition, monkeypatch):
     """Issue 16, defect 8: an exception while building a group's rows escaped
     the commit function, and its PUTs waited for their timeout (60-300 s)."""
