@@ -220,13 +220,11 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                 while end < len(items) and items[end][1] is message:
                     end += 1
                 queue_ids = [q for q, _ in items[i:end]] if end - i > 1 else []
-                confirmable = queue_id not in link.broadcast
                 for start in range(0, len(message), frame_messages_max):
                     count = min(frame_messages_max, len(message) - start)
-                    starts, counts = seq_ranges(message.seqs[start:start + count]) if confirmable else ([], [])
-                    link.send(pb.Frame(push_columns=pb.PushColumns(
-                        queue_id=queue_id, count=count, queue_ids=queue_ids, seq_starts=starts, seq_counts=counts,
-                        arrow_ipc=encode_push_run(message.table.slice(start, count), message.delivery_count))))
+                    link.send(_push_frame(link, queue_id, message.seqs[start:start + count],
+                                          encode_push_run(message.table.slice(start, count), message.delivery_count),
+                                          queue_ids))
                 i = end
                 continue
             if queue_id in columnar:
@@ -238,11 +236,7 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                     messages = []
                     for start in range(i, end, frame_messages_max):
                         run = [cast(StoredMessage, m) for _, m in items[start:min(end, start + frame_messages_max)]]
-                        starts, counts = (seq_ranges([m.seq for m in run]) if queue_id not in link.broadcast
-                                          else ([], []))
-                        link.send(pb.Frame(push_columns=pb.PushColumns(
-                            queue_id=queue_id, count=len(run), seq_starts=starts, seq_counts=counts,
-                            arrow_ipc=_push_columns(run))))
+                        link.send(_push_frame(link, queue_id, [m.seq for m in run], _push_columns(run)))
                     i = end
                     continue
             if messages:
@@ -265,6 +259,15 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
 def _send_push_batches(link: "Link", messages: list[pb.PushMessage], frame_messages_max: int) -> None:
     for start in range(0, len(messages), frame_messages_max):
         link.send(pb.Frame(push=pb.PushBatch(messages=messages[start:start + frame_messages_max])))
+
+
+def _push_frame(link: "Link", queue_id: int, seqs: list[int], arrow_ipc: bytes,
+                queue_ids: list[int] | None = None) -> pb.Frame:
+    """A PushColumns frame of these rows, its seqs as ranges in the header
+    (what relays track as unconfirmed; none for a broadcast queue)."""
+    starts, counts = seq_ranges(seqs) if queue_id not in link.broadcast else ([], [])
+    return pb.Frame(push_columns=pb.PushColumns(queue_id=queue_id, count=len(seqs), queue_ids=queue_ids or [],
+                                                seq_starts=starts, seq_counts=counts, arrow_ipc=arrow_ipc))
 
 
 def _push_columns(run: list[StoredMessage]) -> bytes:

@@ -360,7 +360,8 @@ class SessionCore:
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
         self._seal()   # keep PUT order: batched single PUTs go first
-        self._hold(_Pending(token, q, frame, guids), nbytes, count, now_ms)
+        if self._hold(_Pending(token, q, frame, guids), nbytes, count, now_ms):
+            self._send(pb.Frame(put_columns=frame))
         return None
 
     def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
@@ -410,32 +411,27 @@ class SessionCore:
                                               for m, t in zip(messages, tokens))
                 continue
             if len(run) < self.batch_policy.columns_min:   # a few: as PutMessages, each its own entry
-                sending = self.sending and q.open
-                for message, token in zip(messages, tokens):
-                    self.buffer.hold(message.guid, _Pending(token, q, message, message.guid), len(message.payload),
-                                     1, now_ms, q.timeout_ms)
-                    if sending:
-                        singles.append(message)
-                    else:
-                        self.buffer.defer(q.queue_id, message.guid)
+                singles.extend(m for m, t in zip(messages, tokens)
+                               if self._hold(_Pending(t, q, m, m.guid), len(m.payload), 1, now_ms))
                 continue
             guids = b"".join(m.guid for m in messages)
             frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages), per_message=True,
                                   guids=guids)
-            self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages), len(run),
-                       now_ms)
+            if self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages), len(run),
+                          now_ms):
+                self._send(pb.Frame(put_columns=frame))
         if singles:
             self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
 
-    def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> None:
-        """Keep a frame until its ACK; send it now, or once its queue is
-        open on a stream."""
+    def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> bool:
+        """Keep an entry until its ACK. True: it may go now (the caller
+        sends it); False: it is deferred until its queue is open on a stream."""
         q = pending.queue
         self.buffer.hold(pending.guids, pending, nbytes, count, now_ms, q.timeout_ms)
         if self.sending and q.open:
-            self._send(pb.Frame(put_columns=pending.frame))
-        else:
-            self.buffer.defer(q.queue_id, pending.guids)
+            return True
+        self.buffer.defer(q.queue_id, pending.guids)
+        return False
 
     def _send_confirms(self) -> None:
         if self._confirm_count:
