@@ -92,6 +92,12 @@ class PrimaryConfig:
     # compact_target_file_bytes or more are left alone, which bounds rewrites.
     compact_every_commits: int = 50
     compact_target_file_bytes: int = 16 * 1024 * 1024
+    # The PUT and confirm logs keep commit files this long past the newest
+    # checkpoint the dedup stream no longer needs, then the node deletes them
+    # (primary/compaction.py): on a local disk every commit lists the whole
+    # _delta_log, so a log kept by Delta's 30-day default slows each commit
+    # as it ages. Time travel on these tables reaches back this far.
+    log_retention_s: int = 60
     # What an ACK promises about a power loss (DURABILITY_MODES): "fsync"
     # (each group commit fsynced before its ACKs) or "os" (faster, not safe
     # against a power loss or a kernel crash; a process crash loses nothing).
@@ -238,6 +244,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "pending_puts_max": (1, 10_000_000),
     "compact_every_commits": (0, 1_000_000),
     "compact_target_file_bytes": (1024 * 1024, 1 << 34),
+    "log_retention_s": (0, 10 * 365 * 24 * 3600),
     "trigger_interval_ms": (0, 3_600_000),
     "shuffle_partitions": (1, 1024),
     "max_files_per_trigger": (1, 1_000_000),

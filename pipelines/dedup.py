@@ -33,7 +33,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from conf import DomainConfig
 from pipelines.fanout import DomainsProvider, target_apps_sql
-from storage.tables import DELIVERY_LEGACY_COLUMNS, DELIVERY_PUTS_VERSION_KEY, DELIVERY_SCHEMA, PartitionPaths
+from storage.tables import (
+    DELIVERY_LEGACY_COLUMNS,
+    DELIVERY_PUTS_VERSION_KEY,
+    DELIVERY_SCHEMA,
+    PartitionPaths,
+    local_checkpoint,
+    stream_offset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +124,16 @@ def judged_puts_version(checkpoint: str, batch_id: int) -> int | None:
     then waits one batch longer, never less). None when it cannot be read
     (an object-store checkpoint): the primary then reconciles by delivery rows
     alone."""
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
+    if local_checkpoint(checkpoint) is None:
         return None
-    path = os.path.join(checkpoint.removeprefix("file:"), "offsets", str(batch_id))
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-        offset = json.loads(lines[2])
+        offset = stream_offset(checkpoint, batch_id)
         if offset.get("isStartingVersion"):
             return None  # still inside the table's initial snapshot
         return int(offset["reservoirVersion"]) - 1
-    except (OSError, IndexError, KeyError, TypeError, ValueError) as exc:
-        log.warning("offset log %s not readable (%s): this batch records no judged PUT version", path, exc)
+    except (OSError, ValueError) as exc:
+        log.warning("offset log of %s, batch %d, not readable (%s): this batch records no judged PUT version",
+                    checkpoint, batch_id, exc)
         return None
 
 
@@ -145,10 +150,9 @@ def remove_crash_leftovers(checkpoint: str) -> None:
     became part of the checkpoint, so removing it loses nothing. Only called
     before this pipeline starts its query: nothing else writes the checkpoint."""
     import glob
-    import os
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
+    root = local_checkpoint(checkpoint)
+    if root is None:
         return  # object stores write in place (no temp-then-rename): nothing to clean
-    root = checkpoint.removeprefix("file:")
     for leftover in glob.glob(os.path.join(root, "offsets", ".*.tmp")) + \
             glob.glob(os.path.join(root, "commits", ".*.tmp")):
         log.warning("removing %s, left by a pipeline that was killed while writing it", leftover)

@@ -1,4 +1,5 @@
-"""Background compaction of the tables the primary writes (delta-rs).
+"""Background upkeep of the tables the primary writes (delta-rs): compaction
+of their small files and trimming of their logs.
 
 Every group commit adds one small Parquet file. With nothing else, delta-rs's
 commit cost grows with the file count (measured, 50-row commits on local disk:
@@ -15,6 +16,13 @@ output files and fsyncs them before it commits, then fsyncs the commit, as
 `storage.deltars.Appender` does: delta-rs's optimize would commit the removal
 of the small files before its new file is on disk, and a power loss then
 could lose every row in them. Otherwise delta-rs's optimize does the work.
+
+Log trimming (`storage.deltars.trim_log`): a local table's commit and
+refresh list all of `_delta_log/`, so the same thread deletes the log entries
+no reader needs after each compaction: those before the newest checkpoint at
+or below `log_needed_from()` (for the PUT log, where the dedup stream would
+resume) and older than `log_retention_s`. With no `log_needed_from`, the
+newest checkpoint bounds it.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,24 +41,39 @@ from storage import deltars
 
 log = logging.getLogger(__name__)
 
+TRIM_EVERY_COMMITS = 100   # log trimming's cadence when compaction is off
+
 
 class Compactor:
     def __init__(self, path: str, every_commits: int, name: str, target_file_bytes: int = 16 << 20,
-                 durable: bool = True):
+                 durable: bool = True, log_retention_s: float | None = None,
+                 log_needed_from: Callable[[], int | None] | None = None):
+        """`every_commits` 0: no compaction. `log_retention_s` None: no log
+        trimming; else it runs every `every_commits` commits (every
+        `TRIM_EVERY_COMMITS` when compaction is off)."""
         self.path = path
         self.root = deltars.local_root(path) if durable else None
-        self.every_commits = every_commits
+        self.log_root = deltars.local_root(path)
+        self.compact = every_commits > 0
+        self.every_commits = every_commits if every_commits > 0 else TRIM_EVERY_COMMITS
         self.target_file_bytes = target_file_bytes
         self.name = name
+        self.log_retention_s = log_retention_s
+        self.log_needed_from = log_needed_from
         self.compactions = 0
+        self.trimmed_log_files = 0
         self._commits = 0
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"compact-{name}", daemon=True)
 
     def start(self) -> None:
-        if self.every_commits > 0:
+        if self.compact or self.trims:
             self._thread.start()
+
+    @property
+    def trims(self) -> bool:
+        return self.log_retention_s is not None and self.log_root is not None
 
     def stop(self) -> None:
         self._stopping = True
@@ -61,7 +84,7 @@ class Compactor:
     def on_commit(self) -> None:
         """Called by the table's one writer thread after each commit."""
         self._commits += 1
-        if self.every_commits > 0 and self._commits >= self.every_commits:
+        if self._commits >= self.every_commits:
             self._commits = 0
             self._wake.set()
 
@@ -76,17 +99,34 @@ class Compactor:
                  metrics.get("numFilesAdded", 0))
         return metrics
 
+    def trim_log_now(self) -> int:
+        """Trim the table's log (the module's docstring); returns the files deleted."""
+        if not self.trims:
+            return 0
+        assert self.log_root is not None and self.log_retention_s is not None
+        needed = self.log_needed_from() if self.log_needed_from is not None else None
+        if self.log_needed_from is not None and needed is None:
+            return 0   # what the reader needs is not known: keep everything
+        removed = deltars.trim_log(self.log_root, needed if needed is not None else 1 << 62, self.log_retention_s)
+        self.trimmed_log_files += removed
+        return removed
+
     def _run(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
             if self._stopping:
                 return
+            if self.compact:
+                try:
+                    self.compact_now()
+                except Exception:
+                    # Not fatal: appends go on; the next trigger tries again.
+                    log.exception("%s: compaction failed; will retry after more commits", self.name)
             try:
-                self.compact_now()
+                self.trim_log_now()
             except Exception:
-                # Not fatal: appends go on; the next trigger tries again.
-                log.exception("%s: compaction failed; will retry after more commits", self.name)
+                log.exception("%s: trimming the log failed; will retry after more commits", self.name)
 
 
 COMPACTION_KEY = "taprootCompaction"   # in a durable compaction's commitInfo

@@ -381,8 +381,13 @@ class Partition:
             f"dead-{index}", self._commit_dead, policy, 10_000_000)
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
         every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
-        self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable),
-                           Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable))
+        keep_s = config.primary.log_retention_s
+        dedup_checkpoint = self.paths.dedup_checkpoint
+        # The dedup stream reads the PUT log by version; nothing reads the
+        # confirm log's history.
+        self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable, keep_s,
+                                     lambda: tables.stream_resume_version(dedup_checkpoint)),
+                           Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
 
     # -- lifecycle ----------------------------------------------------------

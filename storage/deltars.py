@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from typing import Any
@@ -272,6 +273,61 @@ def commit_durably(table: DeltaTable, root: str, actions: list[Any], schema: pa.
     return version
 
 
+_LOG_ENTRY = re.compile(r"^(\d{20})\.")
+
+
+def trim_log(root: str, needed_from: int, min_age_s: float, now: float | None = None) -> int:
+    """Delete the `_delta_log/` entries of a local table that no reader needs
+    any more; return how many files went.
+
+    Why: on a local file system every delta-rs refresh and commit lists the
+    whole `_delta_log/` (object_store lists a directory in full and filters
+    from the offset) and stats each entry, so a log nobody cleans makes each
+    commit slower as the table ages (`taproot_ops.bench.commits
+    --no-trim`). Delta's own cleanup keeps by age only (30 days by
+    default: 50M files at 20 commits per second).
+
+    Kept: the newest checkpoint at or below `needed_from` (any version from
+    `needed_from` on can be rebuilt from it and the commits after it, and a
+    stream resuming at `needed_from` finds that commit and all later ones),
+    everything after that checkpoint, and every entry younger than
+    `min_age_s` (a reader that listed the log a moment ago still finds the
+    files it listed). Oldest first, so the log stays one contiguous run of
+    versions at every moment. Without a checkpoint at or below `needed_from`
+    nothing is deleted."""
+    log_dir = os.path.join(root, "_delta_log")
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return 0
+    entries: dict[int, list[str]] = {}
+    checkpoints: list[int] = []
+    for name in names:
+        match = _LOG_ENTRY.match(name)
+        if match is None:
+            continue   # _last_checkpoint, temporary files, directories
+        version = int(match.group(1))
+        entries.setdefault(version, []).append(name)
+        if ".checkpoint." in name:
+            checkpoints.append(version)
+    floor = max((v for v in checkpoints if v <= needed_from), default=None)
+    if floor is None:
+        return 0
+    cutoff = (time.time() if now is None else now) - min_age_s
+    removed = 0
+    for version in sorted(v for v in entries if v < floor):
+        for name in sorted(entries[version]):
+            path = os.path.join(log_dir, name)
+            try:
+                if os.stat(path).st_mtime > cutoff:
+                    return removed   # younger from here on
+                os.remove(path)
+            except FileNotFoundError:
+                continue   # another trimmer got there first
+            removed += 1
+    return removed
+
+
 class Appender:
     """Blind appends to one table through a reused handle. With `epoch`, the
     table is claimed for that primary epoch first and every commit carries it
@@ -280,9 +336,12 @@ class Appender:
     commit is on stable storage (the module's docstring)."""
 
     def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
-                 epoch: int | None = None, durable: bool = True):
+                 epoch: int | None = None, durable: bool = True, checkpoints: bool = True):
         self.path = path
         self.schema = schema
+        # delta-rs writes a checkpoint in every `delta.checkpointInterval`-th
+        # commit; False only to measure the alternative (bench.commits).
+        self.checkpoints = checkpoints
         self.table = open_or_create(path, schema, storage_options)
         self.root = local_root(path) if durable else None
         self.fence = None if epoch is None else FencedAppender(self.table, epoch, schema)
@@ -303,7 +362,7 @@ class Appender:
         if self.fence is not None:
             self.fence.check()
             commit_properties = self.fence.commit_properties()
-        hooks = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+        hooks = PostCommitHookProperties(create_checkpoint=self.checkpoints, cleanup_expired_logs=False)
         add = write_data_file(self.root, batch.cast(self.schema)) if self.root is not None else None
         for attempt in range(APPEND_ATTEMPTS):
             try:

@@ -20,8 +20,10 @@ rendered as text (binary values base64), `property_types` its type name.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -179,3 +181,55 @@ class PartitionPaths:
     @property
     def dedup_checkpoint(self) -> str:
         return join(absolute(self.data_dir), "_checkpoints", f"dedup-{self.partition:03d}")
+
+
+
+def local_checkpoint(checkpoint: str) -> str | None:
+    """A Spark checkpoint's local directory; None for an object store."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return None
+    return checkpoint.removeprefix("file:")
+
+
+def stream_offset(checkpoint: str, batch_id: int) -> dict[str, Any]:
+    """The Delta source's end offset for micro-batch `batch_id` in a local
+    Spark checkpoint's offset log (written before the batch runs):
+    reservoirVersion, index, isStartingVersion. Raises OSError or ValueError
+    if it is missing or not in the format understood."""
+    root = local_checkpoint(checkpoint)
+    if root is None:
+        raise OSError(f"{checkpoint}: not a local checkpoint")
+    with open(os.path.join(root, "offsets", str(batch_id)), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    if len(lines) < 3:
+        raise ValueError(f"offset log entry {batch_id} has no source offset")
+    offset = json.loads(lines[2])
+    if not isinstance(offset, dict) or not isinstance(offset.get("reservoirVersion"), int):
+        raise ValueError(f"offset log entry {batch_id}: no reservoirVersion")
+    return offset
+
+
+def stream_resume_version(checkpoint: str) -> int | None:
+    """The oldest version of its Delta source a Spark stream would read if it
+    restarted now: the end offset of its last committed micro-batch (the next
+    batch starts there) or, before any committed, that of its first planned
+    one. None when that cannot be known (no checkpoint yet, an object-store
+    path, an entry not understood): nothing may then be assumed."""
+    root = local_checkpoint(checkpoint)
+    if root is None:
+        return None
+
+    def batches(sub: str) -> list[int]:
+        try:
+            return sorted(int(n) for n in os.listdir(os.path.join(root, sub)) if n.isdigit())
+        except OSError:
+            return []
+
+    committed, planned = batches("commits"), batches("offsets")
+    batch = committed[-1] if committed else (planned[0] if planned else None)
+    if batch is None:
+        return None
+    try:
+        return int(stream_offset(checkpoint, batch)["reservoirVersion"])
+    except (OSError, ValueError):
+        return None

@@ -78,3 +78,57 @@ def test_tables_from_an_older_release_gain_new_columns(tmp_path):
         domain="d", queue="q", guid=b"g" * 16, seq=0, payload=b"p", properties=[], property_types=[],
         producer_time=now, put_time=now, epoch=1, compression="zstd")], schema=tables.PUTS_SCHEMA))
     assert DeltaTable(path).to_pyarrow_table(columns=["compression"])["compression"].to_pylist() == ["zstd"]
+
+
+def log_versions(path: str) -> list[int]:
+    return sorted({int(n[:20]) for n in os.listdir(os.path.join(path, "_delta_log")) if n[:20].isdigit()})
+
+
+def test_trimming_keeps_what_a_reader_resuming_at_a_version_needs(tmp_path):
+    """Checkpoints every 10 commits (versions 9, 19, 29 here): a reader that
+    needs version 25 on keeps checkpoint 19 and everything after it."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    for i in range(16):
+        appender.append(rows(i * 2, 2))
+    stale = DeltaTable(path)   # a handle last refreshed at version 16, as a rarely used reader's
+    for i in range(16, 35):
+        appender.append(rows(i * 2, 2))
+    log_dir = tmp_path / "puts" / "_delta_log"
+    assert deltars.trim_log(path, needed_from=25, min_age_s=3600) == 0     # all younger than an hour
+    assert deltars.trim_log(path, needed_from=8, min_age_s=0) == 0         # no checkpoint at or below 8
+    assert log_versions(path) == list(range(36))
+
+    assert deltars.trim_log(path, needed_from=25, min_age_s=0) == 20       # 19 commits and checkpoint 9
+    assert log_versions(path) == list(range(19, 36))
+    assert (log_dir / f"{19:020d}.checkpoint.parquet").exists() and (log_dir / "_last_checkpoint").exists()
+    fresh = DeltaTable(path)
+    assert fresh.version() == 35 and fresh.to_pyarrow_table(columns=["seq"]).num_rows == 70
+    stale.update_incremental()
+    assert stale.version() == 35 and stale.to_pyarrow_table(columns=["seq"]).num_rows == 70
+    # The change feed from version 25 on is whole, as a resuming reader reads it.
+    latest, since = deltars.read_since(fresh, 24, columns=["seq"])
+    assert latest == 35 and sorted(since["seq"].to_pylist()) == list(range(48, 70))
+    appender.append(rows(70, 2))                                           # the writer goes on
+    assert DeltaTable(path).to_pyarrow_table(columns=["seq"]).num_rows == 72
+    assert deltars.trim_log(path, needed_from=25, min_age_s=0) == 0        # idempotent
+
+
+def test_the_compactor_trims_the_log_behind_the_reader_and_not_past_it(tmp_path):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    needed: list[int | None] = [None]
+    compactor = Compactor(path, every_commits=0, name="test", log_retention_s=0, log_needed_from=lambda: needed[0])
+    assert compactor.every_commits == 100 and not compactor.compact
+    for i in range(40):
+        appender.append(rows(i, 1))
+    assert compactor.trim_log_now() == 0 and log_versions(path) == list(range(41))   # reader unknown: keep all
+    needed[0] = 31
+    assert compactor.trim_log_now() > 0 and log_versions(path)[0] == 29
+    assert compactor.trimmed_log_files == 31   # commits 0-28, checkpoints 9 and 19
+    # No reader (the confirm log): the newest checkpoint, 39, bounds it.
+    without_reader = Compactor(path, every_commits=0, name="test", log_retention_s=0)
+    assert without_reader.trim_log_now() == 11 and log_versions(path) == [39, 40]
+    assert Compactor(path, every_commits=0, name="test").trim_log_now() == 0           # trimming off

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 
 import pytest
 from chispa import assert_df_equality
@@ -124,3 +125,60 @@ def test_the_stream_reads_no_payload_unless_an_older_delivery_log_copies_it(spar
     assert scans and all("payload" not in line and "guid" in line for line in scans), plan
     assert spark.table("scan_columns").count() == 3
     assert "payload" in put_stream(spark, path, legacy_columns=("payload", "epoch")).columns
+
+
+def test_stream_resume_version_reads_the_last_committed_batch(tmp_path):
+    from storage.tables import stream_resume_version
+    head = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
+    offset = '{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{},"index":-1,"isStartingVersion":false}}'
+    assert stream_resume_version(str(tmp_path)) is None                       # no checkpoint yet
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "offsets" / "0").write_text(head + offset.format(4))
+    assert stream_resume_version(str(tmp_path)) == 4                          # batch 0 planned, not committed
+    (tmp_path / "commits" / "0").write_text("v1\n{}")
+    (tmp_path / "offsets" / "1").write_text(head + offset.format(9))          # planned: may be run again from 4
+    assert stream_resume_version(str(tmp_path)) == 4
+    (tmp_path / "commits" / "1").write_text("v1\n{}")
+    (tmp_path / "commits" / ".2.tmp").write_text("")
+    assert stream_resume_version(f"file:{tmp_path}") == 9
+    (tmp_path / "offsets" / "1").write_text(head + "garbage")
+    assert stream_resume_version(str(tmp_path)) is None                       # not understood: assume nothing
+    assert stream_resume_version("s3://bucket/cp") is None
+
+
+def test_the_dedup_stream_resumes_after_the_put_log_is_trimmed_to_its_resume_version(spark, tmp_path):
+    """Trimming the PUT log behind what the stream's checkpoint says it
+    resumes from loses it nothing: after a restart it reads every later PUT."""
+    import pyarrow as pa
+
+    from pipelines.dedup import put_stream
+    from storage import deltars
+    from storage.tables import stream_resume_version
+
+    puts, checkpoint, out = (str(tmp_path / n) for n in ("puts", "cp", "out"))
+    appender = deltars.Appender(puts, PUTS_SCHEMA)
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def append(seq: int) -> None:
+        appender.append(pa.Table.from_pylist([dict(
+            domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
+            property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
+
+    def run_stream() -> None:
+        query = (put_stream(spark, puts).writeStream.format("delta").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start(out))
+        assert query.awaitTermination(120)
+
+    for seq in range(25):
+        append(seq)
+    run_stream()
+    for seq in range(25, 45):
+        append(seq)
+    resume = stream_resume_version(checkpoint)
+    assert resume == 26                          # versions 1-25 read; 0 created the table
+    assert deltars.trim_log(puts, resume, min_age_s=0) > 0
+    assert min(int(n[:20]) for n in os.listdir(os.path.join(puts, "_delta_log")) if n[:20].isdigit()) <= resume
+    run_stream()
+    seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
+    assert seqs == list(range(45))

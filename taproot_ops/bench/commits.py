@@ -1,13 +1,19 @@
 """What one delta-rs commit of the PUT log costs, and how that grows with the
 table's history: the primary's own `Appender` (fenced, checkpoints every 10
-commits) and `Compactor` (every 50 commits), on a temp dir, no other load.
+commits) and `Compactor` (compaction every 50 commits, log trimming as the
+node does it, with no reader holding the log back), on a temp dir, no other
+load.
 
     .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300 [--durability os]
+        [--no-trim] [--no-checkpoints] [--compact-every 0]
 
 Prints, per `--every` commits, the wall and CPU time they took and the files
-in `_delta_log`. The node pays this per PUT group commit and per CONFIRM group
-commit, whatever the group's size, so on a small machine it sets the floor of
-PUT->ACK (and, with the express lane, of PUT->PUSH).
+in `_delta_log`, then the percentiles of single commits. The node pays this
+per PUT group commit and per CONFIRM group commit, whatever the group's
+size, so on a small machine it sets the floor of PUT->ACK (and, with the
+express lane, of PUT->PUSH). `--no-trim` keeps every log entry (Delta's
+default) and `--no-checkpoints` turns delta-rs's checkpoint hook off: both
+show what the node's choices save.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 
 from primary.compaction import Compactor
@@ -44,17 +51,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compact-every", type=int, default=50, help="0: no compaction")
     parser.add_argument("--durability", choices=["fsync", "os"], default="fsync",
                         help="fsync: each commit on stable storage before it returns (the default); os: not")
+    parser.add_argument("--no-trim", action="store_true", help="keep every _delta_log entry")
+    parser.add_argument("--no-checkpoints", action="store_true", help="no checkpoint in the commit")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="taproot-commits-") as scratch:
         path = tables.PartitionPaths(scratch, 0).puts
         durable = args.durability == "fsync"
-        appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable)
-        compactor = Compactor(path, args.compact_every, "bench", durable=durable)
+        appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable,
+                                    checkpoints=not args.no_checkpoints)
+        compactor = Compactor(path, args.compact_every, "bench", durable=durable,
+                              log_retention_s=None if args.no_trim else 0)
         compactor.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        single: list[float] = []
         try:
             for i in range(1, args.commits + 1):
-                appender.append(_batch(args.rows, (i - 1) * args.rows, args.size))
+                batch = _batch(args.rows, (i - 1) * args.rows, args.size)
+                started = time.perf_counter()
+                appender.append(batch)
+                single.append((time.perf_counter() - started) * 1000)
                 compactor.on_commit()
                 if i % args.every == 0:
                     cpu, wall = time.process_time(), time.perf_counter()
@@ -65,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                     cpu0, wall0 = cpu, wall
         finally:
             compactor.stop()
+    p50, p90, p99, top = np.percentile(single, [50, 90, 99, 100])
+    print(f"{args.commits:,} commits of {args.rows} x {args.size} B: p50 {p50:.1f} p90 {p90:.1f} p99 {p99:.1f} "
+          f"max {top:.1f} ms; last 10: {' '.join(f'{x:.0f}' for x in single[-10:])} ms")
     return 0
 
 
