@@ -96,8 +96,11 @@ class PrimaryConfig:
     # checkpoint the dedup stream no longer needs, then the node deletes them
     # (primary/compaction.py): on a local disk every commit lists the whole
     # _delta_log, so a log kept by Delta's 30-day default slows each commit
-    # as it ages. Time travel on these tables reaches back this far.
-    log_retention_s: int = 60
+    # as it ages. Long enough for a reader to read the files it just listed;
+    # each second costs up to ~40 more entries to list per commit (one
+    # commit per PUT at low rates). Time travel on these tables reaches back
+    # this far.
+    log_retention_s: int = 10
     # What an ACK promises about a power loss (DURABILITY_MODES): "fsync"
     # (each group commit fsynced before its ACKs) or "os" (faster, not safe
     # against a power loss or a kernel crash; a process crash loses nothing).
