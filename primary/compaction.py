@@ -20,9 +20,11 @@ could lose every row in them. Otherwise delta-rs's optimize does the work.
 Log trimming (`storage.deltars.trim_log`): a local table's commit and
 refresh list all of `_delta_log/`, so the same thread deletes the log entries
 no reader needs after each compaction: those before the newest checkpoint at
-or below `log_needed_from()` (for the PUT log, where the dedup stream would
-resume) and older than `log_retention_s`. With no `log_needed_from`, the
-newest checkpoint bounds it.
+or below `log_needed_from()` and older than `log_retention_s`. For the PUT
+log that is the older of the version before where the dedup stream would
+resume and the judged version the primary last read from the delivery log
+(`Partition._puts_log_needed_from`). With no `log_needed_from`, the newest
+checkpoint bounds it.
 """
 
 from __future__ import annotations

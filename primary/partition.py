@@ -360,6 +360,7 @@ class Partition:
         self._decisions_lock = threading.Lock()
         self._judged_seq = -1       # every PUT row up to this seq has been judged by the pipeline
         self._commit_seqs: deque[tuple[int, int]] = deque()   # (PUT-log version, last seq) of this primary's commits
+        self._judged_puts_version: int | None = None   # the newest the delivery log records; only grows
         self.disagreements_total = 0
         self._next_seq = self._max_column("seq") + 1
         # put_time never goes backwards within a partition: the pipeline uses it
@@ -382,11 +383,10 @@ class Partition:
         self._tailer = threading.Thread(target=self._tail_delivery, name=f"tail-{index}", daemon=True)
         every, target = config.primary.compact_every_commits, config.primary.compact_target_file_bytes
         keep_s = config.primary.log_retention_s
-        dedup_checkpoint = self.paths.dedup_checkpoint
-        # The dedup stream reads the PUT log by version; nothing reads the
-        # confirm log's history.
+        # The dedup stream and this primary read the PUT log by version;
+        # nothing reads the confirm log's history.
         self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable, keep_s,
-                                     lambda: tables.stream_resume_version(dedup_checkpoint)),
+                                     self._puts_log_needed_from),
                            Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
 
@@ -944,8 +944,21 @@ class Partition:
             except (ValueError, AttributeError):
                 continue
             if isinstance(value, int):  # the pipeline's judged PUT version only grows
+                self._judged_puts_version = value
                 return self._seq_at(value)
         return None
+
+    def _puts_log_needed_from(self) -> int | None:
+        """The oldest PUT-log version a reader may still read, for trimming
+        the log (`Compactor`): the dedup stream resumes at its last committed
+        offset and records the version before it as judged, and this
+        primary reads the PUT log at a judged version it has not committed
+        itself (`_seq_at`). None while the stream's progress is unknown."""
+        resume = tables.stream_resume_version(self.paths.dedup_checkpoint)
+        if resume is None:
+            return None
+        judged = self._judged_puts_version
+        return resume - 1 if judged is None else min(resume - 1, judged)
 
     def _seq_at(self, puts_version: int) -> int:
         """The last seq committed at or before a PUT-log version: this

@@ -436,3 +436,52 @@ def test_a_confirm_commit_that_fails_for_a_moment_is_retried_not_dropped(partiti
         partition.paths.confirms).to_pyarrow_table(columns=["guid"])["guid"].to_pylist(), 10,
         what="the confirm row, after two failed commits")
     assert failures == []
+
+
+def test_the_put_log_is_trimmed_no_further_than_a_new_primary_and_the_dedup_stream_read(tmp_path):
+    """A new primary reads the PUT log at the version the delivery log
+    records as judged (the seq it stands for); the dedup stream resumes at
+    its checkpoint's offset. Trimming keeps both readable, whichever is
+    older."""
+    import dataclasses
+    import os
+
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    cfg = config(tmp_path)
+    cfg = dataclasses.replace(cfg, primary=dataclasses.replace(cfg.primary, log_retention_s=0))
+    first = Partition(0, cfg)
+    first.start()
+    producer = Producer(first)
+    for guid in G[:30]:
+        producer.put([guid])                       # a commit each
+    puts = deltars.try_open(first.paths.puts)
+    latest = puts.version()
+    judged = latest - 15
+    judged_seq = max(DeltaTable(first.paths.puts, version=judged).to_pyarrow_table(columns=["seq"])["seq"].to_pylist())
+    first.stop()
+    FakePipeline(first.paths).deliver([(0, [""])], judged_through_version=judged)
+    checkpoint = first.paths.dedup_checkpoint       # the stream has read further than the delivery log says
+    os.makedirs(os.path.join(checkpoint, "offsets"))
+    os.makedirs(os.path.join(checkpoint, "commits"))
+    with open(os.path.join(checkpoint, "offsets", "0"), "w") as fh:
+        fh.write('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
+                 f'{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{latest},"index":-1,'
+                 '"isStartingVersion":false}')
+    with open(os.path.join(checkpoint, "commits", "0"), "w") as fh:
+        fh.write("v1\n{}")
+
+    second = Partition(0, cfg, epoch=2)
+    second.start()
+    try:
+        assert second._puts_log_needed_from() == judged
+        assert second.compactors[0].trim_log_now() > 0
+        assert DeltaTable(first.paths.puts, version=judged).version() == judged   # what _seq_at reads
+        assert second._judged_seq == judged_seq
+        # What the stream alone would have allowed loses that version.
+        deltars.trim_log(first.paths.puts, latest - 1, min_age_s=0)
+        with pytest.raises(DeltaError):
+            DeltaTable(first.paths.puts, version=judged)
+    finally:
+        second.stop()
