@@ -122,7 +122,8 @@ class MaintenanceConfig:
     # vacuums (pipelines/retention.py); 0: only by hand (`taproot maintain`).
     interval_s: int = 3600
     # Vacuum keeps files younger than this: the furthest a reader (the dedup
-    # stream, a time-travel query) may lag behind.
+    # stream, a time-travel query) may lag behind. The delivery log keeps its
+    # versions (its commit files) as long (pipelines/runner.py).
     vacuum_retention_hours: int = 24
 
 

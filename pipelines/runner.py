@@ -94,12 +94,33 @@ def wait_for_table(path: str, stop: threading.Event, say_every_s: float = 30) ->
     return False
 
 
-def create_delivery_table(spark: "SparkSession", path: str) -> None:
+LOG_RETENTION = "delta.logRetentionDuration"
+FILE_RETENTION = "delta.deletedFileRetentionDuration"   # Delta wants the log kept at least as long
+
+
+def create_delivery_table(spark: "SparkSession", path: str, log_retention_hours: int | None = None) -> None:
     """Create the delivery log (Spark owns it) with its documented schema and
-    properties; add the columns a table made by an older Taproot lacks."""
-    properties = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
+    properties; add the columns a table made by an older Taproot lacks.
+
+    `log_retention_hours` (the cluster's vacuum retention): how long Spark
+    keeps the log's commit files (it deletes older ones when it writes a
+    checkpoint). The log gets a commit per micro-batch, and on a local disk
+    every refresh by a reader (the primary's tail, several times a second)
+    lists all of `_delta_log/`; Delta's default of 30 days is about 800,000
+    entries at one micro-batch every 3 s. Time travel cannot reach past the
+    vacuum retention anyway: the files are gone; the deleted-file retention
+    (VACUUM's default, which Delta requires to be no longer) is set to the
+    same. Set on a table that exists too, once."""
+    retention = {} if log_retention_hours is None else {
+        key: f"interval {log_retention_hours} hours" for key in (LOG_RETENTION, FILE_RETENTION)}
+    properties = ", ".join(f"'{k}' = '{v}'" for k, v in {**tables.TABLE_PROPERTIES, **retention}.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({tables.spark_ddl(tables.DELIVERY_SCHEMA)}) "
               f"USING DELTA TBLPROPERTIES ({properties})")
+    if retention:
+        current = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+        if any(current.get(k) != v for k, v in retention.items()):
+            changes = ", ".join(f"'{k}' = '{v}'" for k, v in retention.items())
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({changes})")
     existing = set(spark.read.format("delta").load(path).columns)
     missing = [f for f in tables.DELIVERY_SCHEMA if f.name not in existing]
     if missing:
@@ -172,7 +193,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
         if not wait_for_table(paths.puts, stop):
             log.info("stopped while waiting for partition %d's PUT log", index)
             return 0
-        create_delivery_table(spark, paths.delivery)
+        create_delivery_table(spark, paths.delivery, config.maintenance.vacuum_retention_hours)
         query = start_dedup_query(spark, paths, window,
                                      trigger_interval_ms=config.pipeline.trigger_interval_ms,
                                      max_files_per_trigger=config.pipeline.max_files_per_trigger,

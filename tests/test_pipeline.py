@@ -182,3 +182,25 @@ def test_the_dedup_stream_resumes_after_the_put_log_is_trimmed_to_its_resume_ver
     run_stream()
     seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
     assert seqs == list(range(45))
+
+
+def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark, tmp_path):
+    from pipelines.runner import LOG_RETENTION
+
+    def retention(path: str) -> str | None:
+        rows = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
+        return {r.key: r.value for r in rows}.get(LOG_RETENTION)
+
+    path = str(tmp_path / "delivery")
+    create_delivery_table(spark, path, log_retention_hours=24)
+    assert retention(path) == "interval 24 hours"
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+    create_delivery_table(spark, path, log_retention_hours=24)       # unchanged: no commit
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
+    create_delivery_table(spark, path, log_retention_hours=6)        # the cluster's setting changed
+    assert retention(path) == "interval 6 hours"
+    older = str(tmp_path / "older")                                  # made by a release without it
+    create_delivery_table(spark, older)
+    assert retention(older) is None
+    create_delivery_table(spark, older, log_retention_hours=24)
+    assert retention(older) == "interval 24 hours"
