@@ -95,7 +95,14 @@ def wait_for_table(path: str, stop: threading.Event, say_every_s: float = 30) ->
 
 
 LOG_RETENTION = "delta.logRetentionDuration"
-FILE_RETENTION = "delta.deletedFileRetentionDuration"   # Delta wants the log kept at least as long
+# Delta wants the log kept at least as long as this, and refuses to time
+# travel further back: the same value for both.
+FILE_RETENTION = "delta.deletedFileRetentionDuration"
+# A day at least (Delta cuts its log cleanup off at a day boundary anyway):
+# with a vacuum retention of 0, time travel to versions whose files remain
+# (the empty first one) still works. VACUUM is given its retention
+# explicitly (`pipelines/retention.py`), so this does not lengthen it.
+LOG_RETENTION_MIN_HOURS = 24
 
 
 def create_delivery_table(spark: "SparkSession", path: str, log_retention_hours: int | None = None) -> None:
@@ -103,16 +110,17 @@ def create_delivery_table(spark: "SparkSession", path: str, log_retention_hours:
     properties; add the columns a table made by an older Taproot lacks.
 
     `log_retention_hours` (the cluster's vacuum retention): how long Spark
-    keeps the log's commit files (it deletes older ones when it writes a
-    checkpoint). The log gets a commit per micro-batch, and on a local disk
+    keeps the log's commit files, a day at least (it deletes older ones when
+    it writes a checkpoint). The log gets a commit per micro-batch, and on a local disk
     every refresh by a reader (the primary's tail, several times a second)
     lists all of `_delta_log/`; Delta's default of 30 days is about 800,000
     entries at one micro-batch every 3 s. Time travel cannot reach past the
-    vacuum retention anyway: the files are gone; the deleted-file retention
-    (VACUUM's default, which Delta requires to be no longer) is set to the
-    same. Set on a table that exists too, once."""
-    retention = {} if log_retention_hours is None else {
-        key: f"interval {log_retention_hours} hours" for key in (LOG_RETENTION, FILE_RETENTION)}
+    vacuum retention anyway: the files are gone. The deleted-file retention
+    gets the same value (Delta requires it to be no longer than the log's,
+    and will not time travel past it). Set on a table that exists too,
+    once."""
+    hours = None if log_retention_hours is None else max(log_retention_hours, LOG_RETENTION_MIN_HOURS)
+    retention = {} if hours is None else {key: f"interval {hours} hours" for key in (LOG_RETENTION, FILE_RETENTION)}
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in {**tables.TABLE_PROPERTIES, **retention}.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({tables.spark_ddl(tables.DELIVERY_SCHEMA)}) "
               f"USING DELTA TBLPROPERTIES ({properties})")

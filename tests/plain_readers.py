@@ -18,9 +18,11 @@ out: dict = {}
 from deltalake import DeltaTable  # noqa: E402
 
 out["deltars"] = {t: DeltaTable(p).to_pyarrow_table().num_rows for t, p in paths.items()}
-puts = DeltaTable(paths["puts"])
-out["deltars_time_travel_v0"] = DeltaTable(paths["puts"], version=0).to_pyarrow_table().num_rows
-cdf = puts.load_cdf(starting_version=0)
+# Time travel and the change feed on the delivery log: the PUT and confirm
+# logs keep only their latest versions (their writer trims their logs).
+delivery = DeltaTable(paths["delivery"])
+out["deltars_time_travel_v0"] = DeltaTable(paths["delivery"], version=0).to_pyarrow_table().num_rows
+cdf = delivery.load_cdf(starting_version=0)
 import pyarrow as pa  # noqa: E402
 
 out["deltars_cdf_inserts"] = pa.RecordBatchReader.from_stream(cdf).read_all().num_rows
@@ -52,9 +54,9 @@ spark = (SparkSession.builder.master("local[1]").appName("plain-reader")
          .config("spark.databricks.delta.snapshotPartitions", "1").getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
 out["spark"] = {t: spark.read.format("delta").load(p).count() for t, p in paths.items()}
-out["spark_time_travel_v0"] = spark.read.format("delta").option("versionAsOf", 0).load(paths["puts"]).count()
+out["spark_time_travel_v0"] = spark.read.format("delta").option("versionAsOf", 0).load(paths["delivery"]).count()
 out["spark_cdf_inserts"] = (spark.read.format("delta").option("readChangeFeed", "true")
-                            .option("startingVersion", 0).load(paths["confirms"])
+                            .option("startingVersion", 0).load(paths["delivery"])
                             .where("_change_type = 'insert'").count())
 spark.stop()
 out["taproot_modules"] = sorted(m for m in sys.modules if m.split(".")[0] in

@@ -197,8 +197,14 @@ def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark,
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
     create_delivery_table(spark, path, log_retention_hours=24)       # unchanged: no commit
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
-    create_delivery_table(spark, path, log_retention_hours=6)        # the cluster's setting changed
-    assert retention(path) == "interval 6 hours"
+    create_delivery_table(spark, path, log_retention_hours=36)       # the cluster's setting changed
+    assert retention(path) == "interval 36 hours"
+    create_delivery_table(spark, path, log_retention_hours=0)        # a day at least
+    assert retention(path) == "interval 24 hours"
+    # Delta will not time travel past the deleted-file retention: it is as long.
+    assert {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}[
+        "delta.deletedFileRetentionDuration"] == "interval 24 hours"
+    assert spark.read.format("delta").option("versionAsOf", 0).load(path).count() == 0
     older = str(tmp_path / "older")                                  # made by a release without it
     create_delivery_table(spark, older)
     assert retention(older) is None
