@@ -93,7 +93,8 @@ class PrimaryConfig:
     compact_every_commits: int = 50
     compact_target_file_bytes: int = 16 * 1024 * 1024
     # The PUT and confirm logs keep commit files this long past the newest
-    # checkpoint the dedup stream no longer needs, then the node deletes them
+    # checkpoint no reader needs any more (the dedup stream, a primary taking
+    # over), then the node deletes them
     # (primary/compaction.py): on a local disk every commit lists the whole
     # _delta_log, so a log kept by Delta's 30-day default slows each commit
     # as it ages. Long enough for a reader to read the files it just listed;
