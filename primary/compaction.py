@@ -44,6 +44,7 @@ from storage import deltars
 log = logging.getLogger(__name__)
 
 TRIM_EVERY_COMMITS = 100   # log trimming's cadence when compaction is off
+NO_READER = 1 << 62        # no reader bound: the newest checkpoint is the floor
 
 
 class Compactor:
@@ -106,10 +107,13 @@ class Compactor:
         if not self.trims:
             return 0
         assert self.log_root is not None and self.log_retention_s is not None
-        needed = self.log_needed_from() if self.log_needed_from is not None else None
-        if self.log_needed_from is not None and needed is None:
-            return 0   # what the reader needs is not known: keep everything
-        removed = deltars.trim_log(self.log_root, needed if needed is not None else 1 << 62, self.log_retention_s)
+        needed = NO_READER
+        if self.log_needed_from is not None:
+            bound = self.log_needed_from()
+            if bound is None:
+                return 0   # what the reader needs is not known: keep everything
+            needed = bound
+        removed = deltars.trim_log(self.log_root, needed, self.log_retention_s)
         self.trimmed_log_files += removed
         return removed
 
