@@ -47,6 +47,14 @@ def spark():
     session.stop()
 
 
+def spark_offset_entry(reservoir_version: int, index: int = -1, starting: bool = False) -> str:
+    """One entry of a Spark streaming checkpoint's offset log (`offsets/N`)
+    with a Delta source's offset, as Spark writes it."""
+    return ('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
+            f'{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{reservoir_version},"index":{index},'
+            f'"isStartingVersion":{"true" if starting else "false"}}}')
+
+
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05, what: str = ""):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

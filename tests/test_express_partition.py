@@ -22,7 +22,7 @@ from protocol.properties import to_wire
 from protocol.stream import Link
 from protocol.uri import QueueUri
 from storage import deltars, tables
-from tests.conftest import wait_until
+from tests.conftest import spark_offset_entry, wait_until
 
 pytestmark = pytest.mark.integration
 G = [bytes([i]) * 16 for i in range(40)]
@@ -466,9 +466,7 @@ def test_the_put_log_is_trimmed_no_further_than_a_new_primary_and_the_dedup_stre
     os.makedirs(os.path.join(checkpoint, "offsets"))
     os.makedirs(os.path.join(checkpoint, "commits"))
     with open(os.path.join(checkpoint, "offsets", "0"), "w") as fh:
-        fh.write('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
-                 f'{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{latest},"index":-1,'
-                 '"isStartingVersion":false}')
+        fh.write(spark_offset_entry(latest))
     with open(os.path.join(checkpoint, "commits", "0"), "w") as fh:
         fh.write("v1\n{}")
 

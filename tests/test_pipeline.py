@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pipelines.dedup import judged_puts_version, legacy_delivery_columns, to_delivery_rows, write_delivery_batch
 from pipelines.runner import create_delivery_table
 from storage.tables import DELIVERY_SCHEMA, PUTS_SCHEMA, spark_ddl
+from tests.conftest import spark_offset_entry
 
 pytestmark = pytest.mark.spark
 
@@ -94,11 +95,8 @@ def test_delivery_table_from_an_older_release_gains_the_new_columns(spark, tmp_p
 def test_judged_puts_version_reads_the_offset_log(tmp_path):
     offsets = tmp_path / "offsets"
     offsets.mkdir()
-    head = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
-    (offsets / "4").write_text(head + '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":9,"index":-1,'
-                               '"isStartingVersion":false}')
-    (offsets / "5").write_text(head + '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":3,"index":2,'
-                               '"isStartingVersion":true}')
+    (offsets / "4").write_text(spark_offset_entry(9))
+    (offsets / "5").write_text(spark_offset_entry(3, index=2, starting=True))
     (offsets / "6").write_text("garbage")
     assert judged_puts_version(str(tmp_path), 4) == 8
     assert judged_puts_version(str(tmp_path), 5) is None      # inside the initial snapshot
@@ -129,20 +127,18 @@ def test_the_stream_reads_no_payload_unless_an_older_delivery_log_copies_it(spar
 
 def test_stream_resume_version_reads_the_last_committed_batch(tmp_path):
     from storage.tables import stream_resume_version
-    head = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
-    offset = '{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{},"index":-1,"isStartingVersion":false}}'
     assert stream_resume_version(str(tmp_path)) is None                       # no checkpoint yet
     (tmp_path / "offsets").mkdir()
     (tmp_path / "commits").mkdir()
-    (tmp_path / "offsets" / "0").write_text(head + offset.format(4))
+    (tmp_path / "offsets" / "0").write_text(spark_offset_entry(4))
     assert stream_resume_version(str(tmp_path)) == 4                          # batch 0 planned, not committed
     (tmp_path / "commits" / "0").write_text("v1\n{}")
-    (tmp_path / "offsets" / "1").write_text(head + offset.format(9))          # planned: may be run again from 4
+    (tmp_path / "offsets" / "1").write_text(spark_offset_entry(9))          # planned: may be run again from 4
     assert stream_resume_version(str(tmp_path)) == 4
     (tmp_path / "commits" / "1").write_text("v1\n{}")
     (tmp_path / "commits" / ".2.tmp").write_text("")
     assert stream_resume_version(f"file:{tmp_path}") == 9
-    (tmp_path / "offsets" / "1").write_text(head + "garbage")
+    (tmp_path / "offsets" / "1").write_text("v1\n{}\ngarbage")
     assert stream_resume_version(str(tmp_path)) is None                       # not understood: assume nothing
     assert stream_resume_version("s3://bucket/cp") is None
 
