@@ -582,37 +582,46 @@ class Node:
             seqs, guids = by_queue.setdefault(message.queue_id, ([], []))
             seqs.append(message.sequence)
             guids.append(message.guid)
-        for queue_id, (seqs, guids) in by_queue.items():
-            self._confirm(link, queue_id, seqs, guids)
+        self._confirm(link, {queue_id: (seqs, guids) for queue_id, (seqs, guids) in by_queue.items()})
 
     def _on_confirm_columns(self, link: Link, frame: pb.ConfirmColumns) -> None:
-        """CONFIRMs as seq ranges (what the SDK sends)."""
+        """CONFIRMs as seq ranges (what the SDK sends), of one queue or of many."""
         invalid = seq_ranges.confirm_columns_invalid(frame)
         if invalid:
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))
             return
-        self._confirm(link, frame.queue_id, seq_ranges.expand(frame.starts, frame.counts), None)
+        self._confirm(link, {queue_id: (seq_ranges.expand(starts, counts), None)
+                             for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame).items()})
 
-    def _confirm(self, link: Link, queue_id: int, seqs: list[int], guids: list[bytes] | None) -> None:
-        handle = self._handles_of(link).get(queue_id)
-        if handle is None or not handle.read or handle.broadcast:
-            # A confirm for a queue this link does not read is dropped: the
-            # message stays with whoever holds it (at-least-once). Broadcast
-            # keeps nothing, so there is nothing to confirm.
-            return
-        state, app = handle.state, handle.app
-        confirms: list[PendingConfirms] = []
+    def _confirm(self, link: Link, by_queue: dict[int, tuple[list[int], list[bytes] | None]]) -> None:
+        """Confirm each queue's seqs (GUIDs, when given, checked against
+        them): one dispatch per queue, one submission per partition's
+        confirm committer for the whole frame."""
+        handles = self._handles_of(link)
+        confirms: dict[Partition, list[PendingConfirms]] = {}
+        for queue_id, (seqs, guids) in by_queue.items():
+            handle = handles.get(queue_id)
+            if handle is None or not handle.read or handle.broadcast:
+                # A confirm for a queue this link does not read is dropped: the
+                # message stays with whoever holds it (at-least-once). Broadcast
+                # keeps nothing, so there is nothing to confirm.
+                continue
+            state, app = handle.state, handle.app
+            done = confirms.setdefault(handle.partition, [])
 
-        def confirm_all(d: QueueDispatcher) -> list[Push]:
-            confirmed, pushes = d.confirm_many((link, queue_id), seqs, guids)   # one dispatch per frame
-            if confirmed.guids:
-                confirms.append(PendingConfirms(state, app, confirmed))
-                state.apps_done(confirmed.guids, app)
-            return pushes
+            def confirm_all(d: QueueDispatcher, seqs: list[int] = seqs, guids: list[bytes] | None = guids,
+                            state: QueueState = state, app: str = app,
+                            done: list[PendingConfirms] = done, key: tuple[Link, int] = (link, queue_id)) -> list[Push]:
+                confirmed, pushes = d.confirm_many(key, seqs, guids)   # one dispatch per queue
+                if confirmed.guids:
+                    done.append(PendingConfirms(state, app, confirmed))
+                    state.apps_done(confirmed.guids, app)
+                return pushes
 
-        handle.partition.route(state, app, confirm_all)
-        if confirms:
-            handle.partition.confirm_committer.submit(confirms, 0, sum(len(c.confirmed.guids) for c in confirms))
+            handle.partition.route(state, app, confirm_all)
+        for partition, pending in confirms.items():
+            if pending:
+                partition.confirm_committer.submit(pending, 0, sum(len(c.confirmed.guids) for c in pending))
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes, then answer.

@@ -14,7 +14,7 @@ import numpy as np
 
 from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX
 
-__all__ = ["confirm_columns_invalid", "expand", "ranges"]
+__all__ = ["confirm_columns_invalid", "confirm_ranges", "expand", "ranges"]
 
 # Below this many seqs a Python loop beats numpy's set-up.
 _NUMPY_MIN = 64
@@ -58,7 +58,25 @@ def confirm_columns_invalid(frame: Any) -> str | None:
     node both check before they act on it."""
     if len(frame.starts) != len(frame.counts):
         return f"ConfirmColumns: {len(frame.starts)} starts but {len(frame.counts)} counts"
+    if frame.queue_ids and len(frame.queue_ids) != len(frame.starts):
+        return f"ConfirmColumns: {len(frame.starts)} ranges but {len(frame.queue_ids)} queue ids"
     total = sum(frame.counts)
     if total > CONFIRM_FRAME_MESSAGES_MAX:
         return f"ConfirmColumns names {total} messages; at most {CONFIRM_FRAME_MESSAGES_MAX} per frame"
     return None
+
+
+def confirm_ranges(frame: Any) -> dict[int, tuple[list[int], list[int]]]:
+    """A valid ConfirmColumns frame's ranges by queue id: {queue id:
+    (starts, counts)}, each queue's in the frame's order."""
+    if not frame.queue_ids:
+        return {frame.queue_id: (list(frame.starts), list(frame.counts))}
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for queue_id, start, count in zip(frame.queue_ids, frame.starts, frame.counts):
+        entry = out.get(queue_id)
+        if entry is None:
+            out[queue_id] = ([start], [count])
+        else:
+            entry[0].append(start)
+            entry[1].append(count)
+    return out

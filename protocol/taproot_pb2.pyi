@@ -284,14 +284,16 @@ class ConfirmBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ConfirmMessage, _Mapping]]] = ...) -> None: ...
 
 class ConfirmColumns(_message.Message):
-    __slots__ = ("queue_id", "starts", "counts")
+    __slots__ = ("queue_id", "starts", "counts", "queue_ids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     STARTS_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     starts: _containers.RepeatedScalarFieldContainer[int]
     counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue_id: _Optional[int] = ..., starts: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., starts: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("request_id", "timeout_ms")

@@ -45,7 +45,7 @@ from typing import Any, Hashable
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
-from protocol.seqs import confirm_columns_invalid
+from protocol.seqs import confirm_columns_invalid, confirm_ranges
 
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
@@ -269,25 +269,35 @@ class Relay:
         return [(UPSTREAM, pb.Frame(confirm=pb.ConfirmBatch(messages=messages)))] if messages else []
 
     def _confirm_columns(self, link: Hashable, frame: pb.Frame) -> Out:
-        """Seq ranges: they go up as they came, under the upstream queue id."""
+        """Seq ranges: they go up as they came, under the upstream queue ids
+        (a frame of several queues stays one frame)."""
         if not self.connected:
             return []
         body = frame.confirm_columns
         invalid = confirm_columns_invalid(body)
         if invalid:
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))]
-        up_qid = self._up.get((link, body.queue_id))
-        if up_qid is None:
-            return []   # not open (any more): nothing of it is held here
-        unconfirmed = self._routes[up_qid].unconfirmed
-        for start, count in zip(body.starts, body.counts):
-            if count <= len(unconfirmed):
-                unconfirmed.difference_update(range(start, start + count))
-            else:   # a wide range over few held: look at those
-                unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
+        up = pb.ConfirmColumns()
+        for queue_id, (starts, counts) in confirm_ranges(body).items():
+            up_qid = self._up.get((link, queue_id))
+            if up_qid is None:
+                continue   # not open (any more): nothing of it is held here
+            unconfirmed = self._routes[up_qid].unconfirmed
+            for start, count in zip(starts, counts):
+                if count <= len(unconfirmed):
+                    unconfirmed.difference_update(range(start, start + count))
+                else:   # a wide range over few held: look at those
+                    unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
+            up.starts.extend(starts)
+            up.counts.extend(counts)
+            up.queue_ids.extend([up_qid] * len(starts))
+        if not up.starts:
+            return []
+        if len(set(up.queue_ids)) == 1:   # one queue: named once
+            up.queue_id = up.queue_ids[0]
+            del up.queue_ids[:]
         # A frame of its own: the one from below may be its sender's too (in-process links).
-        return [(UPSTREAM, pb.Frame(confirm_columns=pb.ConfirmColumns(queue_id=up_qid, starts=body.starts,
-                                                                      counts=body.counts)))]
+        return [(UPSTREAM, pb.Frame(confirm_columns=up))]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.

@@ -124,25 +124,40 @@ class Effects:
                     self.events))
 
 
-def confirm_frames(queue_id: int, seqs: list[int],
+def confirm_frames(confirms: dict[int, list[int]],
                    frame_max: int = CONFIRM_FRAME_MESSAGES_MAX) -> list[pb.Frame]:
-    """CONFIRMs of one queue as ConfirmColumns frames of seq ranges, each
-    naming at most `frame_max` messages."""
-    starts, counts = seq_ranges(seqs)
+    """CONFIRMs ({queue id: seqs}) as ConfirmColumns frames of seq ranges,
+    each naming at most `frame_max` messages. The queues share frames: a
+    frame of one queue names it in `queue_id`, a frame of several names each
+    range's queue in `queue_ids` (a session consuming thousands of queues
+    sends one frame, not one per queue)."""
     frames: list[pb.Frame] = []
-    body = pb.ConfirmColumns(queue_id=queue_id)
-    room = frame_max
-    for start, count in zip(starts, counts):
-        while count:
-            n = min(count, room)
-            body.starts.append(start)
-            body.counts.append(n)
-            start, count, room = start + n, count - n, room - n
-            if not room:
-                frames.append(pb.Frame(confirm_columns=body))
-                body, room = pb.ConfirmColumns(queue_id=queue_id), frame_max
-    if body.starts:
+    starts: list[int] = []
+    counts: list[int] = []
+    queue_ids: list[int] = []
+
+    def close() -> None:
+        if not starts:
+            return
+        if len(set(queue_ids)) == 1:
+            body = pb.ConfirmColumns(queue_id=queue_ids[0], starts=starts, counts=counts)
+        else:
+            body = pb.ConfirmColumns(starts=starts, counts=counts, queue_ids=queue_ids)
         frames.append(pb.Frame(confirm_columns=body))
+
+    room = frame_max
+    for queue_id, seqs in confirms.items():
+        for start, count in zip(*seq_ranges(seqs)):
+            while count:
+                n = min(count, room)
+                starts.append(start)
+                counts.append(n)
+                queue_ids.append(queue_id)
+                start, count, room = start + n, count - n, room - n
+                if not room:
+                    close()
+                    starts, counts, queue_ids, room = [], [], [], frame_max
+    close()
     return frames
 
 
@@ -437,9 +452,7 @@ class SessionCore:
         if self._confirm_count:
             items, self._confirms, self._confirm_count = self._confirms, {}, 0
             if self.state.linked:
-                for queue_id, seqs in items.items():
-                    for frame in confirm_frames(queue_id, seqs):
-                        self._send(frame)
+                self._effects.frames.extend(confirm_frames(items))
 
     def tick(self, now_ms: float) -> float:
         """Send the batches whose linger time is up and fail the PUTs held past

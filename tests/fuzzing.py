@@ -146,9 +146,13 @@ def plausible_frame(rng: random.Random, queue_ids: list[int]) -> pb.Frame:
             for _ in range(rng.choice([1, 5]))]))
     if kind == "confirm_columns":
         ranges = rng.choice([1, 2, 50])
+        # Of one queue, or each range of its own (some not open, some lists short or long).
+        queue_ids = rng.choice([[], [], [rng.choice([queue_id, 0, 2**32 - 1, rng.randint(1, 9)])
+                                         for _ in range(ranges + rng.choice([0, 0, 0, 1, -1]))]])
         return pb.Frame(confirm_columns=pb.ConfirmColumns(
             queue_id=queue_id, starts=[rng.choice([0, -1, 2**62, rng.randint(0, 500)]) for _ in range(ranges)],
-            counts=[rng.choice([0, 1, 1000, 2**32 - 1]) for _ in range(ranges + rng.choice([0, 0, 1, -1]))]))
+            counts=[rng.choice([0, 1, 1000, 2**32 - 1]) for _ in range(ranges + rng.choice([0, 0, 1, -1]))],
+            queue_ids=queue_ids))
     if kind == "configure_queue":
         return pb.Frame(configure_queue=pb.ConfigureQueue(request_id=rng.randint(1, 9), queue_id=queue_id,
                                                           options=options(rng)))

@@ -315,11 +315,10 @@ class Primary(Endpoint):
                 queue_id=req.queue_id, guid=g, payload=p) for i, (g, p) in enumerate(rows) if i not in refused],
                 refused))
         elif kind == "confirm_columns":  # as the node does: the frame's seqs at once
-            body = frame.confirm_columns
-            stored, more = self.dispatcher.confirm_many((link, body.queue_id), seq_ranges.expand(body.starts,
-                                                                                                 body.counts))
-            self.confirmed.update(stored.guids)
-            self._push(more)
+            for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame.confirm_columns).items():
+                stored, more = self.dispatcher.confirm_many((link, queue_id), seq_ranges.expand(starts, counts))
+                self.confirmed.update(stored.guids)
+                self._push(more)
         elif kind == "close_queue":
             req = frame.close_queue
             if queues.pop(req.queue_id, None):

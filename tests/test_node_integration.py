@@ -12,6 +12,7 @@ from protocol import ResultCode, pb
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, InvalidArgumentError, PostError, RefusedError, Session
+from taproot.batching import BatchPolicy
 from taproot_ops.embedded import EmbeddedCluster
 from tests.rawclient import RawSession, send_garbage
 
@@ -193,6 +194,53 @@ def test_a_column_consumer_takes_arrow_batches_and_confirms_them_as_seq_ranges(c
                 batch.confirm()
             assert back == got[-10:]
             assert again.get_columns(timeout_s=0.5) is None
+
+
+def test_confirms_of_many_queues_travel_as_one_frame_through_the_proxy(cluster, monkeypatch):
+    """A session consuming several queues sends their CONFIRMs as one frame
+    whose ranges name their queues; the proxy and the node take each range
+    for its queue: what was confirmed never comes again, what was not comes
+    again to the next consumer of that queue."""
+    import taproot.core
+
+    sent: list[pb.ConfirmColumns] = []
+    real = taproot.core.confirm_frames
+
+    def spy(*args: object, **kwargs: object) -> list[pb.Frame]:
+        frames = real(*args, **kwargs)  # type: ignore[arg-type]
+        sent.extend(f.confirm_columns for f in frames)
+        return frames
+
+    monkeypatch.setattr(taproot.core, "confirm_frames", spy)
+    uris = [f"taproot://demo/multi-confirm-{i}" for i in range(3)]
+    with Session([cluster.proxy_address], batch=BatchPolicy(linger_ms=200, max_messages=1000)) as session:
+        for uri in uris:
+            with session.open_queue(uri, write=True) as producer:
+                for n in range(4):
+                    producer.post(b"%s/%d" % (uri.encode(), n)).result(timeout=30)
+        consumers = [session.open_queue(uri, read=True) for uri in uris]
+        kept = {}
+        for uri, consumer in zip(uris, consumers):
+            got = [consumer.get(timeout_s=30) for _ in range(4)]
+            assert [m.payload for m in got if m] == [b"%s/%d" % (uri.encode(), n) for n in range(4)]
+            for m in got[:3]:
+                consumer.confirm(m)
+            kept[uri] = got[3].payload
+        consumers[0].flush()   # every queue's CONFIRMs: they are the session's
+        deadline = time.monotonic() + 10
+        while not any(len(set(f.queue_ids)) == 3 for f in sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(len(set(f.queue_ids)) == 3 for f in sent), sent
+        time.sleep(0.5)   # the confirm frame reaches the node before the consumers go
+        for consumer in consumers:
+            consumer.close()
+    with Session([cluster.proxy_address]) as session:
+        for uri in uris:
+            with session.open_queue(uri, read=True) as again:
+                message = again.get(timeout_s=30)
+                assert message is not None and message.payload == kept[uri] and message.delivery_count == 2
+                again.confirm(message)
+                assert again.get(timeout_s=0.5) is None
 
 
 def test_a_put_frame_whose_header_names_other_guids_is_refused_by_the_header(cluster):

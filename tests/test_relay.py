@@ -283,7 +283,8 @@ def test_a_broadcast_route_tracks_no_confirms_and_a_bad_confirm_frame_is_refused
                                                                             guid=g(1))])))
     assert relay.unconfirmed_count == 0 and relay.drained   # a graceful stop waits for no broadcast confirm
     for bad in (pb.ConfirmColumns(queue_id=7, starts=[1, 2], counts=[1]),
-                pb.ConfirmColumns(queue_id=7, starts=[0], counts=[2**32 - 1])):
+                pb.ConfirmColumns(queue_id=7, starts=[0], counts=[2**32 - 1]),
+                pb.ConfirmColumns(starts=[1, 2], counts=[1, 1], queue_ids=[7])):
         (dest, error), = relay.from_downstream("A", pb.Frame(confirm_columns=bad))
         assert dest == "A" and error.error.status.code == ResultCode.INVALID_ARGUMENT
 
@@ -298,6 +299,33 @@ def test_a_wide_confirm_range_over_few_held_seqs_is_cheap():
     assert relay.unconfirmed_count == 3
     relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(queue_id=7, starts=[0], counts=[99_999])))
     assert relay.unconfirmed_count == 0
+
+
+def test_a_confirm_frame_of_several_queues_goes_up_as_one_frame_under_upstream_ids():
+    relay = Relay()
+    ups = {}
+    for qid, req in ((7, 1), (8, 2), (9, 3)):
+        (_, up), = relay.from_downstream("A", open_frame(qid, req, read=True, write=False))
+        opened(relay, up)
+        ups[qid] = up.open_queue.queue_id
+        relay.from_upstream(pb.Frame(push_columns=pb.PushColumns(queue_id=ups[qid], count=3, seq_starts=[qid * 10],
+                                                                 seq_counts=[3])))
+    assert relay.unconfirmed_count == 9
+    # 7 and 9 confirmed in part, 8 not at all; 42 is not open here.
+    (dest, up_frame), = relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(
+        starts=[70, 90, 72, 1], counts=[1, 3, 1, 5], queue_ids=[7, 9, 7, 42])))
+    body = up_frame.confirm_columns
+    assert dest == UPSTREAM and body.queue_id == 0
+    assert sorted(zip(body.queue_ids, body.starts, body.counts)) == \
+        sorted([(ups[7], 70, 1), (ups[7], 72, 1), (ups[9], 90, 3)])
+    assert relay.unconfirmed_count == 4
+    # Ranges of one queue only: named once, in `queue_id`.
+    (_, up_frame), = relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(
+        starts=[80], counts=[3], queue_ids=[8])))
+    assert up_frame.confirm_columns.queue_id == ups[8] and not up_frame.confirm_columns.queue_ids
+    assert relay.unconfirmed_count == 1
+    assert relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(
+        starts=[1], counts=[1], queue_ids=[42]))) == []
 
 
 def test_relay_splits_a_multi_queue_push_by_link_and_keeps_one_copy_per_link():

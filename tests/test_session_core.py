@@ -413,10 +413,31 @@ def test_confirms_go_as_seq_ranges_per_queue_split_at_the_frame_bound():
     core.flush()
     (frame,) = core.take().frames
     assert frame.confirm_columns == pb.ConfirmColumns(queue_id=1, starts=[5, 3, 9], counts=[3, 1, 2])
-    frames = confirm_frames(4, list(range(100, 125)) + [7], frame_max=10)
+    frames = confirm_frames({4: list(range(100, 125)) + [7]}, frame_max=10)
     assert [(list(f.confirm_columns.starts), list(f.confirm_columns.counts)) for f in frames] == \
         [([100], [10]), ([110], [10]), ([120, 7], [5, 1])]
     assert {f.confirm_columns.queue_id for f in frames} == {4}
+    assert not any(f.confirm_columns.queue_ids for f in frames)
+
+
+def test_confirms_of_many_queues_share_frames_each_range_naming_its_queue():
+    from taproot.core import confirm_frames
+
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=100))
+    core.connected("h1", 0)
+    for qid in (1, 2):
+        core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=True, write=False))
+    core.confirm(1, [5, 6], now_ms=0)
+    core.confirm(2, [5, 8], now_ms=0)
+    core.confirm(1, [7], now_ms=0)
+    core.flush()
+    (frame,) = core.take().frames
+    assert frame.confirm_columns == pb.ConfirmColumns(starts=[5, 5, 8], counts=[3, 1, 1], queue_ids=[1, 2, 2])
+    # Split at the bound across queues: a range cut in two keeps its queue.
+    frames = confirm_frames({1: [1, 2, 3], 2: [10, 11, 12, 13]}, frame_max=5)
+    assert [(list(f.confirm_columns.queue_ids), f.confirm_columns.queue_id, list(f.confirm_columns.starts),
+             list(f.confirm_columns.counts)) for f in frames] == \
+        [([1, 2], 0, [1, 10], [3, 2]), ([], 2, [12], [2])]
 
 
 def test_a_broadcast_queue_sends_no_confirms():
