@@ -14,7 +14,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from protocol import pb
+from protocol import pb, seqs
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import Link
 from replicas.upstream import Upstream
@@ -81,6 +81,8 @@ class Forwarding:
             for upstream, messages in by_upstream.items():
                 upstream.on_frame(link, pb.Frame(**{kind: frame_type(messages=messages)}))
             return pb.Frame(**{kind: frame_type(messages=local)}) if local else None
+        if kind == "confirm_columns" and frame.confirm_columns.queue_ids:
+            return self._split_confirm_columns(link, relayed, frame)
         if kind == "stop_request":
             for upstream in set(relayed.values()):
                 upstream.on_frame(link, frame)
@@ -92,6 +94,29 @@ class Forwarding:
             return frame
         upstream.on_frame(link, frame)
         return None
+
+    @staticmethod
+    def _split_confirm_columns(link: Link, relayed: dict[int, Upstream], frame: pb.Frame) -> pb.Frame | None:
+        """A CONFIRM frame of several queues: each relayed queue's ranges go
+        to its partition's primary (one frame per upstream), the rest stay.
+        The SDK's frames name the queues of a session, which may be led by
+        different primaries. A malformed frame stays whole: the node answers it."""
+        body = frame.confirm_columns
+        if seqs.confirm_columns_invalid(body) or not any(q in relayed for q in body.queue_ids):
+            return frame
+        parts: dict[Upstream | None, pb.ConfirmColumns] = {}
+        for queue_id, start, count in zip(body.queue_ids, body.starts, body.counts):
+            part = parts.get(upstream := relayed.get(queue_id))
+            if part is None:
+                part = parts[upstream] = pb.ConfirmColumns()
+            part.queue_ids.append(queue_id)
+            part.starts.append(start)
+            part.counts.append(count)
+        local = parts.pop(None, None)
+        for upstream, part in parts.items():
+            assert upstream is not None
+            upstream.on_frame(link, pb.Frame(confirm_columns=part))
+        return pb.Frame(confirm_columns=local) if local else None
 
     def close_link(self, link: Link) -> None:
         with self._lock:
