@@ -321,8 +321,8 @@ class Node:
             return
         handler(link, getattr(local, kind))
 
-    @staticmethod
-    def _reply_open(link: Link, req: pb.OpenQueue, refusal: Refusal | None, checked: Open | None = None) -> None:
+    def _reply_open(self, link: Link, req: pb.OpenQueue, refusal: Refusal | None,
+                    checked: Open | None = None) -> None:
         """The answer to an open: its refusal, or (with `checked`) its success
         with the domain's limits and the consumer options in force."""
         response = pb.OpenQueueResponse(request_id=req.request_id, queue_id=req.queue_id)
@@ -335,6 +335,7 @@ class Node:
             response.status.CopyFrom(status(ResultCode.SUCCESS))
             response.max_payload_bytes = checked.domain.max_payload_bytes
             response.broadcast = checked.domain.mode == "broadcast"
+            response.partition = partition_of(checked.uri, self.config.partitions)
             if req.read:
                 effective = checked.options
                 response.options.CopyFrom(pb.QueueOptions(
@@ -522,6 +523,8 @@ class Node:
             link.send(columns.ack_columns(req.queue_id, header, ResultCode.INVALID_ARGUMENT,
                                           "the header's GUIDs (PutColumns.guids) are not the rows' GUIDs", {}))
             return
+        if req.queue_ids:
+            return self._on_put_columns_spanning(link, req, table, guids)
         refused: dict[int, tuple[ResultCode, str]] = {}
 
         def nack(code: ResultCode, text: str) -> None:
@@ -565,6 +568,80 @@ class Node:
         if not handle.partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused)):
             state.unadmit(table["guid"].to_pylist())
             not_taken = _not_taken(handle.partition)
+            nack(not_taken.code, not_taken.message)
+
+    def _on_put_columns_spanning(self, link: Link, req: pb.PutColumns, table: pa.Table, guids: bytes) -> None:
+        """A frame of single PUTs to several queues of one partition
+        (`PutColumns.queue_ids`): each row checked and admitted on its own
+        for its queue, the rows admitted committed together, and one ACK
+        frame naming the rows refused. Queues of two partitions in one
+        frame, or a broadcast queue, are refused: the SDK makes neither."""
+        refused: dict[int, tuple[ResultCode, str]] = {}
+
+        def nack(code: ResultCode, text: str) -> None:
+            link.send(columns.ack_columns(req.queue_id, guids, code, text, refused))
+
+        ids = list(req.queue_ids)
+        rows = table.num_rows
+        if len(ids) != rows:
+            return nack(ResultCode.INVALID_ARGUMENT, f"PutColumns names {len(ids)} queue ids for {rows} rows")
+        if not req.per_message:
+            return nack(ResultCode.INVALID_ARGUMENT, "a PUT frame spanning queues is checked row by row: "
+                        "set per_message")
+        handles = self._handles_of(link)
+        usable: dict[int, OpenHandle] = {}
+        closed: dict[int, tuple[ResultCode, str]] = {}
+        for queue_id in dict.fromkeys(ids):
+            handle = handles.get(queue_id)
+            if handle is None:
+                closed[queue_id] = (ResultCode.INVALID_ARGUMENT, (
+                    f"queue id {queue_id} is of a partition led by another primary; one PUT frame spans "
+                    "queues of one partition" if self.forwarding.relays(link, queue_id)
+                    else f"queue id {queue_id} is not open"))
+            elif not handle.write:
+                closed[queue_id] = (ResultCode.REFUSED, "queue is not open for writing")
+            elif handle.broadcast:
+                closed[queue_id] = (ResultCode.INVALID_ARGUMENT, "a broadcast queue takes PUTs of its own "
+                                    "(PutBatch, or PutColumns with queue_id)")
+            else:
+                usable[queue_id] = handle
+        partitions = {h.partition for h in usable.values()}
+        if len(partitions) > 1:
+            return nack(ResultCode.INVALID_ARGUMENT, "a PUT frame spans queues of partitions "
+                        f"{', '.join(str(p.index) for p in sorted(partitions, key=lambda p: p.index))}; "
+                        "one frame per partition (OpenQueueResponse.partition)")
+        limits = {h.state.domain.max_payload_bytes for h in usable.values()}
+        reason = columns.check(table, max(limits, default=0))
+        sizes = pc.binary_length(table["payload"]).to_pylist()
+        row_guids = table["guid"].to_pylist()
+        states: list[QueueState] = []
+        for row, queue_id in enumerate(ids):
+            if queue_id in closed:
+                refused[row] = closed[queue_id]
+                continue
+            state = usable[queue_id].state
+            limit = state.domain.max_payload_bytes
+            why = columns.check(table.slice(row, 1), limit) if reason or (
+                len(limits) > 1 and sizes[row] > limit) else None
+            if why:
+                refused[row] = (ResultCode.INVALID_ARGUMENT, why)
+                continue
+            over = state.admit([row_guids[row]], [sizes[row]]) if state.quota is not None else None
+            if over is not None:
+                refused[row] = over
+                continue
+            states.append(state)
+        if not states:
+            return nack(ResultCode.SUCCESS, "")   # every row refused on its own
+        if refused:
+            table = table.filter(pa.array([row not in refused for row in range(rows)]))
+        partition = next(iter(partitions))
+        item = PendingColumns(link, req.queue_id, states[0], table, guids, refused, states)
+        if not partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),
+                                              len(states)):
+            for state, guid in zip(states, table["guid"].to_pylist()):
+                state.unadmit([guid])
+            not_taken = _not_taken(partition)
             nack(not_taken.code, not_taken.message)
 
     def _broadcast(self, handle: OpenHandle, messages: list[StoredMessage]) -> None:

@@ -163,13 +163,21 @@ class PendingPut:
 class PendingColumns:
     """A checked columnar batch of PUTs to one queue (`PutColumns`): `table`
     holds the rows admitted, `guids` every row of the frame (what its ACK
-    names), `refused` the rows of a per-message frame refused on their own."""
+    names), `refused` the rows of a per-message frame refused on their own.
+    A frame spanning queues (`PutColumns.queue_ids`, queue_id 0) names each
+    admitted row's queue in `row_queues`; `queue` is its first row's."""
     link: "Link"
     queue_id: int
     queue: QueueState
     table: pa.Table
     guids: bytes
     refused: dict[int, tuple[ResultCode, str]] = field(default_factory=dict)
+    row_queues: list[QueueState] | None = None
+
+    @property
+    def queues(self) -> list[QueueState]:
+        """Each admitted row's queue."""
+        return self.row_queues if self.row_queues is not None else [self.queue] * self.table.num_rows
 
 
 @dataclass
@@ -606,7 +614,7 @@ class Partition:
             if isinstance(singles_or_bulk, PendingColumns):
                 t = singles_or_bulk.table
                 producer_us = t[PUT_TIME] if PUT_TIME in t.column_names else pa.nulls(t.num_rows, pa.int64())
-                parts.append(self._rows([singles_or_bulk.queue] * t.num_rows, t["guid"], t["payload"],
+                parts.append(self._rows(singles_or_bulk.queues, t["guid"], t["payload"],
                                         t["properties"], t["property_types"], producer_us, t["compression"], now_us))
                 continue
             singles = singles_or_bulk
@@ -626,7 +634,11 @@ class Partition:
         for i in singles:
             i.queue.unadmit([i.message.guid])
         for b in bulks:
-            b.queue.unadmit(b.table["guid"].to_pylist())
+            if b.row_queues is None:
+                b.queue.unadmit(b.table["guid"].to_pylist())
+                continue
+            for state, guid in zip(b.row_queues, b.table["guid"].to_pylist()):
+                state.unadmit([guid])
         _answer_puts(singles, bulks, code, text)
 
     def _express(self, batch: pa.Table, items: list[PendingPut | PendingColumns], now_us: int) -> Targets:
@@ -649,18 +661,23 @@ class Partition:
                 row += 1
                 continue
             state = b.queue
-            if not state.express:
+            if b.row_queues is None and not state.express:
                 row += b.table.num_rows
-            elif state.rules.filtered:
+            elif b.row_queues is not None or state.rules.filtered:
+                # Row by row: a frame spanning queues (a few PUTs to each),
+                # or a queue whose apps subscribe.
                 t = b.table
-                ttl_ms = state.domain.message_ttl_ms
-                for guid, payload, values, types, compression in zip(*(t[c].to_pylist() for c in (
-                        "guid", "payload", "properties", "property_types", "compression"))):
-                    message = StoredMessage(guid, first_seq + row, payload, None, 0,
-                                            expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
-                                            compression=COMPRESSION_CODES.get(compression or "", 0),
-                                            maps=(values, types) if values else None)
-                    self._decide_and_target(targets, state, message, duplicates[row])
+                put_times = t[PUT_TIME].to_pylist() if PUT_TIME in t.column_names else itertools.repeat(None)
+                for state, guid, payload, values, types, compression, put_time in zip(b.queues, *(
+                        t[c].to_pylist() for c in ("guid", "payload", "properties", "property_types",
+                                                   "compression")), put_times):
+                    if state.express:
+                        ttl_ms = state.domain.message_ttl_ms
+                        message = StoredMessage(guid, first_seq + row, payload, None, put_time or 0,
+                                                expires_us=now_us + ttl_ms * 1000 if ttl_ms else 0,
+                                                compression=COMPRESSION_CODES.get(compression or "", 0),
+                                                maps=(values, types) if values else None)
+                        self._decide_and_target(targets, state, message, duplicates[row])
                     row += 1
             else:
                 row = self._express_frame(targets, state, b.table, first_seq, row, duplicates, now_us)

@@ -14,16 +14,19 @@ dedup history window: a resend after that could be delivered twice.
 What is held but not sent on the current stream (the stream is new, or the
 queue is not open on it yet) is deferred by queue: each queue's (re)open
 takes its own entries in PUT order (`take_deferred`), with no scan of the
-whole buffer per queue. `put_frames` packs them into frames.
+whole buffer per queue. `put_frames` packs them into frames. An entry of
+several queues (a PUT frame spanning queues) is deferred to each of them and
+goes once all are open; until then it holds back the later entries of each
+(`blocked`): every queue's PUTs keep their order.
 
 Pure: no clock (times come in as `now_ms`), no threads, no I/O.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Iterable, Iterator, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Iterator, Sequence, TypeVar
 
 from protocol import taproot_pb2 as pb
 from protocol.codes import ResultCode
@@ -68,7 +71,9 @@ class RetransmissionBuffer(Generic[K, T]):
         self.limits = limits or RetransmissionLimits()
         self._entries: "OrderedDict[K, Held[T]]" = OrderedDict()
         self._timeouts: Counter[float] = Counter()  # the held entries' time bounds (expire's shortest)
-        self._deferred: dict[Hashable, list[K]] = {}  # queue -> keys held but not sent on this stream
+        self._deferred: dict[Hashable, deque[K]] = {}  # queue -> keys held but not sent on this stream
+        self._spanning: dict[K, tuple[Hashable, ...]] = {}   # deferred entries of several queues -> those queues
+        self._gone: set[K] = set()      # entries of several queues, one of them forgotten: never sent
         self.messages = 0
         self.nbytes = 0
 
@@ -125,24 +130,82 @@ class RetransmissionBuffer(Generic[K, T]):
 
     def defer(self, group: Hashable, key: K) -> None:
         """`key`, held, was not sent: it goes when `group` (its queue) opens."""
-        self._deferred.setdefault(group, []).append(key)
+        self._deferred.setdefault(group, deque()).append(key)
 
-    def defer_all(self, group_of: Callable[[K, Held[T]], Hashable]) -> None:
+    def defer_many(self, groups: Sequence[Hashable], key: K) -> None:
+        """`key` (an entry of several queues), held, was not sent: it goes
+        when every one of `groups` is open, after what each deferred before it."""
+        groups = tuple(dict.fromkeys(groups))
+        if len(groups) == 1:
+            return self.defer(groups[0], key)
+        self._spanning[key] = groups
+        for group in groups:
+            self._deferred.setdefault(group, deque()).append(key)
+
+    def defer_all(self, group_of: Callable[[K, Held[T]], Hashable | Sequence[Hashable]]) -> None:
         """A new stream, on which nothing held was sent: every entry deferred
-        to its group, in one pass, in PUT order."""
-        self._deferred = {}
+        to its group (a list: to each of those groups), in one pass, in PUT order."""
+        self._deferred, self._spanning, self._gone = {}, {}, set()
         for key, entry in self._entries.items():
-            self._deferred.setdefault(group_of(key, entry), []).append(key)
+            group = group_of(key, entry)
+            if isinstance(group, list):
+                self.defer_many(group, key)
+            else:
+                self._deferred.setdefault(group, deque()).append(key)
 
-    def take_deferred(self, group: Hashable) -> list[Held[T]]:
-        """The entries of `group` not sent yet, in PUT order (those answered
-        meanwhile skipped); they count as sent from now on."""
+    def blocked(self, group: Hashable) -> bool:
+        """`group` still has entries deferred (held back behind an entry of
+        several queues): a new entry of it must wait behind them too."""
+        keys = self._deferred.get(group)
+        return keys is not None and self._head(keys) is not None
+
+    def _head(self, keys: "deque[K]") -> K | None:
+        """The first key of a group's deferred entries still to be sent
+        (those answered meanwhile, or never to be sent, dropped)."""
+        while keys:
+            key = keys[0]
+            if key in self._entries and key not in self._gone:
+                return key
+            keys.popleft()
+        return None
+
+    def take_deferred(self, group: Hashable, is_open: Callable[[Hashable], bool] | None = None) -> list[Held[T]]:
+        """`group` is open: its entries not sent yet, in PUT order (those
+        answered meanwhile skipped); they count as sent from now on. An entry
+        of several queues goes only once every one is open (`is_open`) and it
+        is first in each of them; then the entries each of those held back go
+        too. Per queue the order is PUT order."""
         entries = self._entries
-        return [entry for entry in (entries.get(key) for key in self._deferred.pop(group, ())) if entry is not None]
+        if not self._spanning and not self._gone:
+            return [entry for entry in (entries.get(key) for key in self._deferred.pop(group, ())) if entry is not None]
+        out: list[Held[T]] = []
+        work = [group]
+        while work:
+            g = work.pop()
+            keys = self._deferred.get(g)
+            while keys and (key := self._head(keys)) is not None:
+                groups = self._spanning.get(key)
+                if groups is not None:
+                    others = [h for h in groups if h != g]
+                    if not all(is_open is not None and is_open(h) for h in others) or any(
+                            self._head(self._deferred[h]) != key for h in others):
+                        break   # waits for another queue, or behind that queue's earlier entries
+                    del self._spanning[key]
+                    for h in others:
+                        self._deferred[h].popleft()
+                        work.append(h)   # what it held back there may go now
+                keys.popleft()
+                out.append(entries[key])
+            if keys is not None and not keys:
+                del self._deferred[g]
+        return out
 
     def forget_deferred(self, group: Hashable) -> None:
-        """`group` is gone: nothing of it is to be sent."""
-        self._deferred.pop(group, None)
+        """`group` is gone: nothing of it is to be sent (nor an entry it
+        shares with other queues: it no longer holds theirs back)."""
+        for key in self._deferred.pop(group, ()):
+            if self._spanning.pop(key, None) is not None:
+                self._gone.add(key)
 
     def items(self) -> Iterator[tuple[K, Held[T]]]:
         """Every entry, oldest first (what a resend goes through)."""
@@ -172,6 +235,8 @@ class RetransmissionBuffer(Generic[K, T]):
         self._entries.clear()
         self._timeouts.clear()
         self._deferred.clear()
+        self._spanning.clear()
+        self._gone.clear()
         self.messages = self.nbytes = 0
         return entries
 

@@ -82,7 +82,7 @@ class OpenQueue(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
-    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms", "broadcast")
+    __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms", "broadcast", "partition")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class OpenQueueResponse(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DEDUP_HISTORY_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     status: Status
@@ -97,7 +98,8 @@ class OpenQueueResponse(_message.Message):
     options: QueueOptions
     dedup_history_window_ms: int
     broadcast: bool
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., dedup_history_window_ms: _Optional[int] = ..., broadcast: _Optional[bool] = ...) -> None: ...
+    partition: int
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., max_payload_bytes: _Optional[int] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., dedup_history_window_ms: _Optional[int] = ..., broadcast: _Optional[bool] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class ConfigureQueue(_message.Message):
     __slots__ = ("request_id", "queue_id", "options")
@@ -176,16 +178,18 @@ class PutBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PutMessage, _Mapping]]] = ...) -> None: ...
 
 class PutColumns(_message.Message):
-    __slots__ = ("queue_id", "arrow_ipc", "per_message", "guids")
+    __slots__ = ("queue_id", "arrow_ipc", "per_message", "guids", "queue_ids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     GUIDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     arrow_ipc: bytes
     per_message: bool
     guids: bytes
-    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ..., guids: _Optional[bytes] = ...) -> None: ...
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ..., guids: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushColumns(_message.Message):
     __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids", "seq_starts", "seq_counts")

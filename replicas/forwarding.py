@@ -83,6 +83,15 @@ class Forwarding:
             return pb.Frame(**{kind: frame_type(messages=local)}) if local else None
         if kind == "confirm_columns" and frame.confirm_columns.queue_ids:
             return self._split_confirm_columns(link, relayed, frame)
+        if kind == "put_columns" and frame.put_columns.queue_ids:
+            # A PUT frame of several queues is never split: it goes whole to
+            # the primary of its queues' partition. One whose queues this node
+            # serves, or of two partitions, stays (the node answers it).
+            upstreams = {relayed.get(q) for q in set(frame.put_columns.queue_ids)}
+            if len(upstreams) == 1 and None not in upstreams:
+                next(iter(upstreams)).on_frame(link, frame)   # type: ignore[union-attr]
+                return None
+            return frame
         if kind == "stop_request":
             for upstream in set(relayed.values()):
                 upstream.on_frame(link, frame)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, cast
 
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
@@ -82,6 +82,14 @@ class _Buffered:
     # same stream before the first ACK: the primary answers each (the later
     # ones as duplicates), so each gets its own ACK down and is resent.
     copies: int = 1
+    up_qids: list[int] | None = None   # a PUT frame spanning queues: its upstream queues (it waits for all)
+
+    def group(self, key: tuple[int, bytes]) -> int | list[int]:
+        """What it waits for after a reconnect: its queue's reopen, or all of theirs."""
+        return self.up_qids if self.up_qids is not None else key[0]
+
+
+SPANNING = 0   # the queue id in the buffer key (and the ACK) of a PUT frame spanning queues
 
 
 class Relay:
@@ -181,6 +189,12 @@ class Relay:
     def _hold(self, up_qid: int, key: bytes, entry: _Buffered, nbytes: int, count: int) -> None:
         self._buffer.hold((up_qid, key), entry, nbytes, count, self.now_ms, self._routes[up_qid].timeout_ms)
 
+    def _may_send(self, up_qid: int) -> bool:
+        """A new PUT of this queue goes up now: the upstream takes PUTs, the
+        queue is open there and none of its PUTs waits (behind a frame
+        spanning queues that waits for another queue's reopen)."""
+        return self.sending and self._routes[up_qid].open and not self._buffer.blocked(up_qid)
+
     def _release(self, key: tuple[int, bytes]) -> _Buffered | None:
         """The entry an ACK from upstream answers (one of its copies)."""
         held = self._buffer.peek(key)
@@ -215,7 +229,7 @@ class Relay:
             assert up_qid is not None
             down_qid = message.queue_id
             message.queue_id = up_qid
-            sending = self.sending and self._routes[up_qid].open
+            sending = self._may_send(up_qid)
             if not self._again(link, down_qid, (up_qid, message.guid)):
                 self._hold(up_qid, message.guid, _Buffered(message, link, down_qid), len(message.payload), 1)
                 if not sending:  # goes when its queue is open upstream (with every copy)
@@ -240,6 +254,8 @@ class Relay:
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, guids))))]
         count = len(guids) // GUID_LENGTH
         nbytes = len(req.arrow_ipc)
+        if req.queue_ids:
+            return self._put_spanning(link, req, guids, count, nbytes)
         up_qid = self._up.get((link, req.queue_id))
         refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
                    else self._buffer.refusal(nbytes, count))
@@ -250,11 +266,35 @@ class Relay:
         # A frame of its own (the bytes as they came): the one from below may
         # be held by its sender too (in-process links), and must not change.
         up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc, per_message=req.per_message, guids=guids)
-        sending = self.sending and self._routes[up_qid].open
+        sending = self._may_send(up_qid)
         if not self._again(link, req.queue_id, (up_qid, guids)):
             self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), nbytes, count)
             if not sending:
                 self._buffer.defer(up_qid, (up_qid, guids))
+        return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
+
+    def _put_spanning(self, link: Hashable, req: pb.PutColumns, guids: bytes, count: int, nbytes: int) -> Out:
+        """A PUT frame spanning queues goes up whole, each row's queue id
+        rewritten (from the header: the body is not opened), and is held as
+        one entry: it goes once all its queues are open upstream."""
+        down_ids = list(req.queue_ids)
+        up_of = {q: self._up.get((link, q)) for q in dict.fromkeys(down_ids)}
+        closed = next((q for q, up_qid in up_of.items() if up_qid is None), None)
+        refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {closed} is not open") if closed is not None
+                   else self._buffer.refusal(nbytes, count))
+        if refused is not None:
+            return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
+                                                              code=wire(refused[0]), message=refused[1])))]
+        up = pb.PutColumns(arrow_ipc=req.arrow_ipc, per_message=req.per_message, guids=guids,
+                           queue_ids=[cast(int, up_of[q]) for q in down_ids])
+        up_qids = cast("list[int]", list(up_of.values()))
+        sending = all(self._may_send(q) for q in up_qids)
+        key = (SPANNING, guids)
+        if not self._again(link, req.queue_id, key):
+            self._buffer.hold(key, _Buffered(up, link, req.queue_id, up_qids=up_qids), nbytes, count,
+                              self.now_ms, min(self._routes[q].timeout_ms for q in up_qids))
+            if not sending:
+                self._buffer.defer_many(up_qids, key)
         return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
@@ -349,7 +389,8 @@ class Relay:
         # Its PUTs already sent stay buffered until their ACK (then dropped);
         # the ones not sent yet have no queue to go to once it is closed.
         for buffered, held in self._buffer.items():
-            if held.item.link == link and buffered[0] not in self._routes:
+            queues = held.item.up_qids or [buffered[0]]
+            if held.item.link == link and any(q not in self._routes for q in queues):
                 self._buffer.release(buffered)
         return out
 
@@ -494,7 +535,7 @@ class Relay:
         """Answer the buffered PUTs of a route that cannot be reopened, and drop it."""
         out: Out = []
         for key, held in self._buffer.items():
-            if key[0] == up_qid:
+            if key[0] == up_qid or up_qid in (held.item.up_qids or ()):
                 self._buffer.release(key)
                 out.extend(self._answer(held.item, ResultCode.of(why.code),
                                         f"queue could not be reopened: {why.message}"))
@@ -518,9 +559,13 @@ class Relay:
         upstream has not had yet, in PUT order."""
         if not self.sending:
             return []
-        held = self._buffer.take_deferred(up_qid)
+        held = self._buffer.take_deferred(up_qid, self._route_open)
         return [(UPSTREAM, frame) for frame in put_frames((h.item.frame for h in held for _ in range(h.item.copies)),
                                                           PUT_FRAME_MESSAGES_MAX)]
+
+    def _route_open(self, up_qid: Hashable) -> bool:
+        route = self._routes.get(cast(int, up_qid))
+        return route is not None and route.open
 
     # -- the upstream connection ---------------------------------------------
     def upstream_lost(self) -> Out:
@@ -551,7 +596,7 @@ class Relay:
         succeeds) resend its buffered PUTs in order."""
         self.connected = True
         self.stopping = False
-        self._buffer.defer_all(lambda key, _: key[0])  # each goes with its queue's reopen
+        self._buffer.defer_all(lambda key, held: held.item.group(key))  # each goes with its queue's reopen
         out: Out = []
         pending_opens = {r.upstream_queue_id: up_req for up_req, r in self._requests.items()
                          if r.kind == "open_queue"}

@@ -87,6 +87,7 @@ class QueueRecord:
     timeout_ms: float = 0.0          # retransmission bound: min(the session's, the domain's dedup window)
     open: bool = False               # open on the current stream: its PUTs may go
     broadcast: bool = False          # broadcast mode: PUSHes are not confirmed
+    partition: int = 0               # its storage partition: a PUT frame spans queues of one
 
 
 @dataclass
@@ -95,10 +96,22 @@ class _Pending:
     to be sent) as it is and answered as a whole, or one PutMessage (a
     queue's few PUTs of a batch travel as PutMessages)."""
     token: Any                       # a post_columns frame's or a PutMessage's future (None: `tokens`)
-    queue: QueueRecord
+    queue: QueueRecord               # (a frame spanning queues: its first row's)
     frame: pb.PutColumns | pb.PutMessage
     guids: bytes                     # the frame's GUIDs, 16 bytes each (the buffer's key)
     tokens: list[Any] | None = None  # a frame of single PUTs (`post()`): each row's future
+    row_queues: list[QueueRecord] | None = None   # a frame spanning queues: each row's queue
+
+    @property
+    def spanned(self) -> list[QueueRecord]:
+        """The queues it is for, each once."""
+        if self.row_queues is None:
+            return [self.queue]
+        return list({id(q): q for q in self.row_queues}.values())
+
+    def group(self) -> int | list[int]:
+        """What it waits for on a new stream: its queue's reopen, or all of theirs."""
+        return self.queue.queue_id if self.row_queues is None else [q.queue_id for q in self.spanned]
 
 
 @dataclass
@@ -248,7 +261,7 @@ class SessionCore:
             self._reopens[request.request_id] = q.queue_id
             self._send(pb.Frame(open_queue=request))
         self._seal()  # batched PUTs become frames, held (no queue is open on this stream yet)
-        self.buffer.defer_all(lambda _, held: held.item.queue.queue_id)  # each goes with its queue's reopen
+        self.buffer.defer_all(lambda _, held: held.item.group())  # each goes with its queue's reopen
         self._effects.events.append(events.Reconnected(host, self.buffer.messages))
         if not self._reopens:
             self._effects.events.append(events.StateRestored(host, 0, ()))
@@ -256,10 +269,14 @@ class SessionCore:
     def _resend(self, queue_id: int) -> int:
         """The buffered frames of one queue not sent on this stream, as they
         were, in PUT order; then what was batched meanwhile (newer)."""
-        held = self.buffer.take_deferred(queue_id)
+        held = self.buffer.take_deferred(queue_id, self._queue_open)
         self._effects.frames.extend(put_frames((h.item.frame for h in held), PUT_FRAME_MESSAGES_MAX))
         self._seal()
         return sum(h.count for h in held)
+
+    def _queue_open(self, queue_id: Any) -> bool:
+        q = self.queues.get(queue_id)
+        return q is not None and q.open
 
     def connection_lost(self, reason: str) -> None:
         """The stream ended. With `reconnect`, everything waits for the next
@@ -328,6 +345,7 @@ class SessionCore:
         was_open, q.open = q.open, True
         q.max_payload_bytes = response.max_payload_bytes
         q.broadcast = response.broadcast
+        q.partition = response.partition
         window = response.dedup_history_window_ms
         q.timeout_ms = min(self.limits.timeout_ms, window) if window > 0 else self.limits.timeout_ms
         if q.read and response.HasField("options"):
@@ -401,51 +419,79 @@ class SessionCore:
         self._send_confirms()
 
     def _seal(self) -> None:
-        """The batched single PUTs as PutColumns frames, one per queue, each
-        queue's in PUT order (every hop and the primary take each as a whole,
-        checking and answering its rows one by one). Each frame is one entry
-        of the retransmission buffer, held since the batch's first PUT:
-        resent as it is, answered by one ACK frame."""
+        """The batched single PUTs as PutColumns frames, each held as one
+        entry of the retransmission buffer since the batch's first PUT:
+        resent as it is, answered by one ACK frame (every hop and the primary
+        check and answer its rows one by one). A queue with at least
+        `columns_min` PUTs in the batch gets a frame of its own; the few PUTs
+        of many queues share one frame per partition (`PutColumns.queue_ids`);
+        fewer than `columns_min` in all go as PutMessages, each its own entry.
+        Each queue's PUTs keep their order."""
         now_ms = self._puts.first_ms
         items = self._puts.take()
         if not items:
             return
-        # One frame per queue, its PUTs in their order (the order that holds:
-        # a producer posting to its queues in turn would otherwise make a
-        # frame of each PUT).
-        runs: dict[int, list[tuple[QueueRecord, pb.PutMessage, Any]]] = {}
-        for item in items:
-            runs.setdefault(id(item[0]), []).append(item)
-        singles: list[pb.PutMessage] = []
+        runs: dict[int, list[tuple[int, QueueRecord, pb.PutMessage, Any]]] = {}
+        for n, (q, m, t) in enumerate(items):
+            runs.setdefault(id(q), []).append((n, q, m, t))
+        singles: list[pb.PutMessage | None] = []
+        few: dict[int, list[tuple[int, QueueRecord, pb.PutMessage, Any]]] = {}   # partition -> the few PUTs
+        minimum = self.batch_policy.columns_min
         for run in runs.values():
-            q: QueueRecord = run[0][0]
-            messages = [m for _, m, _ in run]
-            tokens = [t for _, _, t in run]
+            q = run[0][1]
             if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
                 self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
-                                              for m, t in zip(messages, tokens))
+                                              for _, _, m, t in run)
+            elif len(run) >= minimum:
+                self._frame([q], [m for _, _, m, _ in run], [t for _, _, _, t in run], now_ms)
+            elif q.broadcast:   # taken at once by the primary, never committed: not with other queues
+                singles.extend(self._single(q, m, t, now_ms) for _, _, m, t in run)
+            else:
+                few.setdefault(q.partition, []).extend(run)
+        for rows in few.values():
+            if len(rows) < minimum:
+                singles.extend(self._single(q, m, t, now_ms) for _, q, m, t in rows)
                 continue
-            if len(run) < self.batch_policy.columns_min:   # a few: as PutMessages, each its own entry
-                singles.extend(m for m, t in zip(messages, tokens)
-                               if self._hold(_Pending(t, q, m, m.guid), len(m.payload), 1, now_ms))
-                continue
-            guids = b"".join(m.guid for m in messages)
+            rows.sort(key=lambda row: row[0])   # PUT order
+            self._frame([q for _, q, _, _ in rows], [m for _, _, m, _ in rows], [t for _, _, _, t in rows], now_ms)
+        sent = [m for m in singles if m is not None]
+        if sent:
+            self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
+
+    def _single(self, q: QueueRecord, m: pb.PutMessage, token: Any, now_ms: float) -> pb.PutMessage | None:
+        """One PUT as a PutMessage, its own entry: the message if it may go now."""
+        return m if self._hold(_Pending(token, q, m, m.guid), len(m.payload), 1, now_ms) else None
+
+    def _frame(self, queues: list[QueueRecord], messages: list[pb.PutMessage], tokens: list[Any],
+               now_ms: float) -> None:
+        """Single PUTs as one PutColumns frame: of one queue (`queues` holds
+        it), or spanning the queues of one partition (`queues` per row)."""
+        guids = b"".join(m.guid for m in messages)
+        if len(queues) == 1:
+            q, row_queues = queues[0], None
             frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages), per_message=True,
                                   guids=guids)
-            if self._hold(_Pending(None, q, frame, guids, tokens), sum(len(m.payload) for m in messages), len(run),
-                          now_ms):
-                self._send(pb.Frame(put_columns=frame))
-        if singles:
-            self._send(pb.Frame(put=pb.PutBatch(messages=singles)))
+        else:
+            q, row_queues = queues[0], queues
+            frame = pb.PutColumns(arrow_ipc=columns.encode_puts(messages), per_message=True, guids=guids,
+                                  queue_ids=[r.queue_id for r in queues])
+        if self._hold(_Pending(None, q, frame, guids, tokens, row_queues), sum(len(m.payload) for m in messages),
+                      len(messages), now_ms):
+            self._send(pb.Frame(put_columns=frame))
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> bool:
         """Keep an entry until its ACK. True: it may go now (the caller
-        sends it); False: it is deferred until its queue is open on a stream."""
-        q = pending.queue
-        self.buffer.hold(pending.guids, pending, nbytes, count, now_ms, q.timeout_ms)
-        if self.sending and q.open:
+        sends it); False: it is deferred until its queues are open on a
+        stream and none of their earlier PUTs waits."""
+        queues = pending.spanned
+        timeout = min(q.timeout_ms for q in queues) if len(queues) > 1 else queues[0].timeout_ms
+        self.buffer.hold(pending.guids, pending, nbytes, count, now_ms, timeout)
+        if self.sending and all(q.open and not self.buffer.blocked(q.queue_id) for q in queues):
             return True
-        self.buffer.defer(q.queue_id, pending.guids)
+        if len(queues) == 1:
+            self.buffer.defer(queues[0].queue_id, pending.guids)
+        else:
+            self.buffer.defer_many([q.queue_id for q in queues], pending.guids)
         return False
 
     def _send_confirms(self) -> None:
@@ -542,11 +588,12 @@ class SessionCore:
                 self._answer(held, code, text)
             return
         uri = pending.queue.uri
+        row_queues = pending.row_queues
         for i, token in enumerate(pending.tokens):
             guid = guids[16 * i:16 * i + 16]
             row_code, row_text = refused.get(i, (code, text)) if refused else (code, text)
-            answered.append((token, Ack(guid, uri) if row_code is ResultCode.SUCCESS
-                             else AckError(row_code, row_text, guid)))
+            answered.append((token, Ack(guid, row_queues[i].uri if row_queues else uri)
+                             if row_code is ResultCode.SUCCESS else AckError(row_code, row_text, guid)))
 
     def _respond(self, request_id: int, body: Any) -> None:
         request = self._requests.pop(request_id, None)
@@ -578,7 +625,7 @@ class SessionCore:
                 self._effects.closed.append(queue_id)
                 code = ResultCode.of(body.status.code)
                 for key, held in self.buffer.items():
-                    if held.item.queue is q:
+                    if any(r is q for r in held.item.spanned):
                         self.buffer.release(key)
                         self._answer(held, code, f"queue could not be reopened: {body.status.message}")
         if not self._reopens:

@@ -43,3 +43,15 @@ def test_a_confirm_frame_of_several_queues_is_split_by_primary_and_the_rest_stay
                   pb.ConfirmColumns(starts=[1, 2], counts=[1, 1], queue_ids=[3])):
         frame = pb.Frame(confirm_columns=whole)
         assert forwarding.split("L", frame) is frame  # type: ignore[arg-type]
+
+
+def test_a_put_frame_of_several_queues_goes_whole_to_their_primary_or_stays():
+    p1, p2 = FakeUpstream(), FakeUpstream()
+    forwarding = forwarding_with({3: p1, 4: p1, 5: p2})
+    relayed = pb.Frame(put_columns=pb.PutColumns(arrow_ipc=b"rows", per_message=True, queue_ids=[3, 4, 3]))
+    assert forwarding.split("L", relayed) is None  # type: ignore[arg-type]
+    assert p1.frames == [("L", relayed)] and p2.frames == []
+    for stays in ([1, 2], [3, 5], [3, 1]):   # served here; two primaries; mixed: the node refuses those two
+        frame = pb.Frame(put_columns=pb.PutColumns(arrow_ipc=b"rows", per_message=True, queue_ids=stays))
+        assert forwarding.split("L", frame) is frame  # type: ignore[arg-type]
+    assert len(p1.frames) == 1 and p2.frames == []

@@ -487,3 +487,52 @@ def test_a_put_frame_with_its_header_goes_up_unopened_and_its_answers_use_the_he
     assert refused.ack_columns.code == ResultCode.LIMIT_MESSAGES and len(refused.ack_columns.guids) == 11 * 16
     (dest, error), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=1, guids=b"short")))
     assert dest == "A" and error.error.status.code == ResultCode.INVALID_ARGUMENT
+
+
+def test_a_put_frame_spanning_queues_goes_up_whole_with_upstream_ids_and_is_answered_whole():
+    relay = Relay()
+    ups = {}
+    for qid, req in ((1, 1), (2, 2), (3, 3)):
+        (_, up), = relay.from_downstream("A", open_frame(qid, req))
+        opened(relay, up)
+        ups[qid] = up.open_queue.queue_id
+    guids = g(1) + g(2) + g(3) + g(4)
+    frame = pb.PutColumns(arrow_ipc=b"not opened here", per_message=True, guids=guids, queue_ids=[2, 1, 2, 3])
+    (dest, up_frame), = relay.from_downstream("A", pb.Frame(put_columns=frame))
+    body = up_frame.put_columns
+    assert dest == UPSTREAM and body.queue_id == 0 and body.arrow_ipc == frame.arrow_ipc and body.guids == guids
+    assert list(body.queue_ids) == [ups[2], ups[1], ups[2], ups[3]]
+    assert relay.unacked_count == 4
+    (dest, down), = relay.from_upstream(pb.Frame(ack_columns=pb.AckColumns(guids=guids, refused_rows=[1],
+                                                                           refused_codes=[ResultCode.LIMIT_BYTES])))
+    assert dest == "A" and down.ack_columns.guids == guids and list(down.ack_columns.refused_rows) == [1]
+    assert relay.unacked_count == 0
+    # A queue of the frame not open here: the frame is refused whole.
+    (dest, nack), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(
+        per_message=True, guids=g(5) + g(6), queue_ids=[1, 9])))
+    assert dest == "A" and nack.ack_columns.code == ResultCode.INVALID_ARGUMENT
+    assert "queue id 9 is not open" in nack.ack_columns.message and relay.unacked_count == 0
+
+
+def test_after_failover_a_frame_spanning_queues_waits_for_all_their_reopens_and_holds_back_their_puts():
+    relay = Relay()
+    ups = {}
+    for qid, req in ((1, 1), (2, 2)):
+        (_, up), = relay.from_downstream("A", open_frame(qid, req))
+        opened(relay, up)
+        ups[qid] = up.open_queue.queue_id
+    guids = g(1) + g(2)
+    relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(per_message=True, guids=guids, queue_ids=[1, 2])))
+    relay.upstream_lost()
+    reopens = {f.open_queue.queue_id: f.open_queue for _, f in relay.upstream_restored()}
+
+    def reopened(up_qid):
+        return relay.from_upstream(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+            request_id=reopens[up_qid].request_id, queue_id=up_qid, status=pb.Status(code=0))))
+
+    assert reopened(ups[1]) == []
+    assert relay.from_downstream("A", put(1, g(3))) == []     # queue 1 is open, but behind the frame
+    out = reopened(ups[2])
+    assert [f.WhichOneof("body") for _, f in out] == ["put_columns", "put"]
+    assert out[0][1].put_columns.guids == guids and upstream_puts(out[1:]) == [g(3)]
+    assert relay.from_downstream("A", put(1, g(4))) != []     # nothing waits any more: it goes at once

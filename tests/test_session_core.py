@@ -107,6 +107,38 @@ def test_deferred_entries_go_by_queue_in_put_order_and_pack_into_frames():
     assert buffer.take_deferred(2) == [] and len(buffer) == 5
 
 
+def test_an_entry_of_several_queues_goes_once_all_are_open_and_holds_back_their_later_entries():
+    buffer: RetransmissionBuffer[str, str] = RetransmissionBuffer()
+    for key in ("a1", "m12", "b1", "c2", "m23", "d3"):
+        buffer.hold(key, key, 1, 1, now_ms=0)
+    spans = {"m12": [1, 2], "m23": [2, 3]}
+    buffer.defer_all(lambda key, _: spans.get(key, int(key[-1])))
+    opened: set[int] = set()
+
+    def open_(q: int) -> list[str]:
+        opened.add(q)
+        return [h.item for h in buffer.take_deferred(q, opened.__contains__)]
+
+    assert open_(1) == ["a1"]                    # m12 waits for queue 2, b1 behind it
+    assert buffer.blocked(1) and not buffer.blocked(4)
+    assert open_(3) == []                        # d3 behind m23, which waits for queue 2
+    taken = open_(2)                             # m12, then c2, m23 and what they held back
+    assert sorted(taken) == ["b1", "c2", "d3", "m12", "m23"]
+    for before, after in (("m12", "b1"), ("m12", "c2"), ("c2", "m23"), ("m23", "d3")):
+        assert taken.index(before) < taken.index(after)   # each queue's PUT order
+    assert not any(buffer.blocked(q) for q in (1, 2, 3))
+
+    # A queue forgotten: its entries of several queues no longer hold the others back.
+    for key in ("m12", "b1"):
+        buffer.hold(key, key, 1, 1, now_ms=1)
+    buffer.defer_many([1, 2], "m12")
+    buffer.defer(1, "b1")
+    opened = {1}
+    assert buffer.blocked(1) and open_(1) == []
+    buffer.forget_deferred(2)
+    assert open_(1) == ["b1"] and "m12" in buffer   # held (its owner answers it), never sent
+
+
 # -- the session core ------------------------------------------------------------
 def test_puts_batch_until_full_or_their_linger_time_and_each_frame_ack_answers_each_put_once():
     core = core_with_queue()
@@ -486,3 +518,88 @@ def test_a_queues_few_puts_go_as_put_messages_each_held_and_answered_on_its_own(
     assert resent.WhichOneof("body") == "put" and [m.guid for m in resent.put.messages] == [g(1)]
     core.on_frame(ack(1))
     assert core.take().answered == [("a", Ack(g(1), "taproot://d/q"))] and core.pending == 0
+
+
+def core_with_queues(partitions: dict[int, int], columns_min: int = 3) -> SessionCore:
+    """A connected core with these queues ({queue id: partition}) open for writing."""
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=columns_min))
+    core.connected("h1", 0)
+    for qid, partition in partitions.items():
+        core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,
+                                   open_request=pb.OpenQueue(queue_id=qid, uri=f"taproot://d/q{qid}", write=True)))
+        core.opened(qid, pb.OpenQueueResponse(queue_id=qid, status=status(ResultCode.SUCCESS), partition=partition))
+    core.take()
+    return core
+
+
+def test_the_few_puts_of_many_queues_share_one_frame_per_partition_answered_row_by_row():
+    core = core_with_queues({1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 2})
+    order = [1, 2, 1, 3, 4, 5, 6, 2]     # partition 0: 5 PUTs, 1: 2, 2: 1
+    for i, qid in enumerate(order):
+        core.post(qid, put(i, queue_id=qid), f"t{i}", now_ms=0)
+    core.flush()
+    frames = core.take().frames
+    assert [f.WhichOneof("body") for f in frames] == ["put_columns", "put"]
+    spanning = frames[0].put_columns
+    assert spanning.queue_id == 0 and list(spanning.queue_ids) == [1, 2, 1, 3, 2] and spanning.per_message
+    assert sent_guids(frames[:1]) == [g(0), g(1), g(2), g(3), g(7)] and spanning.guids == b"".join(
+        g(i) for i in (0, 1, 2, 3, 7))
+    assert sorted(m.guid for m in frames[1].put.messages) == [g(4), g(5), g(6)]   # too few to share a frame
+    assert core.buffer.messages == 8 and len(core.buffer) == 4
+    core.on_frame(pb.Frame(ack_columns=pb.AckColumns(guids=spanning.guids, refused_rows=[2],
+                                                     refused_codes=[ResultCode.LIMIT_MESSAGES],
+                                                     refused_messages=["quota"])))
+    answered = dict(core.take().answered)
+    assert answered["t0"] == Ack(g(0), "taproot://d/q1") and answered["t3"] == Ack(g(3), "taproot://d/q3")
+    assert answered["t7"] == Ack(g(7), "taproot://d/q2")
+    assert isinstance(answered["t2"], AckError) and answered["t2"].code is ResultCode.LIMIT_MESSAGES
+    assert core.buffer.messages == 3
+
+
+def test_a_frame_spanning_queues_is_resent_once_all_reopen_and_holds_back_their_later_puts():
+    core = core_with_queues({1: 0, 2: 0, 3: 0})
+    for i, qid in enumerate([1, 2, 3]):
+        core.post(qid, put(i, queue_id=qid), i, now_ms=0)
+    core.flush()
+    (first,) = core.take().frames
+    assert list(first.put_columns.queue_ids) == [1, 2, 3]
+    core.connection_lost("x")
+    core.connected("h2", 1)
+    reopens = {f.open_queue.queue_id: f.open_queue for f in core.take().frames if f.WhichOneof("body") == "open_queue"}
+
+    def answer(qid: int, code: int = ResultCode.SUCCESS) -> list[pb.Frame]:
+        core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+            request_id=reopens[qid].request_id, queue_id=qid, status=status(code))))
+        return core.take().frames
+
+    assert answer(1) == []
+    for i in (10, 11, 12):                  # queue 1 open, but its new PUTs wait behind the frame
+        core.post(1, put(i), i, now_ms=2)
+    core.flush()
+    assert core.take().frames == [] and core.buffer.blocked(1)
+    assert answer(3) == []
+    resent = answer(2)
+    assert resent[0].put_columns == first.put_columns          # byte for byte, first
+    assert sent_guids(resent[1:]) == [g(10), g(11), g(12)]
+    assert not core.buffer.blocked(1)
+
+
+def test_a_queue_that_cannot_be_reopened_fails_the_frames_it_shares():
+    core = core_with_queues({1: 0, 2: 0, 3: 0})
+    for i, qid in enumerate([1, 2, 3]):
+        core.post(qid, put(i, queue_id=qid), i, now_ms=0)
+    core.flush()
+    core.take()
+    core.connection_lost("x")
+    core.connected("h2", 1)
+    reopens = {f.open_queue.queue_id: f.open_queue for f in core.take().frames if f.WhichOneof("body") == "open_queue"}
+    core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+        request_id=reopens[2].request_id, queue_id=2, status=status(ResultCode.REFUSED, "gone"))))
+    answered = dict(core.take().answered)
+    assert set(answered) == {0, 1, 2} and all(a.code is ResultCode.REFUSED for a in answered.values())
+    for qid in (1, 3):                      # the others no longer wait for it
+        core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+            request_id=reopens[qid].request_id, queue_id=qid, status=status(ResultCode.SUCCESS))))
+    core.post(1, put(20), "late", now_ms=3)
+    core.flush()
+    assert sent_guids(core.take().frames) == [g(20)] and core.buffer.messages == 1
