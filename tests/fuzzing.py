@@ -138,7 +138,12 @@ def plausible_frame(rng: random.Random, queue_ids: list[int]) -> pb.Frame:
             compression=rng.choice([0, 0, 1, 2, 7]))  # type: ignore[arg-type]
             for _ in range(rng.choice([1, 1, 2, 20]))]))
     if kind == "put_columns":
-        return pb.Frame(put_columns=pb.PutColumns(queue_id=queue_id, arrow_ipc=arrow_batch(rng)))
+        # Of one queue, or spanning queues: ids per row, some not open, the list short or long.
+        queue_ids = rng.choice([[], [], [rng.choice([queue_id, 0, 2**32 - 1, rng.randint(1, 9)])
+                                         for _ in range(rng.choice([1, 2, 3, 50]))]])
+        return pb.Frame(put_columns=pb.PutColumns(queue_id=queue_id, arrow_ipc=arrow_batch(rng),
+                                                  per_message=rng.random() < 0.7 if queue_ids else False,
+                                                  queue_ids=queue_ids))
     if kind == "confirm":
         return pb.Frame(confirm=pb.ConfirmBatch(messages=[
             pb.ConfirmMessage(queue_id=queue_id, guid=rng.randbytes(rng.choice([16, 0, 3])),
