@@ -424,8 +424,9 @@ class SessionCore:
         resent as it is, answered by one ACK frame (every hop and the primary
         check and answer its rows one by one). A queue with at least
         `columns_min` PUTs in the batch gets a frame of its own; the few PUTs
-        of many queues share one frame per partition (`PutColumns.queue_ids`);
-        fewer than `columns_min` in all go as PutMessages, each its own entry.
+        of many queues share one frame per partition (`PutColumns.queue_ids`)
+        when there are `spanning_min` of them, else go as PutMessages, each
+        its own entry.
         Each queue's PUTs keep their order."""
         now_ms = self._puts.first_ms
         items = self._puts.take()
@@ -449,7 +450,7 @@ class SessionCore:
             else:
                 few.setdefault(q.partition, []).extend(run)
         for rows in few.values():
-            if len(rows) < minimum:
+            if len(rows) < self.batch_policy.spanning_min:
                 singles.extend(self._single(q, m, t, now_ms) for _, q, m, t in rows)
                 continue
             rows.sort(key=lambda row: row[0])   # PUT order

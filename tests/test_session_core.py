@@ -520,9 +520,10 @@ def test_a_queues_few_puts_go_as_put_messages_each_held_and_answered_on_its_own(
     assert core.take().answered == [("a", Ack(g(1), "taproot://d/q"))] and core.pending == 0
 
 
-def core_with_queues(partitions: dict[int, int], columns_min: int = 3) -> SessionCore:
-    """A connected core with these queues ({queue id: partition}) open for writing."""
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=columns_min))
+def core_with_queues(partitions: dict[int, int]) -> SessionCore:
+    """A connected core with these queues ({queue id: partition}) open for
+    writing; 3 PUTs make a queue's own frame, or a frame shared by queues."""
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=3, spanning_min=3))
     core.connected("h1", 0)
     for qid, partition in partitions.items():
         core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,
@@ -603,3 +604,18 @@ def test_a_queue_that_cannot_be_reopened_fails_the_frames_it_shares():
     core.post(1, put(20), "late", now_ms=3)
     core.flush()
     assert sent_guids(core.take().frames) == [g(20)] and core.buffer.messages == 1
+
+
+def test_by_default_it_takes_spanning_min_puts_of_several_queues_to_share_a_frame():
+    from protocol.limits import PUT_SPANNING_MIN
+
+    for count, kind in ((PUT_SPANNING_MIN - 1, "put"), (PUT_SPANNING_MIN, "put_columns")):
+        core = SessionCore()
+        core.connected("h1", 0)
+        for qid in range(1, 9):
+            core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True))
+            core.opened(qid, pb.OpenQueueResponse(queue_id=qid, status=status(ResultCode.SUCCESS)))
+        for i in range(count):   # 4 or fewer to each of 8 queues: under columns_min each
+            core.post(1 + i % 8, put(i, queue_id=1 + i % 8), i, now_ms=0)
+        core.flush()
+        assert [f.WhichOneof("body") for f in core.take().frames] == [kind]
