@@ -446,8 +446,22 @@ class Relay:
         (`queue_ids`) goes down each link once, with that link's queue ids."""
         by_link: dict[Hashable, list[Any]] = {}
         messages = frame.push.messages
+        routes = self._routes
         for message in messages:
-            targets = list(message.queue_ids) or [message.queue_id]
+            if not message.queue_ids:   # one queue (most PUSHes): no per-link grouping to do
+                route = routes.get(message.queue_id)
+                if route is None:
+                    continue  # the downstream link is gone; the primary redelivers PUSHes
+                if not route.broadcast:
+                    route.unconfirmed.add(message.sequence)
+                message.queue_id = route.queue_id
+                pushes = by_link.get(route.link)
+                if pushes is None:
+                    by_link[route.link] = [message]
+                else:
+                    pushes.append(message)
+                continue
+            targets = list(message.queue_ids)
             per_link: dict[Hashable, list[int]] = {}
             for up_qid in targets:
                 route = self._routes.get(up_qid)
