@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from conf import parse_domain
@@ -45,6 +46,11 @@ from taproot.batching import BatchPolicy
 from taproot.core import QueueRecord, SessionCore
 
 URI = "taproot://sim/q"
+
+
+def uri_of(queue_id: int) -> str:
+    """Queue 1 is `URI`; with several queues per client, 2, 3, ... follow it."""
+    return URI if queue_id == 1 else f"{URI}{queue_id}"
 
 
 @dataclass(order=True)
@@ -99,20 +105,25 @@ class Endpoint:
 
 
 class Client(Endpoint):
-    """The SDK: the real `taproot.core.SessionCore` with one queue; the
+    """The SDK: the real `taproot.core.SessionCore` with `queues` queues; the
     application counts every answer the core gives to each PUT, and a
     consumer confirms what it gets."""
 
-    def __init__(self, sim: "Simulation", name: str, upper: "Endpoint", read: bool, limits: RetransmissionLimits):
+    def __init__(self, sim: "Simulation", name: str, upper: "Endpoint", read: bool, limits: RetransmissionLimits,
+                 queues: int = 1):
         self.sim, self.name, self.upper, self.read = sim, name, upper, read
-        # A queue's batch of one or two PUTs goes as PutMessages, of more as a frame: both paths.
-        self.core = SessionCore(batch=BatchPolicy(linger_ms=2, max_messages=50, columns_min=3), limits=limits)
-        self.core.add_queue(QueueRecord(1, URI, read=read, write=not read,
-                                        open_request=pb.OpenQueue(queue_id=1, uri=URI, read=read, write=not read)))
+        # A queue's batch of one or two PUTs goes as PutMessages, of more as a frame; with several
+        # queues, three or more PUTs of queues with fewer each share a frame: every path.
+        self.core = SessionCore(batch=BatchPolicy(linger_ms=2, max_messages=50, columns_min=3, spanning_min=3),
+                                limits=limits)
+        for qid in range(1, queues + 1):
+            self.core.add_queue(QueueRecord(qid, uri_of(qid), read=read, write=not read, open_request=pb.OpenQueue(
+                queue_id=qid, uri=uri_of(qid), read=read, write=not read)))
         self.link: Link | None = None
         self.acks: dict[bytes, int] = {}       # GUID -> answers with SUCCESS the application saw
         self.failed: dict[bytes, int] = {}     # GUID -> answers with a failure
         self.delivered: list[bytes] = []
+        self.delivered_to: dict[bytes, int] = {}   # GUID -> the queue it was pushed on
 
     def connect(self) -> None:
         self.link = Link(self.sim, self.name, self, self.upper)
@@ -120,12 +131,13 @@ class Client(Endpoint):
         first = self.core.connections == 0
         self.core.connected(self.link.name, self.sim.now)
         if first:
-            q = self.core.queues[1]
-            self.core.request(pb.Frame(open_queue=q.open_request), "open_queue", "open")
+            for qid, q in self.core.queues.items():
+                self.core.request(pb.Frame(open_queue=q.open_request), "open_queue", ("open", qid))
         self._carry_out()
 
-    def post(self, guid: bytes) -> None:
-        refused = self.core.post(1, pb.PutMessage(queue_id=1, guid=guid, payload=guid), guid, self.sim.now)
+    def post(self, guid: bytes, queue_id: int = 1) -> None:
+        refused = self.core.post(queue_id, pb.PutMessage(queue_id=queue_id, guid=guid, payload=guid), guid,
+                                 self.sim.now)
         if refused is not None:
             self.failed[guid] = self.failed.get(guid, 0) + 1
         self._carry_out()
@@ -144,12 +156,17 @@ class Client(Endpoint):
             bucket = self.failed if isinstance(result, Exception) else self.acks
             bucket[token] = bucket.get(token, 0) + 1
         for token, response in effects.responses:
-            if token == "open" and not isinstance(response, Exception) \
+            if isinstance(token, tuple) and token[0] == "open" and not isinstance(response, Exception) \
                     and response.status.code == ResultCode.SUCCESS:
-                self.core.opened(1, response)
+                self.core.opened(token[1], response)
         if effects.pushes:
-            self.delivered.extend(m.guid for m in effects.pushes)
-            self.core.confirm(1, [m.sequence for m in effects.pushes], self.sim.now)
+            by_queue: dict[int, list[int]] = {}
+            for m in effects.pushes:
+                self.delivered.append(m.guid)
+                self.delivered_to[m.guid] = m.queue_id
+                by_queue.setdefault(m.queue_id, []).append(m.sequence)
+            for qid, seqs in by_queue.items():   # one CONFIRM frame for them all
+                self.core.confirm(qid, seqs, self.sim.now)
             self.core.flush()
 
     def receive_from_above(self, link: Link, frame: pb.Frame) -> None:
@@ -229,7 +246,9 @@ class Primary(Endpoint):
         self.refuse_rows = refuse_rows
         self.refused: set[bytes] = set()
         self.partly_refused = 0                 # frames with some rows refused and some stored
-        self.log: list[tuple[bytes, int]] = []   # committed PUTs (GUID, commit time): durable
+        self.log: list[tuple[bytes, int, str]] = []   # committed PUTs (GUID, commit time, queue URI): durable
+        self.spanning_seen: Counter[bytes] = Counter()   # PUT frames spanning queues taken, by their GUIDs
+        self.spanning_partly = 0                # of them, refused in part
         self.log_set: set[bytes] = set()
         self.confirmed: set[bytes] = set()      # durable too
         self.epoch = 1
@@ -237,12 +256,19 @@ class Primary(Endpoint):
         self._volatile()
 
     def _volatile(self) -> None:
-        self.links: dict[Link, dict[int, bool]] = {}     # link -> queue id -> read
-        # (link, queue id, the frame's GUIDs (None: a single PUT), its PUTs to store, its rows refused)
-        self.uncommitted: list[tuple[Link, int, bytes | None, list[pb.PutMessage],
+        self.links: dict[Link, dict[int, tuple[bool, str]]] = {}   # link -> queue id -> (read, URI)
+        # (link, queue id, the frame's GUIDs (None: a single PUT), its PUTs to store with their
+        # queue's URI, its rows refused)
+        self.uncommitted: list[tuple[Link, int, bytes | None, list[tuple[pb.PutMessage, str]],
                                      dict[int, tuple[ResultCode, str]]]] = []
         self.history = GuidHistory(self.domains["sim"].dedup_history_window_ms * 1000)
-        self.dispatcher = QueueDispatcher()
+        self.dispatchers: dict[str, QueueDispatcher] = {}   # by queue URI (each link names it by its own id)
+
+    def dispatcher(self, uri: str) -> QueueDispatcher:
+        found = self.dispatchers.get(uri)
+        if found is None:
+            found = self.dispatchers[uri] = QueueDispatcher()
+        return found
 
     def accept(self, link: Link) -> None:
         if not self.up:
@@ -274,9 +300,9 @@ class Primary(Endpoint):
                 return
             response.dedup_history_window_ms = checked.domain.dedup_history_window_ms
             link.send_down(pb.Frame(open_queue_response=response))
-            queues[req.queue_id] = req.read
+            queues[req.queue_id] = (req.read, req.uri)
             if req.read:
-                self._push(self.dispatcher.add_consumer((link, req.queue_id), ConsumerOptions(20, 1 << 20)))
+                self._push(self.dispatcher(req.uri).add_consumer((link, req.queue_id), ConsumerOptions(20, 1 << 20)))
         elif kind == "put":
             nacks = []
             for message in frame.put.messages:
@@ -286,7 +312,8 @@ class Primary(Endpoint):
                     refused = admission.Refusal(ResultCode.LIMIT_MESSAGES, "quota (simulated)")
                     self.refused.add(message.guid)
                 if refused is None:
-                    self.uncommitted.append((link, message.queue_id, None, [message], {}))
+                    self.uncommitted.append((link, message.queue_id, None, [(message, queues[message.queue_id][1])],
+                                             {}))
                 else:
                     nacks.append(pb.AckMessage(queue_id=message.queue_id, guid=message.guid,
                                                code=refused.code, message=refused.message))
@@ -295,8 +322,11 @@ class Primary(Endpoint):
         elif kind == "put_columns":   # a frame: admitted, committed and ACKed as a whole
             req = frame.put_columns
             table = columns.decode(req.arrow_ipc)
-            if isinstance(table, str) or req.queue_id not in queues:
+            row_queues = list(req.queue_ids) or [req.queue_id] * (0 if isinstance(table, str) else table.num_rows)
+            if isinstance(table, str) or any(q not in queues for q in row_queues):
                 return   # the SDK and the hops never send one (the node answers with a FrameError)
+            if req.queue_ids:
+                self.spanning_seen[req.guids] += 1
             guids = columns.guids_of(table)
             refused = columns.check(table, self.domains["sim"].max_payload_bytes)
             if refused is not None:
@@ -311,18 +341,23 @@ class Primary(Endpoint):
                 link.send_down(columns.ack_columns(req.queue_id, guids, ResultCode.SUCCESS, "", refused))
                 return
             self.partly_refused += bool(refused)
-            self.uncommitted.append((link, req.queue_id, guids, [pb.PutMessage(
-                queue_id=req.queue_id, guid=g, payload=p) for i, (g, p) in enumerate(rows) if i not in refused],
-                refused))
+            self.spanning_partly += bool(refused) and bool(req.queue_ids)
+            self.uncommitted.append((link, req.queue_id, guids, [(pb.PutMessage(
+                queue_id=row_queues[i], guid=g, payload=p), queues[row_queues[i]][1])
+                for i, (g, p) in enumerate(rows) if i not in refused], refused))
         elif kind == "confirm_columns":  # as the node does: the frame's seqs at once
             for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame.confirm_columns).items():
-                stored, more = self.dispatcher.confirm_many((link, queue_id), seq_ranges.expand(starts, counts))
+                if queue_id not in queues:
+                    continue
+                stored, more = self.dispatcher(queues[queue_id][1]).confirm_many((link, queue_id),
+                                                                                  seq_ranges.expand(starts, counts))
                 self.confirmed.update(stored.guids)
                 self._push(more)
         elif kind == "close_queue":
             req = frame.close_queue
-            if queues.pop(req.queue_id, None):
-                self._push(self.dispatcher.remove_consumer((link, req.queue_id)))
+            closed = queues.pop(req.queue_id, None)
+            if closed:
+                self._push(self.dispatcher(closed[1]).remove_consumer((link, req.queue_id)))
             link.send_down(pb.Frame(close_queue_response=pb.CloseQueueResponse(
                 request_id=req.request_id, queue_id=req.queue_id, status=status(ResultCode.SUCCESS))))
         elif kind == "configure_queue":
@@ -332,9 +367,9 @@ class Primary(Endpoint):
 
     def below_lost(self, link: Link) -> None:
         queues = self.links.pop(link, {})
-        for queue_id, read in queues.items():
+        for queue_id, (read, uri) in queues.items():
             if read:  # its unconfirmed messages go to the next consumer
-                self._push(self.dispatcher.remove_consumer((link, queue_id)))
+                self._push(self.dispatcher(uri).remove_consumer((link, queue_id)))
 
     def tick(self) -> None:
         if not self.up or not self.uncommitted or self.sim.rng.random() >= 0.7:
@@ -342,10 +377,11 @@ class Primary(Endpoint):
         # Group commit: everything waiting becomes durable, then it is ACKed,
         # then the express lane decides what to push (duplicates by GUID not).
         groups, self.uncommitted = self.uncommitted, []
-        batch = [m for _, _, _, messages, _ in groups for m in messages]
+        batch = [m for _, _, _, messages, _ in groups for m, _ in messages]
+        uris = [uri for _, _, _, messages, _ in groups for _, uri in messages]
         now_us = self.sim.now * 1000
         first_seq = len(self.log)   # a PUT's seq: its place in the log
-        self.log.extend((m.guid, now_us) for m in batch)
+        self.log.extend((m.guid, now_us, uri) for m, uri in zip(batch, uris))
         self.log_set.update(m.guid for m in batch)
         for link, queue_id, frame_guids, messages, refused in groups:
             if not link.alive:
@@ -354,11 +390,14 @@ class Primary(Endpoint):
                 link.send_down(columns.ack_columns(queue_id, frame_guids, ResultCode.SUCCESS, "", refused))
             else:
                 link.send_down(pb.Frame(ack=pb.AckBatch(messages=[pb.AckMessage(
-                    queue_id=queue_id, guid=messages[0].guid, code=ResultCode.SUCCESS)])))
+                    queue_id=queue_id, guid=messages[0][0].guid, code=ResultCode.SUCCESS)])))
         duplicates = self.history.commit([m.guid for m in batch], now_us)
-        fresh = [StoredMessage(m.guid, first_seq + i, m.payload)
-                 for i, (m, dup) in enumerate(zip(batch, duplicates)) if not dup]
-        self._push(self.dispatcher.add_messages(fresh))
+        fresh: dict[str, list[StoredMessage]] = {}
+        for i, (m, uri, dup) in enumerate(zip(batch, uris, duplicates)):
+            if not dup:
+                fresh.setdefault(uri, []).append(StoredMessage(m.guid, first_seq + i, m.payload))
+        for uri, messages in fresh.items():
+            self._push(self.dispatcher(uri).add_messages(messages))
 
     def crash(self) -> None:
         self.sim.log.append(f"{self.sim.now}: primary crash (epoch {self.epoch})")
@@ -373,16 +412,18 @@ class Primary(Endpoint):
         self.up = True
         # Recovery: the GUID history from the log, and what is not confirmed back to delivery.
         seen: set[bytes] = set()
-        first = [(seq, g, at) for seq, (g, at) in enumerate(self.log) if not (g in seen or seen.add(g))]
-        self.history.load([(g, at) for _, g, at in first])
-        self.dispatcher.add_messages(StoredMessage(g, seq, g) for seq, g, _ in first if g not in self.confirmed)
+        first = [(seq, g, at, q) for seq, (g, at, q) in enumerate(self.log) if not (g in seen or seen.add(g))]
+        self.history.load([(g, at) for _, g, at, _ in first])
+        for seq, g, _, q in first:
+            if g not in self.confirmed:
+                self.dispatcher(q).add_messages([StoredMessage(g, seq, g)])
         self.sim.log.append(f"{self.sim.now}: primary back (epoch {self.epoch})")
 
 
 class Simulation:
     def __init__(self, seed: int, messages: int = 200, faults: int = 6,
                  limits: RetransmissionLimits | None = None, session_limits: RetransmissionLimits | None = None,
-                 refuse_rows: bool = False):
+                 refuse_rows: bool = False, queues: int = 1):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0
@@ -394,8 +435,12 @@ class Simulation:
         self.primary = Primary(self, refuse_rows)
         self.replica = Hop(self, "replica", self.primary, limits)
         self.proxy = Hop(self, "proxy", self.replica, limits)
-        self.producer = Client(self, "producer", self.proxy, read=False, limits=session_limits or limits)
-        self.consumer = Client(self, "consumer", self.proxy, read=True, limits=session_limits or limits)
+        self.producer = Client(self, "producer", self.proxy, read=False, limits=session_limits or limits,
+                               queues=queues)
+        self.consumer = Client(self, "consumer", self.proxy, read=True, limits=session_limits or limits,
+                               queues=queues)
+        self.queues = queues
+        self.posted_to: dict[bytes, int] = {}    # GUID -> the queue it was posted to
         self.messages = messages
         self.faults = faults
         self.posted: list[bytes] = []
@@ -424,7 +469,8 @@ class Simulation:
         for i in range(self.messages):
             guid = (self.seed * 1_000_003 + i).to_bytes(16, "big")
             self.posted.append(guid)
-            self.schedule(self.rng.randint(0, 2000), lambda g=guid: self.producer.post(g))
+            self.posted_to[guid] = 1 + i % self.queues
+            self.schedule(self.rng.randint(0, 2000), lambda g=guid, q=self.posted_to[guid]: self.producer.post(g, q))
         for _ in range(self.faults):
             self.schedule(self.rng.randint(0, 2500), self._fault)
         self.schedule(0, self._tick)
@@ -472,3 +518,5 @@ class Simulation:
         assert not unrefused, f"seed {self.seed}: {len(unrefused)} PUTs refused by the primary but not failed"
         missing = set(self.producer.acks) - set(self.consumer.delivered)
         assert not missing, f"seed {self.seed}: {len(missing)} ACKed messages never delivered; {self.log[-5:]}"
+        misrouted = [g for g, q in self.consumer.delivered_to.items() if self.posted_to.get(g) != q]
+        assert not misrouted, f"seed {self.seed}: {len(misrouted)} messages pushed on another queue than their PUT's"
