@@ -9,7 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -53,6 +53,20 @@ def spark_offset_entry(reservoir_version: int, index: int = -1, starting: bool =
     return ('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
             f'{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":{reservoir_version},"index":{index},'
             f'"isStartingVersion":{"true" if starting else "false"}}}')
+
+
+def link_frames(link, timeout_s: float) -> Iterator[tuple[float, object]]:
+    """The frames an in-process node sends on `link` (`protocol.stream.Link`)
+    for `timeout_s`, each with the monotonic time it was taken."""
+    import queue as _queue
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            frame = link.next_frame(0.05)
+        except _queue.Empty:
+            continue
+        yield time.monotonic(), frame
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05, what: str = ""):

@@ -207,7 +207,7 @@ def test_confirms_of_many_queues_travel_as_one_frame_through_the_proxy(cluster, 
     real = taproot.core.confirm_frames
 
     def spy(*args: object, **kwargs: object) -> list[pb.Frame]:
-        frames = real(*args, **kwargs)  # type: ignore[arg-type]
+        frames = real(*args, **kwargs)
         sent.extend(f.confirm_columns for f in frames)
         return frames
 

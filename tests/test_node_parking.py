@@ -4,7 +4,6 @@ tables in a temp directory, no JVM)."""
 
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from primary.node import Node
 from protocol import ResultCode, pb
 from protocol.stream import Link
 from protocol.uri import parse_queue_uri, partition_of
-from tests.conftest import wait_until
+from tests.conftest import link_frames, wait_until
 
 pytestmark = pytest.mark.integration
 LEASE_MS = 6000   # the absent node2 is partition 1's preferred primary: node1 waits half a lease for it
@@ -31,15 +30,7 @@ def uri_on(partition: int, partitions: int = 2) -> str:
 
 
 def frames(link: Link, timeout_s: float) -> list[tuple[float, pb.Frame]]:
-    got = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            frame = link.next_frame(0.05)
-        except queue.Empty:
-            continue
-        got.append((time.monotonic(), frame))
-    return got
+    return list(link_frames(link, timeout_s))
 
 
 def test_an_open_waiting_for_a_failover_is_parked_while_the_links_other_frames_flow(tmp_path):

@@ -3,9 +3,6 @@ node in-process with two partitions, real delta-rs tables, no JVM."""
 
 from __future__ import annotations
 
-import queue
-import time
-
 import pytest
 
 from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
@@ -15,7 +12,7 @@ from protocol.stream import Link
 from protocol.uri import QueueUri, parse_queue_uri, partition_of
 from storage import deltars
 from storage.tables import PartitionPaths
-from tests.conftest import wait_until
+from tests.conftest import link_frames, wait_until
 from tests.test_node_parking import uri_on
 
 pytestmark = pytest.mark.integration
@@ -32,12 +29,7 @@ def uri(text: str) -> QueueUri:
 
 
 def next_of(link: Link, kind: str, timeout_s: float = 30) -> pb.Frame:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            frame = link.next_frame(0.05)
-        except queue.Empty:
-            continue
+    for _, frame in link_frames(link, timeout_s):
         if frame.WhichOneof("body") == kind:
             return frame
     raise AssertionError(f"no {kind} frame within {timeout_s} s")
