@@ -200,12 +200,15 @@ class RetransmissionBuffer(Generic[K, T]):
                 del self._deferred[g]
         return out
 
-    def forget_deferred(self, group: Hashable) -> None:
+    def forget_deferred(self, group: Hashable) -> list[K]:
         """`group` is gone: nothing of it is to be sent (nor an entry it
-        shares with other queues: it no longer holds theirs back)."""
-        for key in self._deferred.pop(group, ()):
+        shares with other queues: it no longer holds theirs back). Returns
+        the keys it had deferred that are still held (the owner answers them)."""
+        keys = self._deferred.pop(group, ())
+        for key in keys:
             if self._spanning.pop(key, None) is not None:
                 self._gone.add(key)
+        return [key for key in keys if key in self._entries]
 
     def items(self) -> Iterator[tuple[K, Held[T]]]:
         """Every entry, oldest first (what a resend goes through)."""

@@ -354,7 +354,16 @@ class SessionCore:
             self._resend(queue_id)  # what waited in the buffer for it (a reopen after failover)
 
     def remove_queue(self, queue_id: int) -> None:
-        self.queues.pop(queue_id, None)
+        """The application closed the queue. Its PUTs held but not sent on
+        this stream never will be: they fail CANCELED now, rather than wait
+        for the time bound (and a frame it shares with other queues no
+        longer holds their later PUTs back)."""
+        if self.queues.pop(queue_id, None) is None:
+            return
+        for key in self.buffer.forget_deferred(queue_id):
+            held = self.buffer.release(key)
+            if held is not None:
+                self._answer(held, ResultCode.CANCELED, "the queue was closed before this PUT was sent")
 
     # -- producing -----------------------------------------------------------------
     @property

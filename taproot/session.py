@@ -571,6 +571,7 @@ class Session:
         with self._lock:
             self._queues.pop(queue_id, None)
             self._core.remove_queue(queue_id)
+            self._send_effects_locked()   # its PUTs that will never be sent are answered
 
     # -- internals ----------------------------------------------------------
     @staticmethod

@@ -619,3 +619,26 @@ def test_by_default_it_takes_spanning_min_puts_of_several_queues_to_share_a_fram
             core.post(1 + i % 8, put(i, queue_id=1 + i % 8), i, now_ms=0)
         core.flush()
         assert [f.WhichOneof("body") for f in core.take().frames] == [kind]
+
+
+def test_closing_a_queue_fails_its_unsent_puts_and_frees_the_queues_it_shared_a_frame_with():
+    core = core_with_queues({1: 0, 2: 0, 3: 0})
+    for i, qid in enumerate([1, 2, 3]):
+        core.post(qid, put(i, queue_id=qid), i, now_ms=0)
+    core.post(2, put(9, queue_id=2), 9, now_ms=0)
+    core.flush()
+    core.take()
+    core.connection_lost("x")
+    core.connected("h2", 1)
+    reopens = {f.open_queue.queue_id: f.open_queue for f in core.take().frames if f.WhichOneof("body") == "open_queue"}
+    for qid in (1, 3):
+        core.on_frame(pb.Frame(open_queue_response=pb.OpenQueueResponse(
+            request_id=reopens[qid].request_id, queue_id=qid, status=status(ResultCode.SUCCESS))))
+    assert core.take().frames == [] and core.buffer.blocked(1)   # the frame waits for queue 2
+    core.remove_queue(2)                                        # closed before its reopen was answered
+    answered = dict(core.take().answered)
+    assert set(answered) == {0, 1, 2, 9} and all(a.code is ResultCode.CANCELED for a in answered.values())
+    assert core.buffer.messages == 0 and not core.buffer.blocked(1)
+    core.post(1, put(20), "next", now_ms=2)
+    core.flush()
+    assert sent_guids(core.take().frames) == [g(20)]
