@@ -8,13 +8,14 @@ thousand PUSHes is one range, and so is its CONFIRM.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from protocol import taproot_pb2 as pb
 from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX
 
-__all__ = ["confirm_columns_invalid", "confirm_ranges", "expand", "ranges"]
+__all__ = ["confirm_columns", "confirm_columns_invalid", "confirm_ranges", "expand", "ranges"]
 
 # Below this many seqs a Python loop beats numpy's set-up.
 _NUMPY_MIN = 64
@@ -80,3 +81,18 @@ def confirm_ranges(frame: Any) -> dict[int, tuple[list[int], list[int]]]:
             entry[0].append(start)
             entry[1].append(count)
     return out
+
+
+def confirm_columns(by_queue: Mapping[int, tuple[Sequence[int], Sequence[int]]]) -> pb.ConfirmColumns:
+    """The ConfirmColumns body of these ranges ({queue id: (starts,
+    counts)}): one queue named once, in `queue_id`; several, each range's in
+    `queue_ids`. What the SDK, relays and forwarding send."""
+    if len(by_queue) == 1:
+        ((queue_id, (starts, counts)),) = by_queue.items()
+        return pb.ConfirmColumns(queue_id=queue_id, starts=starts, counts=counts)
+    body = pb.ConfirmColumns()
+    for queue_id, (starts, counts) in by_queue.items():
+        body.starts.extend(starts)
+        body.counts.extend(counts)
+        body.queue_ids.extend([queue_id] * len(starts))
+    return body

@@ -45,7 +45,7 @@ from typing import Any, Hashable, cast
 from protocol import ResultCode, pb, status, wire
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
-from protocol.seqs import confirm_columns_invalid, confirm_ranges
+from protocol.seqs import confirm_columns, confirm_columns_invalid, confirm_ranges
 
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
@@ -317,7 +317,7 @@ class Relay:
         invalid = confirm_columns_invalid(body)
         if invalid:
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))]
-        up = pb.ConfirmColumns()
+        up: dict[int, tuple[list[int], list[int]]] = {}
         for queue_id, (starts, counts) in confirm_ranges(body).items():
             up_qid = self._up.get((link, queue_id))
             if up_qid is None:
@@ -328,16 +328,11 @@ class Relay:
                     unconfirmed.difference_update(range(start, start + count))
                 else:   # a wide range over few held: look at those
                     unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
-            up.starts.extend(starts)
-            up.counts.extend(counts)
-            up.queue_ids.extend([up_qid] * len(starts))
-        if not up.starts:
+            up[up_qid] = (starts, counts)
+        if not up:
             return []
-        if len(set(up.queue_ids)) == 1:   # one queue: named once
-            up.queue_id = up.queue_ids[0]
-            del up.queue_ids[:]
         # A frame of its own: the one from below may be its sender's too (in-process links).
-        return [(UPSTREAM, pb.Frame(confirm_columns=up))]
+        return [(UPSTREAM, pb.Frame(confirm_columns=confirm_columns(up)))]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.

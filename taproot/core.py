@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from protocol import ResultCode, columns, pb
 from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
+from protocol.seqs import confirm_columns
 from protocol.seqs import ranges as seq_ranges
 from taproot import events
 from taproot.batching import Batcher, BatchPolicy
@@ -145,32 +146,21 @@ def confirm_frames(confirms: dict[int, list[int]],
     range's queue in `queue_ids` (a session consuming thousands of queues
     sends one frame, not one per queue)."""
     frames: list[pb.Frame] = []
-    starts: list[int] = []
-    counts: list[int] = []
-    queue_ids: list[int] = []
-
-    def close() -> None:
-        if not starts:
-            return
-        if len(set(queue_ids)) == 1:
-            body = pb.ConfirmColumns(queue_id=queue_ids[0], starts=starts, counts=counts)
-        else:
-            body = pb.ConfirmColumns(starts=starts, counts=counts, queue_ids=queue_ids)
-        frames.append(pb.Frame(confirm_columns=body))
-
+    part: dict[int, tuple[list[int], list[int]]] = {}
     room = frame_max
     for queue_id, seqs in confirms.items():
         for start, count in zip(*seq_ranges(seqs)):
             while count:
                 n = min(count, room)
+                starts, counts = part.setdefault(queue_id, ([], []))
                 starts.append(start)
                 counts.append(n)
-                queue_ids.append(queue_id)
                 start, count, room = start + n, count - n, room - n
                 if not room:
-                    close()
-                    starts, counts, queue_ids, room = [], [], [], frame_max
-    close()
+                    frames.append(pb.Frame(confirm_columns=confirm_columns(part)))
+                    part, room = {}, frame_max
+    if part:
+        frames.append(pb.Frame(confirm_columns=confirm_columns(part)))
     return frames
 
 
