@@ -566,7 +566,7 @@ class Node:
             return nack(ResultCode.SUCCESS, "")
         item = PendingColumns(link, req.queue_id, state, table, guids, refused)
         if not handle.partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused)):
-            state.unadmit(table["guid"].to_pylist())
+            item.unadmit()
             not_taken = _not_taken(handle.partition)
             nack(not_taken.code, not_taken.message)
 
@@ -639,8 +639,7 @@ class Node:
         item = PendingColumns(link, req.queue_id, states[0], table, guids, refused, states)
         if not partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),
                                               len(states)):
-            for state, guid in zip(states, table["guid"].to_pylist()):
-                state.unadmit([guid])
+            item.unadmit()
             not_taken = _not_taken(partition)
             nack(not_taken.code, not_taken.message)
 

@@ -179,6 +179,15 @@ class PendingColumns:
         """Each admitted row's queue."""
         return self.row_queues if self.row_queues is not None else [self.queue] * self.table.num_rows
 
+    def unadmit(self) -> None:
+        """Give the admitted rows' quota back (the frame was not committed)."""
+        guids = self.table["guid"].to_pylist()
+        if self.row_queues is None:
+            self.queue.unadmit(guids)
+            return
+        for state, guid in zip(self.row_queues, guids):
+            state.unadmit([guid])
+
 
 @dataclass
 class PendingConfirms:
@@ -634,11 +643,7 @@ class Partition:
         for i in singles:
             i.queue.unadmit([i.message.guid])
         for b in bulks:
-            if b.row_queues is None:
-                b.queue.unadmit(b.table["guid"].to_pylist())
-                continue
-            for state, guid in zip(b.row_queues, b.table["guid"].to_pylist()):
-                state.unadmit([guid])
+            b.unadmit()
         _answer_puts(singles, bulks, code, text)
 
     def _express(self, batch: pa.Table, items: list[PendingPut | PendingColumns], now_us: int) -> Targets:
