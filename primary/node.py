@@ -25,6 +25,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -658,7 +659,7 @@ class Node:
             seqs, guids = by_queue.setdefault(message.queue_id, ([], []))
             seqs.append(message.sequence)
             guids.append(message.guid)
-        self._confirm(link, {queue_id: (seqs, guids) for queue_id, (seqs, guids) in by_queue.items()})
+        self._confirm(link, by_queue)
 
     def _on_confirm_columns(self, link: Link, frame: pb.ConfirmColumns) -> None:
         """CONFIRMs as seq ranges (what the SDK sends), of one queue or of many."""
@@ -669,7 +670,7 @@ class Node:
         self._confirm(link, {queue_id: (seq_ranges.expand(starts, counts), None)
                              for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame).items()})
 
-    def _confirm(self, link: Link, by_queue: dict[int, tuple[list[int], list[bytes] | None]]) -> None:
+    def _confirm(self, link: Link, by_queue: Mapping[int, tuple[list[int], list[bytes] | None]]) -> None:
         """Confirm each queue's seqs (GUIDs, when given, checked against
         them): one dispatch per queue, one submission per partition's
         confirm committer for the whole frame."""
@@ -682,19 +683,9 @@ class Node:
                 # message stays with whoever holds it (at-least-once). Broadcast
                 # keeps nothing, so there is nothing to confirm.
                 continue
-            state, app = handle.state, handle.app
             done = confirms.setdefault(handle.partition, [])
-
-            def confirm_all(d: QueueDispatcher, seqs: list[int] = seqs, guids: list[bytes] | None = guids,
-                            state: QueueState = state, app: str = app,
-                            done: list[PendingConfirms] = done, key: tuple[Link, int] = (link, queue_id)) -> list[Push]:
-                confirmed, pushes = d.confirm_many(key, seqs, guids)   # one dispatch per queue
-                if confirmed.guids:
-                    done.append(PendingConfirms(state, app, confirmed))
-                    state.apps_done(confirmed.guids, app)
-                return pushes
-
-            handle.partition.route(state, app, confirm_all)
+            handle.partition.route(handle.state, handle.app, functools.partial(
+                _confirm_in, key=(link, queue_id), seqs=seqs, guids=guids, handle=handle, done=done))
         for partition, pending in confirms.items():
             if pending:
                 partition.confirm_committer.submit(pending, 0, sum(len(c.confirmed.guids) for c in pending))
@@ -710,6 +701,17 @@ class Node:
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:
         link.send(pb.Frame(heartbeat=beat))
+
+
+def _confirm_in(d: QueueDispatcher, *, key: tuple[Link, int], seqs: list[int], guids: list[bytes] | None,
+                handle: OpenHandle, done: list[PendingConfirms]) -> list[Push]:
+    """One queue's CONFIRMs in its app's dispatcher (one dispatch for them
+    all): what they confirmed joins `done`, for the confirm committer."""
+    confirmed, pushes = d.confirm_many(key, seqs, guids)
+    if confirmed.guids:
+        done.append(PendingConfirms(handle.state, handle.app, confirmed))
+        handle.state.apps_done(confirmed.guids, handle.app)
+    return pushes
 
 
 def _not_taken(partition: Partition) -> Refusal:
