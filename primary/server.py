@@ -15,7 +15,7 @@ import grpc
 
 import conf
 from primary.node import Node
-from protocol import pb
+from protocol import columns, pb
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
@@ -42,6 +42,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None,
           ready_file: str | None = None, stop_event: threading.Event | None = None,
           cluster_file: str | None = None) -> None:
+    columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     node_conf = config.node(node_name)
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)

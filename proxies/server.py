@@ -15,7 +15,7 @@ from typing import AsyncIterator, Sequence
 
 import grpc
 
-from protocol import pb
+from protocol import columns, pb
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
@@ -47,6 +47,7 @@ class ProxyServicer(pb_grpc.BrokerServicer):
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,
           stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
           stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None) -> None:
+    columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     proxy = Proxy(upstream_addresses, limits)
     proxy.start(connect_timeout_s=30.0)
     log.info("proxy: upstream hosts %s", ", ".join(proxy.upstream_addresses))

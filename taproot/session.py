@@ -474,6 +474,9 @@ class Session:
         if none does within `connect_timeout_s`; with `connect_timeout_s=None`
         it waits as long as it takes (or until `stop()`), so a client may start
         before the cluster does."""
+        from protocol import columns
+
+        columns.warm_up_in_background()
         dialled = self._dial_until_answered() if self.connect_timeout_s is None else self._dial(self.connect_timeout_s)
         if dialled is None and self.connect_timeout_s is not None:
             raise errors.ConnectionError(f"no host reachable within {self.connect_timeout_s}s: {self.hosts}")

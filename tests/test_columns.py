@@ -111,3 +111,26 @@ def test_relay_forwards_columns_up_routes_their_ack_back_and_resends_them_after_
     (dest, frame), = relay.from_downstream("A", pb.Frame(put_columns=pb.PutColumns(queue_id=9, arrow_ipc=data)))
     # A queue that is not open: every GUID still gets an answer, never silence.
     assert (frame.ack_columns.code, frame.ack_columns.guids) == (ResultCode.INVALID_ARGUMENT, guids)
+
+
+def test_warm_up_pays_pyarrows_first_call_import_once_on_a_thread_of_its_own():
+    """A process's first `pa.array` imports pandas (apache/arrow#34994). A
+    session starts that import on a thread before it dials, so no frame
+    waits on it; a second call starts no second thread."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, threading
+from protocol import columns
+assert "pandas" not in sys.modules, "already imported before the warm-up"
+columns.warm_up_in_background()
+columns.warm_up_in_background()
+warmers = [t for t in threading.enumerate() if t.name == "taproot-arrow-warm-up"]
+for t in warmers:
+    t.join(30)
+print(len(columns._warming), "pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True"]
