@@ -15,7 +15,11 @@ A durable compactor (local tables, `primary.durability = "fsync"`) writes its
 output files and fsyncs them before it commits, then fsyncs the commit, as
 `storage.deltars.Appender` does: delta-rs's optimize would commit the removal
 of the small files before its new file is on disk, and a power loss then
-could lose every row in them. Otherwise delta-rs's optimize does the work.
+could lose every row in them. It merges by level (`plan_compaction`), one
+input file at a time and paced, so each row is rewritten a few times in all
+and a merge does not take the cores from the commits at once. Otherwise
+(object stores) delta-rs's optimize does the work, which merges every file
+below the target each time.
 
 Log trimming (`storage.deltars.trim_log`): a local table's commit and
 refresh list all of `_delta_log/`, so the same thread deletes the log entries
@@ -30,9 +34,10 @@ checkpoint bounds it.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -136,36 +141,98 @@ class Compactor:
 
 
 COMPACTION_KEY = "taprootCompaction"   # in a durable compaction's commitInfo
+LEVEL_PREFIX = "part-compacted-L"       # a durable compaction's output: part-compacted-L<level>-<uuid>-...
+LEVEL_FANIN = 10                        # files of a level >= 1 merged once this many are below the target
+_LEVEL = re.compile(r"(?:^|/)" + re.escape(LEVEL_PREFIX) + r"(\d+)-")
+CHUNK_BYTES = 32 << 20                  # decoded bytes a compaction holds before it writes a row group
+REST_RATIO = 3.0                        # a compaction rests 3x as long as each chunk took: 25% of a core
 
 
-def compact_durably(table: DeltaTable, root: str, target_file_bytes: int) -> dict[str, Any]:
-    """Rewrite the table's files smaller than `target_file_bytes` into files
-    of about that size, each fsynced before the one commit that adds them and
-    removes the small ones (dataChange=false), then fsync that commit.
+def file_level(path: str) -> int:
+    """How many compactions the rows of a data file have been through: 0 for
+    a commit's own file (or one from before levels), else its name says."""
+    match = _LEVEL.search(path)
+    return int(match.group(1)) if match else 0
+
+
+def plan_compaction(sizes: dict[str, int], target_file_bytes: int) -> list[tuple[int, list[str]]]:
+    """Which files to merge, as (output level, input paths), by level as an
+    LSM tree's size tiers do. Every commit file (level 0) below the target is
+    merged, in bins of up to the target; level-L outputs are merged into
+    level L+1 only once `LEVEL_FANIN` of them are below the target. So a row
+    is rewritten about once per level, a handful of times in all, instead of
+    at every compaction until its file reaches the target: with payloads
+    that compress well, the single bin of every file below the target read
+    and rewrote 50, 100, 150, ... thousand rows in turn (measured at 10k
+    msg/s in `taproot bench`: the node's CPU with compaction 7.1-7.9 s in
+    20 s, without 5.0 s)."""
+    by_level: dict[int, list[tuple[int, str]]] = {}
+    for path, size in sizes.items():
+        if size < target_file_bytes:
+            by_level.setdefault(file_level(path), []).append((size, path))
+    plan: list[tuple[int, list[str]]] = []
+    for level, files in sorted(by_level.items()):
+        if len(files) < (2 if level == 0 else LEVEL_FANIN):
+            continue
+        bins: list[list[str]] = [[]]
+        filled = 0
+        for size, path in sorted(files):
+            if bins[-1] and filled + size > target_file_bytes:
+                bins.append([])
+                filled = 0
+            bins[-1].append(path)
+            filled += size
+        plan += [(level + 1, b) for b in bins if len(b) > 1]
+    return plan
+
+
+def _chunks(root: str, paths: list[str], schema: pa.Schema, rest_ratio: float = 0.0) -> Iterator[pa.Table]:
+    """The rows of `paths`, read one file at a time, in chunks of about
+    `CHUNK_BYTES` decoded, in `schema` (a file from before a column was added
+    gets it as nulls). Paced: before each chunk after the first, it sleeps
+    `rest_ratio` times the time the chunk before took to read and write, and
+    it reads on one thread, so a large merge is spread out rather than taking
+    the cores from the commits at once (a level-2 merge at 10k msg/s reads
+    500,000 rows)."""
+    held: list[pa.Table] = []
+    held_bytes = 0
+    busy_since = time.perf_counter()
+    for path in paths:
+        rows = pq.read_table(f"{root}/{path}", use_threads=False)
+        for field in schema:
+            if field.name not in rows.column_names:
+                rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+        held.append(rows.select(schema.names).cast(schema))
+        held_bytes += held[-1].nbytes
+        if held_bytes >= CHUNK_BYTES:
+            yield pa.concat_tables(held)
+            held, held_bytes = [], 0
+            if rest_ratio:
+                time.sleep((time.perf_counter() - busy_since) * rest_ratio)
+            busy_since = time.perf_counter()
+    if held:
+        yield pa.concat_tables(held)
+
+
+def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
+                    rest_ratio: float = REST_RATIO) -> dict[str, Any]:
+    """Merge the files `plan_compaction` picks, each output written a chunk
+    at a time (paced by `rest_ratio`, `_chunks`) and fsynced before the one commit that adds the outputs and
+    removes their inputs (dataChange=false), then fsync that commit.
     Returns optimize's metric names: numFilesAdded, numFilesRemoved."""
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     sizes = dict(zip(files["path"], files["size_bytes"]))
-    small = sorted((size, path) for path, size in sizes.items() if size < target_file_bytes)
-    if len(small) < 2:
+    plan = plan_compaction(sizes, target_file_bytes)
+    if not plan:
         return {"numFilesAdded": 0, "numFilesRemoved": 0}
-    bins: list[list[str]] = [[]]
-    filled = 0
-    for size, path in small:
-        if bins[-1] and filled + size > target_file_bytes:
-            bins.append([])
-            filled = 0
-        bins[-1].append(path)
-        filled += size
-    bins = [b for b in bins if len(b) > 1]
     schema = pa.schema(table.schema().to_arrow())
     actions: list[Any] = []
     now_ms = int(time.time() * 1000)
-    for paths in bins:
-        rows = pa.concat_tables([pq.read_table(f"{root}/{p}").select(schema.names) for p in paths],
-                                promote_options="permissive").cast(schema)
-        add = deltars.write_data_file(root, rows)
+    for level, paths in plan:
+        add = deltars.write_data_file_from(root, schema, _chunks(root, paths, schema, rest_ratio),
+                                           f"{LEVEL_PREFIX}{level}")
         add.data_change = False
         actions.append(add)
         actions += [RemoveAction(p, False, now_ms, size=sizes[p]) for p in paths]
     deltars.commit_durably(table, root, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}))
-    return {"numFilesAdded": len(bins), "numFilesRemoved": sum(len(b) for b in bins)}
+    return {"numFilesAdded": len(plan), "numFilesRemoved": sum(len(p) for _, p in plan)}

@@ -8,7 +8,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from primary.compaction import COMPACTION_KEY, Compactor
+from primary import compaction
+from primary.compaction import COMPACTION_KEY, LEVEL_FANIN, Compactor, file_level, plan_compaction
 from storage import deltars, tables
 from tests.conftest import wait_until
 
@@ -60,6 +61,73 @@ def test_a_durable_compaction_fsyncs_its_files_before_it_commits(tmp_path, monke
     assert calls == [os.path.join(path, written[0]), path, os.path.join(path, "_delta_log", f"{6:020d}.json"),
                      os.path.join(path, "_delta_log")]
     assert sorted(deltars.try_open(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(20))
+
+
+def test_the_plan_merges_commit_files_at_once_and_compacted_files_only_by_tens():
+    """Level 0 (a commit's own file): any two or more below the target are
+    merged. A compacted file (level L) waits until LEVEL_FANIN of its level
+    are below the target, so its rows are not read and rewritten at every
+    compaction. Files at or above the target are never touched; bins stay
+    within it."""
+    target = 1000
+    commits = {f"part-00000-{i}-c000.snappy.parquet": 100 for i in range(25)}
+    assert file_level("part-00000-x-c000.snappy.parquet") == 0
+    assert file_level(f"{compaction.LEVEL_PREFIX}3-x-c000.snappy.parquet") == 3
+    plan = plan_compaction(commits, target)
+    assert [level for level, _ in plan] == [1, 1, 1]
+    assert sorted(len(paths) for _, paths in plan) == [5, 10, 10]
+    assert sorted(p for _, paths in plan for p in paths) == sorted(commits)
+
+    compacted = {f"{compaction.LEVEL_PREFIX}1-{i}-c000.snappy.parquet": 300 for i in range(LEVEL_FANIN - 1)}
+    big = {"part-00000-big-c000.snappy.parquet": target, f"{compaction.LEVEL_PREFIX}1-big-c000.snappy.parquet": 5000}
+    assert plan_compaction({**compacted, **big}, target) == []   # one short of the fan-in; the big ones stay
+    compacted[f"{compaction.LEVEL_PREFIX}1-last-c000.snappy.parquet"] = 300
+    plan = plan_compaction({**compacted, **big}, target)
+    assert {level for level, _ in plan} == {2} and all(len(paths) == 3 for _, paths in plan)
+    assert not any(p in big for _, paths in plan for p in paths)
+    assert plan_compaction({"part-00000-alone-c000.snappy.parquet": 10}, target) == []
+
+
+def test_a_compaction_streams_its_inputs_and_each_row_is_rewritten_once_per_level(tmp_path, monkeypatch):
+    """Rows go through a compaction in chunks (a chunk bound of a few rows
+    here), the output is named by its level, and commit files compacted
+    again and again are never merged with an earlier output before there are
+    LEVEL_FANIN of those."""
+    monkeypatch.setattr(compaction, "CHUNK_BYTES", 200)
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    compactor = Compactor(path, every_commits=1, name="test")
+    written: list[int] = []
+    real = deltars.write_data_file_from
+
+    def counting(root, schema, batches, name_prefix="part-00000"):
+        if not name_prefix.startswith(compaction.LEVEL_PREFIX):
+            return real(root, schema, batches, name_prefix)   # the appender's own commit
+
+        def counted():
+            for batch in batches:
+                written.append(batch.num_rows)
+                yield batch
+        return real(root, schema, counted(), name_prefix)
+    monkeypatch.setattr(deltars, "write_data_file_from", counting)
+    seq = 0
+    for _ in range(LEVEL_FANIN):
+        for _ in range(3):
+            appender.append(rows(seq, 4))
+            seq += 4
+        compactor.compact_now()
+    # Each round merged only its own three commit files (12 rows), in chunks.
+    assert sum(written) == 12 * LEVEL_FANIN and max(written) < 12
+    files = [os.path.basename(u) for u in deltars.try_open(path).file_uris()]
+    assert sorted(file_level(f) for f in files) == [1] * LEVEL_FANIN
+    written.clear()
+    compactor.compact_now()   # the tenth level-1 file is there: they merge into one level-2 file
+    assert sum(written) == 12 * LEVEL_FANIN
+    table = deltars.try_open(path)
+    assert [file_level(os.path.basename(u)) for u in table.file_uris()] == [2]
+    assert sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(seq))
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()[0]
+    assert (stats["num_records"], stats["min.seq"], stats["max.seq"]) == (seq, 0, seq - 1)
 
 
 def test_tables_from_an_older_release_gain_new_columns(tmp_path):
@@ -184,3 +252,22 @@ def test_trimming_while_the_writer_commits_and_a_reader_refreshes_fails_neither(
     assert not errors, errors[:3]
     assert trimmed[0] > 10 and refreshed[0] > 10   # files older than the grace went while both ran
     assert sorted(DeltaTable(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(appended))
+
+
+def test_a_large_merge_rests_between_its_chunks(tmp_path, monkeypatch):
+    """Paced: after each chunk it sleeps REST_RATIO times as long as the chunk
+    took, so a level-2 merge does not take the cores from the commits at once."""
+    monkeypatch.setattr(compaction, "CHUNK_BYTES", 200)
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    for i in range(6):
+        appender.append(rows(i * 4, 4))
+    rests: list[float] = []
+    monkeypatch.setattr(compaction.time, "sleep", rests.append)
+    assert Compactor(path, every_commits=1, name="test").compact_now()["numFilesRemoved"] == 6
+    assert len(rests) >= 2 and all(r > 0 for r in rests)
+    rests.clear()
+    for i in range(6, 12):
+        appender.append(rows(i * 4, 4))
+    compaction.compact_durably(deltars.try_open(path), path, 16 << 20, rest_ratio=0)
+    assert rests == []
