@@ -12,7 +12,6 @@ to one consumer queue; relays forward the bytes; the SDK decodes.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
@@ -53,35 +52,13 @@ TYPES = ("bool", "int32", "int64", "string", "binary")
 COMPRESSIONS = tuple(COMPRESSION_CODES)
 
 
-_warming: list[threading.Thread] = []
-_warming_lock = threading.Lock()
-
-
 def warm_up() -> None:
     """Pay pyarrow's first-call cost now. A process's first `pa.array`
     imports pandas when it is installed (apache/arrow#34994): 140-170 ms on
     the 2-core dev machine, which otherwise lands on the first frame a
-    producer posts or a consumer takes, or on a new primary's first commit."""
+    producer posts or a consumer takes, or on a new primary's first commit.
+    Servers call it before they serve; a session on a thread of its own."""
     pa.array([b""], pa.binary())
-
-
-def warm_up_in_background() -> None:
-    """`warm_up` once per process, on a thread of its own: a session starts
-    it before it dials, so the import overlaps the connection. Anything that
-    calls `pa.array` meanwhile waits on the import lock, as it would have."""
-    with _warming_lock:
-        if _warming:
-            return
-        thread = threading.Thread(target=_warm_up_quietly, name="taproot-arrow-warm-up", daemon=True)
-        _warming.append(thread)
-    thread.start()
-
-
-def _warm_up_quietly() -> None:
-    try:
-        warm_up()
-    except BaseException:   # an interpreter shutting down under a daemon thread: nothing to warm
-        pass
 
 
 def _ipc(schema: pa.Schema, table: pa.Table | pa.RecordBatch) -> bytes:

@@ -358,6 +358,31 @@ class Queue:
             self._inbox.put(message)
 
 
+_arrow_warm_up: list[threading.Thread] = []
+_arrow_warm_up_lock = threading.Lock()
+
+
+def _warm_up_arrow_in_background() -> None:
+    """`protocol.columns.warm_up` once per process, on a thread of its own: a
+    session starts it before it dials, so pyarrow's first-call import
+    overlaps the connection instead of delaying the first frame. A `pa.array`
+    meanwhile waits on the import lock, as it would have."""
+    with _arrow_warm_up_lock:
+        if _arrow_warm_up:
+            return
+        thread = threading.Thread(target=_warm_up_arrow, name="taproot-arrow-warm-up", daemon=True)
+        _arrow_warm_up.append(thread)
+    thread.start()
+
+
+def _warm_up_arrow() -> None:
+    from protocol import columns
+    try:
+        columns.warm_up()
+    except BaseException:   # an interpreter shutting down under a daemon thread: nothing left to warm
+        pass
+
+
 class Session:
     """A connection to a Taproot proxy or node. Use as a context manager.
 
@@ -474,9 +499,7 @@ class Session:
         if none does within `connect_timeout_s`; with `connect_timeout_s=None`
         it waits as long as it takes (or until `stop()`), so a client may start
         before the cluster does."""
-        from protocol import columns
-
-        columns.warm_up_in_background()
+        _warm_up_arrow_in_background()
         dialled = self._dial_until_answered() if self.connect_timeout_s is None else self._dial(self.connect_timeout_s)
         if dialled is None and self.connect_timeout_s is not None:
             raise errors.ConnectionError(f"no host reachable within {self.connect_timeout_s}s: {self.hosts}")

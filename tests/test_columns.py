@@ -122,14 +122,14 @@ def test_warm_up_pays_pyarrows_first_call_import_once_on_a_thread_of_its_own():
 
     script = """
 import sys, threading
-from protocol import columns
+from taproot import session
 assert "pandas" not in sys.modules, "already imported before the warm-up"
-columns.warm_up_in_background()
-columns.warm_up_in_background()
+session._warm_up_arrow_in_background()
+session._warm_up_arrow_in_background()
 warmers = [t for t in threading.enumerate() if t.name == "taproot-arrow-warm-up"]
 for t in warmers:
     t.join(30)
-print(len(columns._warming), "pandas" in sys.modules)
+print(len(session._arrow_warm_up), "pandas" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
