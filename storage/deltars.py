@@ -39,7 +39,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
 from storage.leases import FencedAppender
-from storage.tables import TABLE_PROPERTIES
+from storage.tables import PRIMARY_TABLE_PROPERTIES
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ def set_aside_torn_commit(root: str) -> str | None:
 
 
 def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """A table the primary writes, with `PRIMARY_TABLE_PROPERTIES` (set on a
+    table an older release made, once) and the columns of `schema`."""
     root = local_root(path)
     if root is not None:
         set_aside_torn_commit(root)
@@ -83,8 +85,12 @@ def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str]
         table = DeltaTable(path, storage_options=storage_options)
     except TableNotFoundError:
         # mode="ignore": if a concurrent creator won, keep its table.
-        return DeltaTable.create(path, schema, mode="ignore", configuration=TABLE_PROPERTIES,
+        return DeltaTable.create(path, schema, mode="ignore", configuration=PRIMARY_TABLE_PROPERTIES,
                                  storage_options=storage_options)
+    configuration = table.metadata().configuration
+    changed = {k: v for k, v in PRIMARY_TABLE_PROPERTIES.items() if configuration.get(k) != v}
+    if changed:
+        table.alter.set_table_properties(changed)
     add_missing_columns(table, schema)
     return table
 

@@ -120,6 +120,17 @@ CONFIRMS_SCHEMA = pa.schema([
 # The change data feed is on so that data teams (and the primary's tailer) can
 # read each version's new rows; for append-only tables it costs nothing extra.
 TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableChangeDataFeed": "true"}
+# The tables the primary writes (PUTs, confirms) also keep the tombstones of
+# compacted files for 5 minutes, not Delta's week. Every checkpoint (one per 10
+# commits) carries each unexpired tombstone, and every commit file is removed
+# once by compaction: with a week's, the checkpoint grows by a row per commit
+# (at 10 commits/s, 864,000 a day), and so does the cost of writing it
+# (`taproot_ops.bench.commits`). A tombstone only tells VACUUM a file was
+# recently removed, and VACUUM keeps every file younger than its own retention
+# (`maintenance.vacuum_retention_hours`) anyway. Spark will not time travel
+# past this retention, but these logs are trimmed after seconds
+# (`primary.log_retention_s`), so nothing older could be read before either.
+PRIMARY_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.deletedFileRetentionDuration": "interval 5 minutes"}
 
 
 def spark_ddl(schema: pa.Schema) -> str:

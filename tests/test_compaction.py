@@ -271,3 +271,41 @@ def test_a_large_merge_rests_between_its_chunks(tmp_path, monkeypatch):
         appender.append(rows(i * 4, 4))
     compaction.compact_durably(deltars.try_open(path), path, 16 << 20, rest_ratio=0)
     assert rests == []
+
+
+def checkpoint_removes(path: str) -> int:
+    import glob
+
+    import pyarrow.parquet as pq
+    newest = sorted(glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))[-1]
+    return len(pq.read_table(newest, columns=["remove"])["remove"].drop_null())
+
+
+def test_checkpoints_drop_the_tombstones_of_compacted_files_once_their_retention_passes(tmp_path):
+    """Every commit file is removed once by compaction, and each checkpoint
+    carries every unexpired tombstone: with Delta's week the checkpoint (one
+    per 10 commits) grows by a row per commit. The primary's tables keep
+    them for PRIMARY_TABLE_PROPERTIES' retention; it is set on a table an
+    older release made, too."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "puts")
+    DeltaTable.create(path, tables.PUTS_SCHEMA, configuration=tables.TABLE_PROPERTIES)   # an older release's
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    retention = tables.PRIMARY_TABLE_PROPERTIES["delta.deletedFileRetentionDuration"]
+    assert appender.table.metadata().configuration["delta.deletedFileRetentionDuration"] == retention
+    compactor = Compactor(path, every_commits=1, name="test")
+    for i in range(12):
+        appender.append(rows(i * 4, 4))
+    compactor.compact_now()
+    while appender.table.version() % 10 != 9:   # up to the commit that writes the next checkpoint
+        appender.append(rows(1000 + appender.table.version(), 1))
+    assert checkpoint_removes(path) == 12       # still within the retention
+
+    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+    time.sleep(1.5)
+    appender.append(rows(2000, 1))
+    while appender.table.version() % 10 != 9:
+        appender.append(rows(2000 + appender.table.version(), 1))
+    assert checkpoint_removes(path) == 0
+    assert sorted(deltars.try_open(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist())[:48] == list(range(48))
