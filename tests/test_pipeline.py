@@ -206,3 +206,44 @@ def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark,
     assert retention(older) is None
     create_delivery_table(spark, older, log_retention_hours=24)
     assert retention(older) == "interval 24 hours"
+
+
+def test_the_dedup_stream_reads_on_when_a_new_release_sets_the_put_logs_properties(spark, tmp_path):
+    """A node of this release opening a PUT log an older one made commits its
+    table properties (`storage.tables.PRIMARY_TABLE_PROPERTIES`) while the
+    pipeline streams the log: the stream reads every PUT before and after."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from pipelines.dedup import put_stream
+    from storage import deltars
+    from storage.tables import PRIMARY_TABLE_PROPERTIES, TABLE_PROPERTIES
+
+    puts, checkpoint, out = (str(tmp_path / n) for n in ("puts", "cp", "out"))
+    DeltaTable.create(puts, PUTS_SCHEMA, configuration=TABLE_PROPERTIES)   # as an older release made it
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def append(appender: deltars.Appender, seq: int) -> None:
+        appender.append(pa.Table.from_pylist([dict(
+            domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
+            property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
+
+    def run_stream() -> None:
+        query = (put_stream(spark, puts).writeStream.format("delta").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start(out))
+        assert query.awaitTermination(120)
+
+    older = deltars.Appender(puts, PUTS_SCHEMA)
+    older.table.alter.set_table_properties(TABLE_PROPERTIES | {"delta.deletedFileRetentionDuration":
+                                                              "interval 7 days"})
+    for seq in range(5):
+        append(older, seq)
+    run_stream()
+    newer = deltars.Appender(puts, PUTS_SCHEMA)   # sets this release's properties: a metadata commit
+    assert DeltaTable(puts).metadata().configuration["delta.deletedFileRetentionDuration"] == \
+        PRIMARY_TABLE_PROPERTIES["delta.deletedFileRetentionDuration"]
+    for seq in range(5, 10):
+        append(newer, seq)
+    run_stream()
+    seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
+    assert seqs == list(range(10))
