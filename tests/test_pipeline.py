@@ -24,6 +24,25 @@ def puts_df(spark, guids, domain="d", props=lambda i: ({}, {})):
     return spark.createDataFrame(rows, spark_ddl(PUTS_SCHEMA).replace(" NOT NULL", ""))
 
 
+def append_put(appender, seq: int) -> None:
+    """One PUT row of seq `seq` through the primary's appender."""
+    import pyarrow as pa
+
+    now = dt.datetime.now(dt.timezone.utc)
+    appender.append(pa.Table.from_pylist([dict(
+        domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
+        property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
+
+
+def run_put_stream(spark, puts: str, checkpoint: str, out: str) -> None:
+    """The pipeline's PUT-log stream into a Delta table, once over what is there."""
+    from pipelines.dedup import put_stream
+
+    query = (put_stream(spark, puts).writeStream.format("delta").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start(out))
+    assert query.awaitTermination(120)
+
+
 def test_delivery_rows_identify_and_route_without_copying_the_payload(spark):
     out = to_delivery_rows(puts_df(spark, [b"a" * 16]), 7, partition=3)
     assert out.columns == [f.name for f in DELIVERY_SCHEMA]
@@ -146,36 +165,21 @@ def test_stream_resume_version_reads_the_last_committed_batch(tmp_path):
 def test_the_dedup_stream_resumes_after_the_put_log_is_trimmed_to_its_resume_version(spark, tmp_path):
     """Trimming the PUT log behind what the stream's checkpoint says it
     resumes from loses it nothing: after a restart it reads every later PUT."""
-    import pyarrow as pa
-
-    from pipelines.dedup import put_stream
     from storage import deltars
     from storage.tables import stream_resume_version
 
     puts, checkpoint, out = (str(tmp_path / n) for n in ("puts", "cp", "out"))
     appender = deltars.Appender(puts, PUTS_SCHEMA)
-    now = dt.datetime.now(dt.timezone.utc)
-
-    def append(seq: int) -> None:
-        appender.append(pa.Table.from_pylist([dict(
-            domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
-            property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
-
-    def run_stream() -> None:
-        query = (put_stream(spark, puts).writeStream.format("delta").option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start(out))
-        assert query.awaitTermination(120)
-
     for seq in range(25):
-        append(seq)
-    run_stream()
+        append_put(appender, seq)
+    run_put_stream(spark, puts, checkpoint, out)
     for seq in range(25, 45):
-        append(seq)
+        append_put(appender, seq)
     resume = stream_resume_version(checkpoint)
     assert resume == 26                          # versions 1-25 read; 0 created the table
     assert deltars.trim_log(puts, resume, min_age_s=0) > 0
     assert min(int(n[:20]) for n in os.listdir(os.path.join(puts, "_delta_log")) if n[:20].isdigit()) <= resume
-    run_stream()
+    run_put_stream(spark, puts, checkpoint, out)
     seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
     assert seqs == list(range(45))
 
@@ -212,38 +216,24 @@ def test_the_dedup_stream_reads_on_when_a_new_release_sets_the_put_logs_properti
     """A node of this release opening a PUT log an older one made commits its
     table properties (`storage.tables.PRIMARY_TABLE_PROPERTIES`) while the
     pipeline streams the log: the stream reads every PUT before and after."""
-    import pyarrow as pa
     from deltalake import DeltaTable
 
-    from pipelines.dedup import put_stream
     from storage import deltars
     from storage.tables import PRIMARY_TABLE_PROPERTIES, TABLE_PROPERTIES
 
     puts, checkpoint, out = (str(tmp_path / n) for n in ("puts", "cp", "out"))
     DeltaTable.create(puts, PUTS_SCHEMA, configuration=TABLE_PROPERTIES)   # as an older release made it
-    now = dt.datetime.now(dt.timezone.utc)
-
-    def append(appender: deltars.Appender, seq: int) -> None:
-        appender.append(pa.Table.from_pylist([dict(
-            domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
-            property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
-
-    def run_stream() -> None:
-        query = (put_stream(spark, puts).writeStream.format("delta").option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start(out))
-        assert query.awaitTermination(120)
-
     older = deltars.Appender(puts, PUTS_SCHEMA)
     older.table.alter.set_table_properties(TABLE_PROPERTIES | {"delta.deletedFileRetentionDuration":
                                                               "interval 7 days"})
     for seq in range(5):
-        append(older, seq)
-    run_stream()
+        append_put(older, seq)
+    run_put_stream(spark, puts, checkpoint, out)
     newer = deltars.Appender(puts, PUTS_SCHEMA)   # sets this release's properties: a metadata commit
     assert DeltaTable(puts).metadata().configuration["delta.deletedFileRetentionDuration"] == \
         PRIMARY_TABLE_PROPERTIES["delta.deletedFileRetentionDuration"]
     for seq in range(5, 10):
-        append(newer, seq)
-    run_stream()
+        append_put(newer, seq)
+    run_put_stream(spark, puts, checkpoint, out)
     seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
     assert seqs == list(range(10))
