@@ -216,10 +216,11 @@ def _chunks(root: str, paths: list[str], schema: pa.Schema, rest_ratio: float = 
 
 def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
                     rest_ratio: float = REST_RATIO) -> dict[str, Any]:
-    """Merge the files `plan_compaction` picks, each output written a chunk
-    at a time (paced by `rest_ratio`, `_chunks`) and fsynced before the one commit that adds the outputs and
-    removes their inputs (dataChange=false), then fsync that commit.
-    Returns optimize's metric names: numFilesAdded, numFilesRemoved."""
+    """Merge the files `plan_compaction` picks. Each output is written a
+    chunk at a time (paced by `rest_ratio`, `_chunks`) and fsynced before
+    the one commit that adds the outputs and removes their inputs
+    (dataChange=false); then that commit is fsynced. Returns optimize's
+    metric names: numFilesAdded, numFilesRemoved."""
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     sizes = dict(zip(files["path"], files["size_bytes"]))
     plan = plan_compaction(sizes, target_file_bytes)
