@@ -12,7 +12,7 @@ to one consumer queue; relays forward the bytes; the SDK decodes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +23,20 @@ from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES, ResultCode, wir
 from protocol.limits import GUID_LENGTH
 from protocol.properties import NAME_LENGTH_MAX, PROPERTIES_MAX, wire_to_maps
 
-if TYPE_CHECKING:
-    from protocol.taproot_pb2 import PutMessage
+
+class PutRow(Protocol):
+    """What `encode_puts` reads of a PUT: a `pb.PutMessage`, or the SDK's
+    lighter record of one (`taproot.core.Put`)."""
+    @property
+    def guid(self) -> bytes: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def properties(self) -> Sequence[pb.Property]: ...
+    @property
+    def put_time_us(self) -> int: ...
+    @property
+    def compression(self) -> Any: ...
 
 PROPERTY_MAP = pa.map_(pa.string(), pa.string())
 SCHEMA = pa.schema([
@@ -74,7 +86,7 @@ def encode(table: pa.Table) -> bytes:
     return _ipc(SCHEMA, table.select(SCHEMA.names).cast(SCHEMA))
 
 
-def encode_puts(messages: "Sequence[PutMessage]") -> bytes:
+def encode_puts(messages: Sequence[PutRow]) -> bytes:
     """One PutColumns body from single PUTs (what `post()` batched), each
     message's fields as its row, its typed properties as the tables' maps."""
     count = len(messages)

@@ -8,7 +8,7 @@ A Python `int` becomes int32 when it fits and int64 otherwise.
 from __future__ import annotations
 
 import base64
-from typing import Mapping, Union
+from typing import Iterable, Mapping, Union
 
 from protocol import taproot_pb2 as pb
 
@@ -109,7 +109,7 @@ _TYPE_NAMES = {"bool_value": "bool", "int32_value": "int32", "int64_value": "int
                "string_value": "string", "binary_value": "binary"}
 
 
-def wire_to_maps(properties: list[pb.Property]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def wire_to_maps(properties: Iterable[pb.Property]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(values, types) as key/value pair lists for the tables' two string maps."""
     values, types = [], []
     for prop in properties:

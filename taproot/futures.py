@@ -33,12 +33,14 @@ class PutFuture:
 
     __slots__ = ("guid", "_done", "_result", "_exception", "_callbacks", "_event")
 
-    def __init__(self, guid: bytes):
+    def __init__(self, guid: bytes, on_done: Callable[["PutFuture"], object] | None = None):
+        """`on_done`: a first done-callback, set without the lock (no other
+        thread can see a future being made)."""
         self.guid = guid
         self._done = False
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._callbacks: list[Callable[["PutFuture"], object]] | None = None
+        self._callbacks: list[Callable[["PutFuture"], object]] | None = None if on_done is None else [on_done]
         self._event: threading.Event | None = None
 
     def __repr__(self) -> str:

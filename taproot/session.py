@@ -61,7 +61,7 @@ from taproot import errors, events
 from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import compress
-from taproot.core import Ack, ConnectionState, Effects, QueueRecord, SessionCore
+from taproot.core import Ack, ConnectionState, Effects, Put, QueueRecord, SessionCore
 from taproot.futures import PutFuture
 from taproot.guid import GuidGenerator
 from taproot.message import Message, MessageBatch, Rows, decompressed, messages_table, received_table, table_messages
@@ -642,11 +642,8 @@ class Session:
     def _post(self, q: Queue, payload: bytes, properties: list[Any], on_ack: Callable[[PutFuture], None] | None,
               compression: int = 0) -> PutFuture:
         guid = self._guids.next()
-        future = PutFuture(guid)
-        if on_ack is not None:
-            future.add_done_callback(on_ack)
-        message = pb.PutMessage(queue_id=q.queue_id, guid=guid, payload=payload, properties=properties,
-                                put_time_us=wall_time_us(), compression=compression)  # type: ignore[arg-type]
+        future = PutFuture(guid, on_ack)
+        message = Put(guid, payload, properties, wall_time_us(), compression)
         with self._lock:
             self._wait_for_room_locked(len(payload), 1)
             self._check_live()
@@ -741,9 +738,10 @@ class Session:
             threading.Thread(target=self._carry_out, args=(effects,), daemon=True).start()
 
     def _send_locked(self, effects: Effects) -> None:
-        for frame in effects.frames:
-            self._out.put(frame)
-        effects.frames = []
+        if effects.frames:
+            for frame in effects.frames:
+                self._out.put(frame)
+            effects.frames = []
         if effects.answered or effects.closed:
             self._lock.notify_all()  # room in the buffer, or nothing more to wait for
 

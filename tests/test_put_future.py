@@ -25,6 +25,14 @@ def test_result_and_callbacks_before_and_after_the_ack():
     assert future.done() and future.result() == "ack" and future.exception() is None
 
 
+def test_a_callback_given_at_creation_runs_once_with_the_answer_before_later_ones():
+    seen: list[object] = []
+    future = PutFuture(GUID, lambda f: seen.append(("first", f.result())))
+    future.add_done_callback(lambda f: seen.append(("second", f.result())))
+    future.set_result("ack")
+    assert seen == [("first", "ack"), ("second", "ack")]
+
+
 def test_an_error_is_raised_by_result_and_returned_by_exception():
     future = PutFuture(GUID)
     error = RuntimeError("refused")

@@ -8,7 +8,7 @@ from protocol import ResultCode, columns, pb, status
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from taproot import events
 from taproot.batching import BatchPolicy
-from taproot.core import Ack, ConnectionState, QueueRecord, SessionCore
+from taproot.core import NO_EFFECTS, Ack, ConnectionState, Put, QueueRecord, SessionCore
 from taproot.errors import AckError, ConnectionError
 
 pytestmark = pytest.mark.unit
@@ -518,6 +518,48 @@ def test_a_queues_few_puts_go_as_put_messages_each_held_and_answered_on_its_own(
     assert resent.WhichOneof("body") == "put" and [m.guid for m in resent.put.messages] == [g(1)]
     core.on_frame(ack(1))
     assert core.take().answered == [("a", Ack(g(1), "taproot://d/q"))] and core.pending == 0
+
+
+def test_puts_posted_as_light_records_go_as_put_messages_or_rows_with_every_field():
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=3))
+    core.connected("h1", 0)
+    core.add_queue(QueueRecord(7, "taproot://d/q", read=False, write=True,
+                               open_request=pb.OpenQueue(queue_id=7, uri="taproot://d/q", write=True)))
+    core.opened(7, pb.OpenQueueResponse(queue_id=7, status=status(ResultCode.SUCCESS)))
+    core.take()
+    props = [pb.Property(name="n", int64_value=5)]
+    core.post(7, Put(g(1), b"one", props, 1_700_000_000_000_001, 2), "a", now_ms=0)
+    core.flush()
+    (frame,) = core.take().frames                       # fewer than columns_min: a PutMessage
+    (message,) = frame.put.messages
+    assert (message.queue_id, message.guid, message.payload, message.put_time_us, message.compression) == (
+        7, g(1), b"one", 1_700_000_000_000_001, 2)
+    assert list(message.properties) == props
+    for i in range(2, 5):                               # columns_min of them: one PutColumns frame
+        core.post(7, Put(g(i), b"p%d" % i, props if i == 3 else [], 1_700_000_000_000_000 + i, 0), f"t{i}", now_ms=1)
+    core.flush()
+    (frame,) = core.take().frames
+    table = columns.decode(frame.put_columns.arrow_ipc)
+    assert frame.put_columns.queue_id == 7 and table["guid"].to_pylist() == [g(2), g(3), g(4)]
+    assert table["payload"].to_pylist() == [b"p2", b"p3", b"p4"]
+    assert table["put_time_us"].to_pylist() == [1_700_000_000_000_002, 1_700_000_000_000_003, 1_700_000_000_000_004]
+    assert table["properties"].to_pylist() == [[], [("n", "5")], []]
+    core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=7, guids=g(2) + g(3) + g(4), code=ResultCode.SUCCESS)))
+    assert core.take().answered == [(f"t{i}", Ack(g(i), "taproot://d/q")) for i in range(2, 5)]
+
+
+def test_a_call_with_nothing_to_do_hands_back_the_shared_empty_effects_and_never_fills_it():
+    core = core_with_queue()                            # max_messages 3
+    core.post(1, put(1), "t1", now_ms=0)
+    assert core.take() is NO_EFFECTS                    # batched: no frame yet, no new Effects
+    core.post(1, put(2), "t2", now_ms=0)
+    core.post(1, put(3), "t3", now_ms=0)                # the batch is full: a frame
+    effects = core.take()
+    assert effects is not NO_EFFECTS and len(effects.frames) == 1
+    assert core.take() is NO_EFFECTS
+    core.on_frame(ack_frame(1, 2, 3))
+    assert [t for t, _ in core.take().answered] == ["t1", "t2", "t3"]
+    assert not NO_EFFECTS and NO_EFFECTS.frames == [] and NO_EFFECTS.answered == []
 
 
 def core_with_queues(partitions: dict[int, int]) -> SessionCore:
