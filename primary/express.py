@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from protocol.columns import fixed_width_binary, joined_values
 from protocol.expression import Expression, compile_expression
 from protocol.limits import GUID_LENGTH
 
@@ -274,6 +275,12 @@ class Reconciler:
         or an Arrow array)."""
         if not len(guids):
             return
+        if isinstance(guids, (pa.Array, pa.ChunkedArray)):
+            # GUIDs in buffers of their own: a column of a decoded frame shares
+            # the frame's body, and would keep every payload of it alive for
+            # as long as the decision waits (the pipeline's lag: 13 s and
+            # 1.7 GB of node memory in 20 s of priority-1q-batch).
+            guids = fixed_width_binary(joined_values(guids), GUID_LENGTH)
         dups = None
         if duplicates is not None:
             mask = np.asarray(duplicates, dtype=np.bool_)

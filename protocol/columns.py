@@ -165,7 +165,13 @@ def decode_push(data: bytes) -> pa.Table | str:
 
 def guids_of(table: pa.Table) -> bytes:
     """The frame's GUIDs, concatenated, straight from the column's buffers."""
-    column = table["guid"].combine_chunks()
+    return joined_values(table["guid"])
+
+
+def joined_values(column: pa.Array | pa.ChunkedArray) -> bytes:
+    """A binary column's values, concatenated (a copy of their bytes only)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
     if len(column) == 0:
         return b""
     offsets = column.buffers()[1]

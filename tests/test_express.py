@@ -238,3 +238,23 @@ def test_a_batch_of_rows_that_agree_with_a_frame_takes_no_per_row_path():
     out = r.delivered_rows(seqs, pa.array([["a", "b"]] * len(seqs), pa.list_(pa.string())), np.ones(len(seqs), bool))
     assert out == [] and r.agreed == 999 and len(r) == 1
     assert r.judged_through(999) == [] and r.agreed == 1000 and len(r) == 0
+
+
+def test_a_frames_decision_keeps_its_guids_alive_not_the_frames_bytes():
+    """A decoded frame's columns share its body: a decision that kept the
+    GUID column would keep every payload until the pipeline judged it."""
+    import gc
+    import sys
+
+    from protocol import columns, pb
+
+    data = columns.encode_puts([pb.PutMessage(guid=_guid(i), payload=b"p" * 1024) for i in range(100)])
+    table = columns.decode(data)
+    assert sys.getrefcount(data) == 3           # `data`, the call's argument, and the decoded table
+    r = Reconciler()
+    r.decided_run(0, "q", table["guid"], ("a",))
+    del table
+    gc.collect()
+    assert sys.getrefcount(data) == 2           # the decision does not hold the frame
+    late = r.delivered(5, ("a", "b"), True)     # the pipeline kept row 5 for one more app: a disagreement
+    assert late.disagreement.guid == _guid(5) and late.push_apps == ("b",)
