@@ -27,6 +27,15 @@ tail sees no inserts from them, and the dedup stream skips them
 (`skipChangeCommits`). Vacuum keeps files younger than `vacuum_retention_hours`,
 which must exceed how far behind a reader (the dedup stream, a time-travel
 query) may be.
+
+The primary's PUT and confirm logs keep their tombstones (the remove
+actions of compacted files) only 5 minutes (`tables.PRIMARY_TABLE_PROPERTIES`),
+and delta-rs's default vacuum deletes only files with a tombstone still in
+the log: on its own it would leave every compacted commit file on disk for
+good. `vacuum_delta_rs_table` therefore also runs delta-rs's full vacuum,
+which deletes every file the table does not reference and that is older
+than the retention (at least `FULL_VACUUM_MIN_HOURS`: a durable append or a
+compaction writes its file moments before the commit that references it).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ import conf
 from storage import deltars, tables
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
 
@@ -110,6 +120,19 @@ def removable_guids(spark: "SparkSession", paths: tables.PartitionPaths, domains
             .select("guid"))
 
 
+FULL_VACUUM_MIN_HOURS = 1
+
+
+def vacuum_delta_rs_table(table: "DeltaTable", retain_hours: int) -> int:
+    """Vacuum a table delta-rs writes; return how many files went: those its
+    tombstones name, older than `retain_hours`, then every file it does not
+    reference that is older than that and `FULL_VACUUM_MIN_HOURS` (the
+    compacted files whose tombstones have already expired)."""
+    gone = len(table.vacuum(retention_hours=retain_hours, dry_run=False, enforce_retention_duration=False))
+    return gone + len(table.vacuum(retention_hours=max(retain_hours, FULL_VACUUM_MIN_HOURS), dry_run=False,
+                                   enforce_retention_duration=False, full=True))
+
+
 def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig], *,
                        now: datetime | None = None, vacuum_retention_hours: int = 24,
                        target_file_bytes: int = 16 * 1024 * 1024) -> PartitionReport:
@@ -163,7 +186,7 @@ def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, doma
     for path in (paths.puts, paths.confirms, paths.dead_letters):
         table = deltars.try_open(path)
         if table is not None:
-            vacuumed += len(table.vacuum(retention_hours=retain, dry_run=False, enforce_retention_duration=False))
+            vacuumed += vacuum_delta_rs_table(table, retain)
     report.vacuumed_files = vacuumed
     phase("vacuum the rest")
     report.seconds = time.monotonic() - started

@@ -309,3 +309,31 @@ def test_checkpoints_drop_the_tombstones_of_compacted_files_once_their_retention
         appender.append(rows(2000 + appender.table.version(), 1))
     assert checkpoint_removes(path) == 0
     assert sorted(deltars.try_open(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist())[:48] == list(range(48))
+
+
+def test_maintenance_vacuum_deletes_compacted_files_whose_tombstones_expired_and_keeps_young_strays(tmp_path):
+    """The PUT log keeps tombstones minutes, maintenance vacuums hours later:
+    delta-rs's default vacuum, which goes by tombstones, would leave every
+    compacted commit file on disk for good."""
+    from pipelines.retention import vacuum_delta_rs_table
+
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA)
+    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+    for i in range(12):
+        appender.append(rows(i * 4, 4))
+    assert Compactor(path, every_commits=1, name="test").compact_now()["numFilesRemoved"] == 12
+    time.sleep(1.5)
+    for i in range(12, 24):              # past a checkpoint: it drops the expired tombstones
+        appender.append(rows(i * 4, 4))
+    live = {os.path.basename(u) for u in deltars.try_open(path).file_uris()}
+    two_hours_ago = time.time() - 2 * 3600
+    for name in os.listdir(path):
+        if name.endswith(".parquet"):
+            os.utime(os.path.join(path, name), (two_hours_ago, two_hours_ago))
+    stray = os.path.basename(deltars.write_data_file(path, rows(1000, 4)).path)   # an append's file, not committed yet
+    assert len([n for n in os.listdir(path) if n.endswith(".parquet")]) == len(live) + 12 + 1
+    assert vacuum_delta_rs_table(deltars.try_open(path), 0) == 12
+    assert {n for n in os.listdir(path) if n.endswith(".parquet")} == live | {stray}
+    seqs = sorted(deltars.try_open(path).to_pyarrow_table(columns=["seq"])["seq"].to_pylist())
+    assert seqs == list(range(96))
