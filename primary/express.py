@@ -57,84 +57,181 @@ KIND_DEDUP = "dedup"      # one side judged the GUID a duplicate, the other did 
 KIND_APPS = "apps"        # both kept it, for different apps
 
 
-HISTORY_SHARDS = 1024   # GuidHistory's dicts, by the GUID's hash
+HISTORY_SHARDS = 1024   # the young GUIDs' dicts, by the GUID's hash
+GENERATIONS = 16        # the window's older GUIDs are kept as this many sorted generations (about)
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
+
+
+def _keys(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GUIDs (16 bytes each, concatenated) as (hash, first 8 bytes, last 8
+    bytes), three uint64 arrays. The hash mixes all 16 bytes: the SDK's
+    GUIDs start with a clock, a client's may be anything."""
+    words = np.frombuffer(blob, dtype="<u8").reshape(-1, 2)
+    hi, lo = words[:, 0], words[:, 1]
+    h = (hi * _MIX[0]) ^ (lo * _MIX[1])   # (wraps modulo 2**64)
+    h ^= h >> np.uint64(29)
+    return h, hi, lo
+
+
+class _Generation:
+    """GUIDs first committed in one span of time, frozen: sorted by hash,
+    33 bytes each (hash, the GUID's two halves, its first commit time, and a
+    byte of the bitmap that rules most lookups out without a search)."""
+
+    __slots__ = ("h", "hi", "lo", "t", "newest", "bits", "shift")
+
+    def __init__(self, blob: bytes, times: np.ndarray):
+        h, hi, lo = _keys(blob)
+        order = np.argsort(h)   # (equal hashes in any order: `find` looks at all of them)
+        self.h, self.hi, self.lo, self.t = h[order], hi[order], lo[order], times[order]
+        self.newest = int(times.max())
+        # A one-hash Bloom filter of 8 bits a GUID: a GUID it does not hold
+        # passes it one time in nine, and only those are searched for.
+        size = max(64, 1 << int(8 * len(h) - 1).bit_length())
+        self.shift = np.uint64(64 - (size.bit_length() - 1))
+        flags = np.zeros(size, np.bool_)
+        flags[self._slots(self.h)] = True
+        self.bits = np.packbits(flags, bitorder="little")
+
+    def _slots(self, h: np.ndarray) -> np.ndarray:
+        slots: np.ndarray = (h * _MIX[1]) >> self.shift
+        return slots
+
+    def __len__(self) -> int:
+        return len(self.h)
+
+    def find(self, h: np.ndarray, hi: np.ndarray, lo: np.ndarray, horizon: int) -> np.ndarray | None:
+        """For each GUID, whether this generation holds it first committed at
+        or after `horizon`; None when it holds none of them."""
+        slots = self._slots(h)
+        maybe = np.flatnonzero((self.bits[slots >> np.uint64(3)] >> (slots & np.uint64(7)).astype(np.uint8)) & 1)
+        if not len(maybe):
+            return None
+        n = len(self.h)
+        hm = h[maybe]
+        at = np.minimum(np.searchsorted(self.h, hm), n - 1)
+        same_hash = self.h[at] == hm
+        found = same_hash & (self.hi[at] == hi[maybe]) & (self.lo[at] == lo[maybe])
+        for i in np.flatnonzero(same_hash & ~found):   # another GUID with the same 64-bit hash: look on
+            j = int(at[i]) + 1
+            while j < n and self.h[j] == hm[i]:
+                if self.hi[j] == hi[maybe[i]] and self.lo[j] == lo[maybe[i]]:
+                    found[i], at[i] = True, j
+                    break
+                j += 1
+        found &= self.t[at] >= horizon
+        if not found.any():
+            return None
+        result = np.zeros(len(h), np.bool_)
+        result[maybe[found]] = True
+        return result
+
+    def count_since(self, horizon: int) -> int:
+        return int(np.count_nonzero(self.t >= horizon))
 
 
 class GuidHistory:
     """GUIDs first committed within the last `window_us` microseconds.
 
-    Each commit's new GUIDs are kept for expiry as one bytes object (16
-    bytes each), not a list: at 20k msg/s a 300 s window holds 6M GUIDs, and
-    lists of them made every full collection of Python's garbage collector
-    traverse them all (75 ms, every thread stopped, growing with the window).
+    The young ones, first committed within the last `window_us /
+    GENERATIONS`, are in dicts; each span of that length before is frozen
+    into a `_Generation`, 33 bytes a GUID, and a generation goes as a whole
+    once its newest GUID has left the window. A commit looks its GUIDs up in
+    the generations a few NumPy searches at a time, then in the dicts. A
+    window of 6M GUIDs (300 s at 20k msg/s) all in dicts took about 120
+    bytes a GUID, 720 MiB.
 
-    The GUIDs are spread over `HISTORY_SHARDS` dicts by hash. One dict of 6M
-    entries rehashes all of them when it grows, holding the GIL: 231 ms alone
-    at 5.6M entries (119 ms at 2.8M), and a whole-node stall of 1.3-1.6 s
-    when it came 280 s into a run at 20k msg/s (the lease renewal logged it
-    late). A shard grows in steps a thousand times smaller."""
+    The young GUIDs are spread over `HISTORY_SHARDS` dicts by hash. One dict
+    of 6M entries rehashed all of them when it grew, holding the GIL: 231 ms
+    alone at 5.6M entries, and a whole-node stall of 1.3-1.6 s 280 s into a
+    run at 20k msg/s. Each commit's new GUIDs are also kept as one bytes
+    object (16 bytes each), not a list, for freezing: lists of millions of
+    GUIDs made every full collection of Python's garbage collector traverse
+    them all (75 ms, every thread stopped)."""
 
     def __init__(self, window_us: int):
         assert window_us > 0
         self.window_us = window_us
+        self.generation_us = max(1, window_us // GENERATIONS)
         self._shards: list[dict[bytes, int]] = [{} for _ in range(HISTORY_SHARDS)]   # guid -> first commit time
-        self._commits: deque[tuple[int, bytes]] = deque()  # (time, GUIDs first seen then, joined), in time order
-        self._size = 0
+        self._commits: deque[tuple[int, bytes]] = deque()  # the young: (time, GUIDs first seen then, joined)
+        self._young = 0
+        self._generations: deque[_Generation] = deque()    # oldest first
+        self._horizon = -(1 << 62)                          # times before it have left the window
 
     def __len__(self) -> int:
-        return self._size
+        return self._young + sum(g.count_since(self._horizon) for g in self._generations)
 
     def __contains__(self, guid: bytes) -> bool:
-        return guid in self._shards[hash(guid) % HISTORY_SHARDS]
+        if guid in self._shards[hash(guid) % HISTORY_SHARDS]:
+            return True
+        if not self._generations:
+            return False
+        h, hi, lo = _keys(_guid_blob([guid]))
+        return any(g.find(h, hi, lo, self._horizon) is not None for g in self._generations)
 
-    def commit(self, guids: Iterable[bytes], now_us: int) -> list[bool]:
+    def commit(self, guids: Sequence[bytes], now_us: int) -> list[bool]:
         """Record one commit's GUIDs (in seq order); return, per row, whether it
         is a duplicate: first committed within the window, earlier or in this
         same commit."""
         self.expire(now_us)
+        older: list[bool] | None = None
+        if self._generations and len(guids):
+            h, hi, lo = _keys(_guid_blob(guids if isinstance(guids, list) else list(guids)))
+            seen = None
+            for generation in self._generations:
+                found = generation.find(h, hi, lo, self._horizon)
+                if found is not None:
+                    seen = found if seen is None else seen | found
+            if seen is not None:
+                older = seen.tolist()
         shards = self._shards
         fresh: list[bytes] = []
         duplicates = []
-        for guid in guids:
+        for i, guid in enumerate(guids):
             shard = shards[hash(guid) % HISTORY_SHARDS]
-            if guid in shard:
+            if (older is not None and older[i]) or guid in shard:
                 duplicates.append(True)
             else:
                 shard[guid] = now_us
                 fresh.append(guid)
                 duplicates.append(False)
         if fresh:
-            self._size += len(fresh)
+            self._young += len(fresh)
             self._commits.append((now_us, _guid_blob(fresh)))
         return duplicates
 
     def load(self, first_times: Iterable[tuple[bytes, int]]) -> None:
-        """Rebuild from the PUT log after a takeover: (guid, first put time) in time order."""
+        """Rebuild from the PUT log after a takeover: (guid, first put time)
+        in time order, each run of one time as the commit it was."""
         at: int | None = None
-        fresh: list[bytes] = []
+        run: list[bytes] = []
         for guid, at_us in first_times:
-            shard = self._shards[hash(guid) % HISTORY_SHARDS]
-            if guid in shard:
-                continue
-            shard[guid] = at_us
-            self._size += 1
-            if at_us != at and fresh:
-                self._commits.append((cast(int, at), _guid_blob(fresh)))
-                fresh = []
+            if at_us != at and run:
+                self.commit(run, cast(int, at))
+                run = []
             at = at_us
-            fresh.append(guid)
-        if fresh:
-            self._commits.append((cast(int, at), _guid_blob(fresh)))
+            run.append(guid)
+        if run:
+            self.commit(run, cast(int, at))
 
     def expire(self, now_us: int) -> None:
-        horizon = now_us - self.window_us
-        commits, shards = self._commits, self._shards
-        while commits and commits[0][0] < horizon:
-            joined = commits.popleft()[1]
-            for i in range(0, len(joined), GUID_LENGTH):
-                guid = joined[i:i + GUID_LENGTH]
-                del shards[hash(guid) % HISTORY_SHARDS][guid]
-            self._size -= len(joined) // GUID_LENGTH
+        """Forget what left the window by `now_us`; freeze the young GUIDs
+        into a generation once they span `generation_us`."""
+        self._horizon = max(self._horizon, now_us - self.window_us)
+        if self._commits and now_us - self._commits[0][0] >= self.generation_us:
+            self._freeze()
+        generations = self._generations
+        while generations and generations[0].newest < self._horizon:
+            generations.popleft()
+
+    def _freeze(self) -> None:
+        commits, self._commits = self._commits, deque()
+        times = np.repeat(np.fromiter((t for t, _ in commits), np.int64, len(commits)),
+                          [len(blob) // GUID_LENGTH for _, blob in commits])
+        self._generations.append(_Generation(b"".join(blob for _, blob in commits), times))
+        self._shards = [{} for _ in range(HISTORY_SHARDS)]
+        self._young = 0
 
 
 def _guid_blob(guids: list[bytes]) -> bytes:

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 import conf
+from taproot_ops.embedded import ClusterStartError
 
 DEFAULT_HOST = "127.0.0.1:30115"
 # What `pip install taproot` (the SDK) leaves out; the server extra brings them.
@@ -387,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     except conf.ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    except ClusterStartError as exc:
+        print(f"taproot {args.command}: the embedded cluster did not start: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as exc:

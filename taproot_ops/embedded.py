@@ -126,7 +126,11 @@ class EmbeddedCluster:
     def _spawn(self, role: str, args: list[str], name: str | None = None) -> Process:
         name = name or role
         logs = Path(self.data_dir) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:   # a file where the directory should be, no permission, a full disk
+            raise ClusterStartError(f"data directory {self.data_dir} cannot be used: cannot create "
+                                    f"{exc.filename}: {exc.strerror}") from None
         ready = self._run_dir / f"{name}.ready"
         ready.unlink(missing_ok=True)
         log_file = logs / f"{name}.log"

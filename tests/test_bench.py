@@ -112,6 +112,18 @@ def test_proc_stat_gives_state_and_parent_and_a_zombie_is_not_alive():
 
 
 @pytest.mark.unit
+def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("x")
+    run = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "bench", "--scenario", "priority-1q",
+                          "--duration", "1", "--data-dir", str(not_a_dir)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"data directory {not_a_dir} cannot be used" in run.stderr and "Not a directory" in run.stderr
+
+
 def test_payloads_carry_their_send_time():
     payload = payload_factory(1024)()
     assert len(payload) == 1024

@@ -52,7 +52,8 @@ def test_the_history_is_spread_over_many_small_dicts_so_none_rehashes_millions_a
     assert len(history) == 15_000 and guids[14_999] in history and guids[15_000] not in history
     history.expire(now_us=10 * S + 1)   # the first commit's 10,000 leave the window
     assert len(history) == 5_000 and guids[0] not in history and guids[10_000] in history
-    assert sum(len(shard) for shard in history._shards) == 5_000
+    # The 5,000 of the second commit were frozen into the one generation left; the dicts are empty.
+    assert sum(len(shard) for shard in history._shards) == 0 and [len(g) for g in history._generations] == [5_000]
 
 
 def test_the_history_gives_the_garbage_collector_nothing_per_guid_to_traverse():
@@ -91,6 +92,73 @@ def test_rebuilt_history_sees_the_guids_of_an_earlier_primary():
     assert history.commit([G[0], G[1], G[2]], now_us=5 * S) == [True, True, False]
     history.expire(12 * S)
     assert G[0] not in history and G[1] in history
+
+
+class NaiveHistory:
+    """The GUID history's rule, one dict of first commit times: the oracle."""
+
+    def __init__(self, window_us: int):
+        self.window_us, self.first, self.horizon = window_us, {}, None
+
+    def commit(self, guids, now_us):
+        self.expire(now_us)
+        out = []
+        for g in guids:
+            if g in self.first:
+                out.append(True)
+            else:
+                self.first[g] = now_us
+                out.append(False)
+        return out
+
+    def expire(self, now_us):
+        self.horizon = now_us - self.window_us
+        self.first = {g: t for g, t in self.first.items() if t >= self.horizon}
+
+
+def history_schedules():
+    """Commits at non-decreasing times (some far apart: whole generations
+    leave), of GUIDs drawn from a small pool (repeats, in and out of the
+    window, and twice in one commit); a few share their first 8 bytes or
+    differ in one byte only."""
+    pool = [i.to_bytes(16, "big") for i in range(12)] + [bytes(8) + i.to_bytes(8, "big") for i in range(6)] + [
+        b"\x01" * 8 + bytes(8)]
+    step = st.tuples(st.integers(0, 2_500), st.lists(st.sampled_from(pool), max_size=8), st.booleans())
+    return st.tuples(st.sampled_from([1_000, 3_200, 16_000]), st.lists(step, max_size=60))
+
+
+@settings(deadline=None, max_examples=300)
+@given(history_schedules())
+def test_the_generational_history_decides_as_one_dict_of_first_times_would(schedule):
+    window_us, steps = schedule
+    history, oracle = GuidHistory(window_us), NaiveHistory(window_us)
+    now = 0
+    for advance, guids, expire_only in steps:
+        now += advance
+        if expire_only:
+            history.expire(now)
+            oracle.expire(now)
+        else:
+            assert history.commit(guids, now) == oracle.commit(guids, now)
+        assert len(history) == len(oracle.first)
+        for g in set(guids):
+            assert (g in history) == (g in oracle.first)
+
+
+def test_older_guids_are_frozen_into_generations_of_33_bytes_each():
+    from primary import express
+
+    history = GuidHistory(window_us=16 * S)              # a generation a second
+    for second in range(20):
+        assert history.commit([(second * 1000 + i).to_bytes(16, "big") for i in range(1000)], second * S) == \
+            [False] * 1000
+    # Seconds 3..18 frozen, a generation each (0..2 have left the window), second 19 young.
+    assert len(history._generations) == 16 and sum(len(shard) for shard in history._shards) == 1000
+    assert len(history) == 17_000
+    assert all(g.h.nbytes + g.hi.nbytes + g.lo.nbytes + g.t.nbytes == 32 * len(g) and g.bits.nbytes <= 2 * len(g)
+               for g in history._generations)
+    assert history.commit([(17_000).to_bytes(16, "big"), (3_000).to_bytes(16, "big")], 20 * S) == [True, False]
+    assert len(history._generations) <= express.GENERATIONS + 1
 
 
 def test_app_rules_pick_the_apps_whose_subscription_matches():
