@@ -112,11 +112,14 @@ class PrimaryConfig:
 class PipelineConfig:
     # Between micro-batch starts. A micro-batch costs 1-2 core-seconds in local
     # mode whatever its size, and the express lane pushes without waiting for
-    # it, so the pipeline runs every 2 s. Measured at 10k msg/s on the 2-core
-    # dev machine, a minute after start: 1.34 cores at 100 ms (batches back to
-    # back), 0.83 at 2 s, 0.68 at 3 s. Lower it for `delivery = "pipeline"`
-    # domains that want Spark's decisions sooner; 0 polls back to back.
-    trigger_interval_ms: int = 2000
+    # it, so the pipeline runs every 5 s. Measured on the 2-core dev machine:
+    # the dedup query alone at 10k msg/s a minute after start took 1.34 cores
+    # at 100 ms (batches back to back), 0.83 at 2 s, 0.68 at 3 s; the whole
+    # pipeline in 5 minutes at 20k msg/s, 1.0 core at 2 s (batches of 2-3 s
+    # back to back) and 0.61 at 5 s, with the authority lag's p99 3.8 -> 5.9 s.
+    # Lower it for `delivery = "pipeline"` domains that want Spark's decisions
+    # sooner; 0 polls back to back.
+    trigger_interval_ms: int = 5000
     shuffle_partitions: int = 2       # fixed per checkpoint once it exists
     max_files_per_trigger: int = 1000
 

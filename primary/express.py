@@ -86,7 +86,7 @@ class _Generation:
         self.h, self.hi, self.lo, self.t = h[order], hi[order], lo[order], times[order]
         self.newest = int(times.max())
         # A one-hash Bloom filter of 8 bits a GUID: a GUID it does not hold
-        # passes it one time in nine, and only those are searched for.
+        # passes it about one time in eight or less; only those are searched for.
         size = max(64, 1 << int(8 * len(h) - 1).bit_length())
         self.shift = np.uint64(64 - (size.bit_length() - 1))
         flags = np.zeros(size, np.bool_)
