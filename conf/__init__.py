@@ -100,7 +100,7 @@ class PrimaryConfig:
     # as it ages. Long enough for a reader to read the files it just listed;
     # each second costs up to ~40 more entries to list per commit (one
     # commit per PUT at low rates). Time travel on these tables reaches back
-    # this far.
+    # this far. At least 5 s.
     log_retention_s: int = 10
     # What an ACK promises about a power loss (DURABILITY_MODES): "fsync"
     # (each group commit fsynced before its ACKs) or "os" (faster, not safe
@@ -256,7 +256,10 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "pending_puts_max": (1, 10_000_000),
     "compact_every_commits": (0, 1_000_000),
     "compact_target_file_bytes": (1024 * 1024, 1 << 34),
-    "log_retention_s": (0, 10 * 365 * 24 * 3600),
+    # At 0 a trim could delete a log entry between a handle listing the log
+    # and reading it: the appender's next fence check then failed ("File not
+    # found: .../_delta_log/...json"), measured with commits and trims back to back.
+    "log_retention_s": (5, 10 * 365 * 24 * 3600),
     "trigger_interval_ms": (0, 3_600_000),
     "shuffle_partitions": (1, 1024),
     "max_files_per_trigger": (1, 1_000_000),

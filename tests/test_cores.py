@@ -128,6 +128,8 @@ def test_status_codes_map_to_the_most_specific_exception():
 def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(conf.ConfigError, match=r"primary.group_commit_linger_ms: must be between"):
         conf.parse_cluster({"primary": {"group_commit_linger_ms": -1}}, {})
+    with pytest.raises(conf.ConfigError, match=r"primary.log_retention_s: must be between 5 and \d+, got 0"):
+        conf.parse_cluster({"primary": {"log_retention_s": 0}}, {})
     with pytest.raises(conf.ConfigError, match=r"pipeline.trigger_interval: unknown field"):
         conf.parse_cluster({"pipeline": {"trigger_interval": 5}}, {})
     with pytest.raises(conf.ConfigError, match=r"nodes\[0\].port: expected int"):
