@@ -1,0 +1,74 @@
+"""What `Queue.post()` costs the producer's process, per PUT: an embedded
+cluster (node, proxy, no pipeline) on a temp dir, and one session in this
+process posting 1 KiB PUTs as fast as its window allows, with an `on_ack`
+callback each.
+
+    .venv/bin/python -m taproot_ops.bench.post_cost [--messages 200000] [--rounds 3]
+
+Prints, per round, the PUTs a second and this process's CPU per PUT (every
+thread: the posting one, the session's receiver and flusher, gRPC's), and
+the posting thread's share. The load generator of `taproot bench
+--scenario priority-1q` pays this on the same cores as the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _thread_cpu_s() -> float:
+    """CPU seconds of the calling thread."""
+    return time.thread_time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000, help="PUTs per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes")
+    args = parser.parse_args(argv)
+
+    from taproot.batching import BatchPolicy
+    from taproot.session import Session
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS
+    from taproot_ops.embedded import EmbeddedCluster
+
+    with tempfile.TemporaryDirectory(prefix="taproot-post-cost-") as scratch:
+        config = write_bench_config(Path(scratch) / "conf", [SCENARIOS["priority-1q"]])
+        print(f"starting a node and a proxy in {scratch} ...", flush=True)
+        with EmbeddedCluster(str(config), os.path.join(scratch, "data"), ephemeral_ports=True,
+                             with_pipeline=False) as cluster:
+            with Session([cluster.client_address], batch=BatchPolicy(max_messages=1000),
+                         max_pending_puts=10_000) as session:
+                queue = session.open_queue("taproot://bench/post-cost", write=True)
+                payload = b"x" * args.size
+                acked = threading.Semaphore(0)
+
+                def on_ack(_future: object) -> None:
+                    acked.release()
+
+                def one_round(n: int) -> tuple[float, float, float]:
+                    wall0, cpu0, mine0 = time.perf_counter(), time.process_time(), _thread_cpu_s()
+                    for _ in range(n):
+                        queue.post(payload, on_ack=on_ack)
+                    mine = _thread_cpu_s() - mine0
+                    for _ in range(n):
+                        acked.acquire()
+                    return time.perf_counter() - wall0, time.process_time() - cpu0, mine
+
+                one_round(20_000)   # warm-up: connections, pyarrow, the node's first commits
+                for r in range(1, args.rounds + 1):
+                    wall, cpu, mine = one_round(args.messages)
+                    print(f"round {r}: {args.messages / wall:,.0f} PUTs/s; {cpu / args.messages * 1e6:.1f} us of "
+                          f"CPU per PUT, {mine / args.messages * 1e6:.1f} of them in the posting thread", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
