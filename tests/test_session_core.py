@@ -521,12 +521,7 @@ def test_a_queues_few_puts_go_as_put_messages_each_held_and_answered_on_its_own(
 
 
 def test_puts_posted_as_light_records_go_as_put_messages_or_rows_with_every_field():
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=3))
-    core.connected("h1", 0)
-    core.add_queue(QueueRecord(7, "taproot://d/q", read=False, write=True,
-                               open_request=pb.OpenQueue(queue_id=7, uri="taproot://d/q", write=True)))
-    core.opened(7, pb.OpenQueueResponse(queue_id=7, status=status(ResultCode.SUCCESS)))
-    core.take()
+    core = core_with_queues({7: 0})
     props = [pb.Property(name="n", int64_value=5)]
     core.post(7, Put(g(1), b"one", props, 1_700_000_000_000_001, 2), "a", now_ms=0)
     core.flush()
@@ -545,7 +540,7 @@ def test_puts_posted_as_light_records_go_as_put_messages_or_rows_with_every_fiel
     assert table["put_time_us"].to_pylist() == [1_700_000_000_000_002, 1_700_000_000_000_003, 1_700_000_000_000_004]
     assert table["properties"].to_pylist() == [[], [("n", "5")], []]
     core.on_frame(pb.Frame(ack_columns=pb.AckColumns(queue_id=7, guids=g(2) + g(3) + g(4), code=ResultCode.SUCCESS)))
-    assert core.take().answered == [(f"t{i}", Ack(g(i), "taproot://d/q")) for i in range(2, 5)]
+    assert core.take().answered == [(f"t{i}", Ack(g(i), "taproot://d/q7")) for i in range(2, 5)]
 
 
 def test_a_call_with_nothing_to_do_hands_back_the_shared_empty_effects_and_never_fills_it():
