@@ -122,6 +122,7 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
                           "--duration", "1", "--data-dir", str(not_a_dir)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert f"data directory {not_a_dir} cannot be used" in run.stderr and "Not a directory" in run.stderr
+    assert "logs are in" not in run.stdout      # no pointer to logs that cannot exist
 
 
 def test_payloads_carry_their_send_time():

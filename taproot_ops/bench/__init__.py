@@ -206,7 +206,8 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
         if results and not any(sum(r["failed"].values()) for r in results):
             shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"kept {work} (the cluster's logs are in {data_dir}/logs)", flush=True)
+            logs = os.path.join(data_dir, "logs")
+            print(f"kept {work}" + (f" (the cluster's logs are in {logs})" if os.path.isdir(logs) else ""), flush=True)
 
 
 def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) -> None:
