@@ -21,11 +21,6 @@ import time
 from pathlib import Path
 
 
-def _thread_cpu_s() -> float:
-    """CPU seconds of the calling thread."""
-    return time.thread_time()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000, help="PUTs per round")
@@ -54,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                     acked.release()
 
                 def one_round(n: int) -> tuple[float, float, float]:
-                    wall0, cpu0, mine0 = time.perf_counter(), time.process_time(), _thread_cpu_s()
+                    wall0, cpu0, mine0 = time.perf_counter(), time.process_time(), time.thread_time()
                     for _ in range(n):
                         queue.post(payload, on_ack=on_ack)
-                    mine = _thread_cpu_s() - mine0
+                    mine = time.thread_time() - mine0
                     for _ in range(n):
                         acked.acquire()
                     return time.perf_counter() - wall0, time.process_time() - cpu0, mine

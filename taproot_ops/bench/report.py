@@ -25,7 +25,11 @@ class Samples:
         self.latency_ms.append(latency_ms)
 
     def add_many(self, at_s: float, latency_ms: float, count: int) -> None:
-        """`count` events with one time and latency (the rows of one frame)."""
+        """`count` events with one time and latency (the rows of one frame;
+        one PUT's ACK is a single append, not two new arrays)."""
+        if count == 1:
+            self.add(at_s, latency_ms)
+            return
         self.times.extend(array("d", [at_s]) * count)
         self.latency_ms.extend(array("d", [latency_ms]) * count)
 

@@ -101,10 +101,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 with lock:
                     exc = future.exception()
                     if exc is None:
-                        if rows == 1:
-                            acks.add(time.time(), (now_ns - sent_ns) / 1e6)
-                        else:
-                            acks.add_many(time.time(), (now_ns - sent_ns) / 1e6, rows)
+                        acks.add_many(time.time(), (now_ns - sent_ns) / 1e6, rows)
                         acked_per_queue[queue_index] += rows
                         acked_by_n[queue_index][n] += rows
                         pending[0] += rows
