@@ -125,9 +125,10 @@ TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableChangeDataFee
 # commits) carries each unexpired tombstone, and every commit file is removed
 # once by compaction: with a week's, the checkpoint grows by a row per commit
 # (at 10 commits/s, 864,000 a day), and so does the cost of writing it
-# (`taproot_ops.bench.commits`). A tombstone only tells VACUUM a file was
-# recently removed, and VACUUM keeps every file younger than its own retention
-# (`maintenance.vacuum_retention_hours`) anyway. Spark will not time travel
+# (`taproot_ops.bench.commits`). delta-rs's default vacuum deletes only files
+# a tombstone still names, so maintenance also vacuums these tables in full
+# (`pipelines.retention.vacuum_delta_rs_table`), which deletes any file the
+# table no longer references once older than its retention. Spark will not time travel
 # past this retention, but these logs are trimmed after seconds
 # (`primary.log_retention_s`), so nothing older could be read before either.
 PRIMARY_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.deletedFileRetentionDuration": "interval 5 minutes"}
