@@ -615,7 +615,8 @@ class Node:
         reason = columns.check(table, max(limits, default=0))
         sizes = pc.binary_length(table["payload"]).to_pylist()
         row_guids = table["guid"].to_pylist()
-        states: list[QueueState] = []
+        # The admitted rows of each queue, in the frame's order.
+        groups: dict[int, tuple[QueueState, list[int]]] = {}
         for row, queue_id in enumerate(ids):
             if queue_id in closed:
                 refused[row] = closed[queue_id]
@@ -631,11 +632,20 @@ class Node:
             if over is not None:
                 refused[row] = over
                 continue
-            states.append(state)
-        if not states:
+            group = groups.get(queue_id)
+            if group is None:
+                group = groups[queue_id] = (state, [])
+            group[1].append(row)
+        if not groups:
             return nack(ResultCode.SUCCESS, "")   # every row refused on its own
-        if refused:
-            table = table.filter(pa.array([row not in refused for row in range(rows)]))
+        # Committed queue by queue: each queue's rows keep their order and
+        # take consecutive seqs, so the primary decides and pushes them as
+        # one run per queue, as a frame of that queue alone. The ACK still
+        # names the rows in the frame's order (the header's GUIDs).
+        order = [row for _, queue_rows in groups.values() for row in queue_rows]
+        if order != list(range(rows)):   # (the SDK sends them queue by queue)
+            table = table.take(pa.array(order, pa.int64()))
+        states = [state for state, queue_rows in groups.values() for _ in queue_rows]
         partition = next(iter(partitions))
         item = PendingColumns(link, req.queue_id, states[0], table, guids, refused, states)
         if not partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),

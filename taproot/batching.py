@@ -16,10 +16,10 @@ class BatchPolicy:
     # A queue's PUTs of one batch travel as one columnar frame from this many
     # on; fewer go as PutMessages (a frame's fixed cost is paid per frame).
     columns_min: int = PUT_COLUMNS_MIN
-    # The few PUTs of many queues (each under columns_min) share one frame
-    # per partition from this many on: such a frame's rows are decided one by
-    # one at the primary, so it takes more of them to pay for its fixed cost
-    # (about 140 us to encode, decode and check an Arrow frame).
+    # The PUTs of several queues of one partition share one frame from this
+    # many on (the primary commits it queue by queue): each hop pays a
+    # frame's fixed cost (about 140 us to encode, decode and check an Arrow
+    # frame at the primary) once, not once per queue.
     spanning_min: int = PUT_SPANNING_MIN
 
     def __post_init__(self) -> None:

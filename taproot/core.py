@@ -448,39 +448,47 @@ class SessionCore:
         """The batched single PUTs as PutColumns frames, each held as one
         entry of the retransmission buffer since the batch's first PUT:
         resent as it is, answered by one ACK frame (every hop and the primary
-        check and answer its rows one by one). A queue with at least
-        `columns_min` PUTs in the batch gets a frame of its own; the few PUTs
-        of many queues share one frame per partition (`PutColumns.queue_ids`)
-        when there are `spanning_min` of them, else go as PutMessages, each
-        its own entry.
-        Each queue's PUTs keep their order."""
+        check and answer its rows one by one). The PUTs to the queues of one
+        partition share one frame (`PutColumns.queue_ids`, the rows queue by
+        queue) when they are of several queues and there are `spanning_min`
+        of them; otherwise a queue with at least `columns_min` PUTs in the
+        batch gets a frame of its own and the others go as PutMessages, each
+        its own entry. Each queue's PUTs keep their order."""
         now_ms = self._puts.first_ms
         items = self._puts.take()
         if not items:
             return
-        runs: dict[int, list[tuple[int, QueueRecord, Put | pb.PutMessage, Any]]] = {}
-        for n, (q, m, t) in enumerate(items):
-            runs.setdefault(id(q), []).append((n, q, m, t))
+        runs: dict[int, list[tuple[QueueRecord, Put | pb.PutMessage, Any]]] = {}
+        for q, m, t in items:
+            run = runs.get(id(q))
+            if run is None:
+                run = runs[id(q)] = []
+            run.append((q, m, t))
         singles: list[pb.PutMessage | None] = []
-        few: dict[int, list[tuple[int, QueueRecord, Put | pb.PutMessage, Any]]] = {}   # partition -> the few PUTs
-        minimum = self.batch_policy.columns_min
+        by_partition: dict[int, list[list[tuple[QueueRecord, Put | pb.PutMessage, Any]]]] = {}
         for run in runs.values():
-            q = run[0][1]
+            q = run[0][0]
             if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
                 self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
-                                              for _, _, m, t in run)
-            elif len(run) >= minimum:
-                self._frame([q], [m for _, _, m, _ in run], [t for _, _, _, t in run], now_ms)
+                                              for _, m, t in run)
             elif q.broadcast:   # taken at once by the primary, never committed: not with other queues
-                singles.extend(self._single(q, m, t, now_ms) for _, _, m, t in run)
+                if len(run) >= self.batch_policy.columns_min:
+                    self._frame([q], [m for _, m, _ in run], [t for _, _, t in run], now_ms)
+                else:
+                    singles.extend(self._single(q, m, t, now_ms) for _, m, t in run)
             else:
-                few.setdefault(q.partition, []).extend(run)
-        for rows in few.values():
-            if len(rows) < self.batch_policy.spanning_min:
-                singles.extend(self._single(q, m, t, now_ms) for _, q, m, t in rows)
+                by_partition.setdefault(q.partition, []).append(run)
+        for partition_runs in by_partition.values():
+            if len(partition_runs) > 1 and sum(map(len, partition_runs)) >= self.batch_policy.spanning_min:
+                rows = [row for run in partition_runs for row in run]
+                self._frame([q for q, _, _ in rows], [m for _, m, _ in rows], [t for _, _, t in rows], now_ms)
                 continue
-            rows.sort(key=lambda row: row[0])   # PUT order
-            self._frame([q for _, q, _, _ in rows], [m for _, _, m, _ in rows], [t for _, _, _, t in rows], now_ms)
+            for run in partition_runs:
+                q = run[0][0]
+                if len(run) >= self.batch_policy.columns_min:
+                    self._frame([q], [m for _, m, _ in run], [t for _, _, t in run], now_ms)
+                else:
+                    singles.extend(self._single(q, m, t, now_ms) for _, m, t in run)
         sent = [m for m in singles if m is not None]
         if sent:
             self._send(pb.Frame(put=pb.PutBatch(messages=sent)))

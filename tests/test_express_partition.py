@@ -368,6 +368,51 @@ def test_a_columnar_frame_to_apps_without_subscriptions_is_decided_once_per_fram
     assert disagreements(partition.paths) == []
 
 
+def test_a_frame_spanning_queues_is_decided_and_pushed_queue_by_queue_as_the_pipeline_would(partition):
+    """A frame spanning queues (`PendingColumns.row_queues`), its rows put
+    queue by queue as the node does: a queue whose apps subscribe is decided
+    row by row, a queue without subscriptions as one run; a duplicate
+    within the frame is not pushed; seqs are consecutive per queue; the
+    pipeline's rows for the same commit agree with every decision."""
+    from primary.partition import PendingColumns
+    from protocol import columns
+
+    fan = {app: Consumer(partition, "fan", "f", app) for app in ("a", "b", "c")}
+    plain = Consumer(partition)
+    fan_state, plain_state = fan["a"].state, plain.state
+    region = [("region", "EU")], [("region", "string")]
+    us = [("region", "US")], [("region", "string")]
+    # (queue, guid, properties) in the frame's order, then put queue by queue.
+    rows = [(fan_state, G[0], region), (plain_state, G[1], None), (fan_state, G[2], us),
+            (plain_state, G[3], None), (plain_state, G[1], None), (fan_state, G[4], region)]
+    ordered = [r for r in rows if r[0] is fan_state] + [r for r in rows if r[0] is plain_state]
+    n = len(ordered)
+    table = pa.table({"guid": pa.array([g for _, g, _ in ordered], pa.binary()),
+                      "payload": pa.array([g[:1] * 3 for _, g, _ in ordered]),
+                      "properties": pa.array([p[0] if p else None for _, _, p in ordered], columns.PROPERTY_MAP),
+                      "property_types": pa.array([p[1] if p else None for _, _, p in ordered], columns.PROPERTY_MAP),
+                      "compression": pa.array([None] * n, pa.string())}, schema=columns.SCHEMA)
+    link = Link("producer")
+    item = PendingColumns(link, 0, fan_state, table, b"".join(g for _, g, _ in rows),
+                          row_queues=[q for q, _, _ in ordered])
+    assert item.runs == [(fan_state, 3), (plain_state, 3)]
+    assert partition.put_committer.submit([item], 0)
+    ack = link.next_frame(10).ack_columns
+    assert ack.code == pb.SUCCESS and ack.guids == b"".join(g for _, g, _ in rows)   # the frame's order
+
+    got = {app: [(m.guid, m.sequence) for m in c.pushed(3 if app != "b" else 2, timeout_s=5)]
+           for app, c in fan.items()}
+    assert got == {"a": [(G[0], 0), (G[2], 1), (G[4], 2)], "b": [(G[0], 0), (G[4], 2)],
+                   "c": [(G[0], 0), (G[2], 1), (G[4], 2)]}
+    pushed = plain.pushed(2, timeout_s=5)
+    assert [(m.guid, m.sequence, m.payload) for m in pushed] == [(G[1], 3, G[1][:1] * 3), (G[3], 4, G[3][:1] * 3)]
+    assert plain.pushed(1, timeout_s=0.3) == [] and fan["b"].pushed(1, timeout_s=0.3) == []
+    FakePipeline(partition.paths).deliver([(0, ["a", "b", "c"]), (1, ["a", "c"]), (2, ["a", "b", "c"]),
+                                           (3, [""]), (4, [""])])   # seq 5: G[1] again, dropped
+    wait_until(lambda: partition._judged_seq >= 5, 10, what="the pipeline's rows reconciled")
+    assert disagreements(partition.paths) == []
+
+
 def test_a_frame_and_single_puts_in_one_group_commit_keep_the_order_they_came_in(partition):
     """A producer's few PUTs go as PutMessages and its many as a frame; both
     to one queue may share a group commit. Their seqs, and so the PUSH

@@ -317,7 +317,9 @@ def test_a_consumer_asks_for_columnar_pushes_and_the_core_hands_the_frames_to_th
 def test_a_reconnection_resends_each_queues_puts_from_one_pass_over_the_buffer():
     """Many queues reopening must not each scan the whole buffer: the resend
     lists are built once per connection; what was ACKed meanwhile is skipped."""
-    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=1))
+    # A frame per queue (not one spanning the partition's queues): so one
+    # queue's frame can be ACKed on its own below.
+    core = SessionCore(batch=BatchPolicy(linger_ms=5, max_messages=1000, columns_min=1, spanning_min=10**6))
     core.connected("h1", 0)
     for qid in range(1, 201):
         core.add_queue(QueueRecord(qid, f"taproot://d/q{qid}", read=False, write=True,
@@ -570,7 +572,7 @@ def core_with_queues(partitions: dict[int, int]) -> SessionCore:
     return core
 
 
-def test_the_few_puts_of_many_queues_share_one_frame_per_partition_answered_row_by_row():
+def test_the_puts_of_many_queues_share_one_frame_per_partition_queue_by_queue_answered_row_by_row():
     core = core_with_queues({1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 2})
     order = [1, 2, 1, 3, 4, 5, 6, 2]     # partition 0: 5 PUTs, 1: 2, 2: 1
     for i, qid in enumerate(order):
@@ -579,9 +581,10 @@ def test_the_few_puts_of_many_queues_share_one_frame_per_partition_answered_row_
     frames = core.take().frames
     assert [f.WhichOneof("body") for f in frames] == ["put_columns", "put"]
     spanning = frames[0].put_columns
-    assert spanning.queue_id == 0 and list(spanning.queue_ids) == [1, 2, 1, 3, 2] and spanning.per_message
-    assert sent_guids(frames[:1]) == [g(0), g(1), g(2), g(3), g(7)] and spanning.guids == b"".join(
-        g(i) for i in (0, 1, 2, 3, 7))
+    # Queue by queue (in the order of each queue's first PUT), each queue's PUTs in order.
+    assert spanning.queue_id == 0 and list(spanning.queue_ids) == [1, 1, 2, 2, 3] and spanning.per_message
+    assert sent_guids(frames[:1]) == [g(0), g(2), g(1), g(7), g(3)] and spanning.guids == b"".join(
+        g(i) for i in (0, 2, 1, 7, 3))
     assert sorted(m.guid for m in frames[1].put.messages) == [g(4), g(5), g(6)]   # too few to share a frame
     assert core.buffer.messages == 8 and len(core.buffer) == 4
     core.on_frame(pb.Frame(ack_columns=pb.AckColumns(guids=spanning.guids, refused_rows=[2],
@@ -589,9 +592,26 @@ def test_the_few_puts_of_many_queues_share_one_frame_per_partition_answered_row_
                                                      refused_messages=["quota"])))
     answered = dict(core.take().answered)
     assert answered["t0"] == Ack(g(0), "taproot://d/q1") and answered["t3"] == Ack(g(3), "taproot://d/q3")
-    assert answered["t7"] == Ack(g(7), "taproot://d/q2")
-    assert isinstance(answered["t2"], AckError) and answered["t2"].code is ResultCode.LIMIT_MESSAGES
+    assert answered["t7"] == Ack(g(7), "taproot://d/q2") and answered["t2"] == Ack(g(2), "taproot://d/q1")
+    assert isinstance(answered["t1"], AckError) and answered["t1"].code is ResultCode.LIMIT_MESSAGES
     assert core.buffer.messages == 3
+
+
+def test_a_partitions_puts_share_one_frame_even_when_one_queue_has_many_and_one_queue_alone_has_its_own():
+    """A queue with many PUTs and one with few, of one partition: one frame
+    (before, the many had a frame of their own and the few went as
+    PutMessages: two entries, two ACKs). A partition with one queue: a
+    frame of that queue."""
+    core = core_with_queues({1: 0, 2: 0, 3: 1})
+    for i in range(40):
+        core.post(1, put(i, queue_id=1), i, now_ms=0)
+    core.post(2, put(40, queue_id=2), 40, now_ms=0)
+    for i in range(41, 51):
+        core.post(3, put(i, queue_id=3), i, now_ms=0)
+    core.flush()
+    frames = [f.put_columns for f in core.take().frames]
+    assert [(f.queue_id, list(f.queue_ids)) for f in frames] == [(0, [1] * 40 + [2]), (3, [])]
+    assert len(core.buffer) == 2 and core.buffer.messages == 51
 
 
 def test_a_frame_spanning_queues_is_resent_once_all_reopen_and_holds_back_their_later_puts():

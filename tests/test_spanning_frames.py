@@ -66,7 +66,9 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
             assert response.partition == parts[qid]          # what the SDK groups frames by
         assert parts[1] == parts[2] == 0 and parts[3] == 1
 
-        # One partition: committed together; the rows refused on their own are named.
+        # One partition: committed together, queue by queue (each queue's rows
+        # in the frame's order, on consecutive seqs); the rows refused on
+        # their own are named, by their index in the frame.
         node.on_frame(link, spanning([(1, 1), (2, 2), (9, 3), (1, 4), (4, 5), (5, 6), (2, 7)]))
         ack = next_of(link, "ack_columns").ack_columns
         assert ack.code == ResultCode.SUCCESS and ack.queue_id == 0
@@ -77,8 +79,8 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
         rows = deltars.try_open(PartitionPaths(str(tmp_path), parts[1]).puts).to_pyarrow_table(
             columns=["guid", "queue", "seq"]).sort_by("seq").to_pylist()
         assert [(r["guid"], r["queue"]) for r in rows] == [
-            (g(1), uris[1].rsplit("/", 1)[1]), (g(2), uris[2].rsplit("/", 1)[1]),
-            (g(4), uris[1].rsplit("/", 1)[1]), (g(7), uris[2].rsplit("/", 1)[1])]
+            (g(1), uris[1].rsplit("/", 1)[1]), (g(4), uris[1].rsplit("/", 1)[1]),
+            (g(2), uris[2].rsplit("/", 1)[1]), (g(7), uris[2].rsplit("/", 1)[1])]
 
         # Two partitions in one frame, a count that does not match, or not per message: refused whole.
         for bad, why in ((spanning([(1, 10), (3, 11)]), "partitions"),
