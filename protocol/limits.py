@@ -15,7 +15,7 @@ CONFIRM_FRAME_MESSAGES_MAX = 100_000          # seqs one ConfirmColumns may name
 # with other queues' few): a columnar frame's fixed cost (Arrow IPC both
 # ways, the vectorised checks, a run in the express lane) is paid per frame.
 PUT_COLUMNS_MIN = 8
-PUT_SPANNING_MIN = 32          # the SDK's PUTs to several queues of one partition share a frame from this many (BatchPolicy)
+PUT_SPANNING_MIN = 32          # PUTs to several queues of one partition share a frame from this many (BatchPolicy)
 DEDUP_HISTORY_WINDOW_MS = 300_000             # BlazingMQ's deduplicationTimeMs
 # One producer's retransmission buffer (the SDK); a hop's holds many producers'
 # (`protocol.retransmit.RetransmissionLimits`).
