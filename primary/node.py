@@ -25,7 +25,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,6 +291,7 @@ class Node:
             handle.state.producers -= handle.write
         if handle.read:
             link.columnar.discard(queue_id)
+            link.push_groups.pop(queue_id, None)
             link.broadcast.discard(queue_id)
             handle.partition.route(handle.state, handle.app, lambda d: d.remove_consumer((link, queue_id)))
 
@@ -421,6 +422,7 @@ class Node:
         self._reply_open(link, req, None, checked)
         if req.read:
             if req.columnar_push:
+                link.push_groups[req.queue_id] = req.push_group
                 link.columnar.add(req.queue_id)
             if handle.broadcast:
                 link.broadcast.add(req.queue_id)
@@ -686,6 +688,7 @@ class Node:
         confirm committer for the whole frame."""
         handles = self._handles_of(link)
         confirms: dict[Partition, list[PendingConfirms]] = {}
+        calls: dict[Partition, list[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]] = {}
         for queue_id, (seqs, guids) in by_queue.items():
             handle = handles.get(queue_id)
             if handle is None or not handle.read or handle.broadcast:
@@ -694,8 +697,10 @@ class Node:
                 # keeps nothing, so there is nothing to confirm.
                 continue
             done = confirms.setdefault(handle.partition, [])
-            handle.partition.route(handle.state, handle.app, functools.partial(
-                _confirm_in, key=(link, queue_id), seqs=seqs, guids=guids, handle=handle, done=done))
+            calls.setdefault(handle.partition, []).append((handle.state, handle.app, functools.partial(
+                _confirm_in, key=(link, queue_id), seqs=seqs, guids=guids, handle=handle, done=done)))
+        for partition, queue_calls in calls.items():
+            partition.route_many(queue_calls)   # what the room they free lets through goes out together
         for partition, pending in confirms.items():
             if pending:
                 partition.confirm_committer.submit(pending, 0, sum(len(c.confirmed.guids) for c in pending))

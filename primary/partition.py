@@ -222,13 +222,17 @@ class DeadLetter:
 def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
     """Send dispatcher output ((link, queue_id), message) in order, per link.
 
-    A run of at least `COLUMNAR_RUN_MIN` pushes to one queue whose consumer
-    takes columnar frames (`Link.columnar`, asked for in its OpenQueue) goes
-    as PushColumns frames: one Arrow batch, which relays forward as bytes.
-    The rest go as PushBatch frames, where consecutive pushes of one message
-    (same GUID and delivery count) to several queues of one link travel as
-    one PushMessage with `queue_ids`: fanout apps and broadcast consumers
-    below a proxy or replica cost one copy on that link, not one per consumer."""
+    A `MessageRun` (a PUT frame's rows to one queue) goes as PushColumns
+    frames: its Arrow columns, which relays forward as bytes. The single
+    messages to the queues whose consumers take columnar frames
+    (`Link.columnar`, asked for in the OpenQueue) go as one PushColumns
+    frame per session they end at (`Link.push_groups`), spanning queues
+    (`range_queue_ids`), when there are `COLUMNAR_RUN_MIN` of them. The rest
+    go as PushBatch frames, where consecutive pushes of one message (same
+    GUID and delivery count) to several queues of one link travel as one
+    PushMessage with `queue_ids`: fanout apps and broadcast consumers below
+    a proxy or replica cost one copy on that link, not one per consumer.
+    Each queue's pushes keep their order."""
     by_link: dict["Link", list[tuple[int, Pending]]] = {}
     for key, pending in pushes:
         link, queue_id = cast("tuple[Link, int]", key)
@@ -238,14 +242,26 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
         else:
             items.append((queue_id, pending))
     for link, items in by_link.items():
-        columnar = link.columnar
+        # Each columnar push's span: its queue's push group (a broadcast
+        # queue's pushes have no seqs: a span of their own); those of spans
+        # too short for a frame go as messages.
+        columnar, broadcast, groups = link.columnar, link.broadcast, link.push_groups
+        keys: list[int | None] = [None] * len(items)
+        sizes: dict[int, int] = {}
+        for n, (queue_id, message) in enumerate(items):
+            if queue_id in columnar and not isinstance(message, MessageRun):
+                key = keys[n] = -1 - queue_id if queue_id in broadcast else groups.get(queue_id, 0)
+                sizes[key] = sizes.get(key, 0) + 1
         messages: list[pb.PushMessage] = []
+        spans: dict[int, list[tuple[int, StoredMessage]]] = {}   # span key -> its pushes, in order
         i = 0
         while i < len(items):
             queue_id, message = items[i]
             if isinstance(message, MessageRun):
                 _send_push_batches(link, messages, frame_messages_max)
                 messages = []
+                _send_spans(link, spans, frame_messages_max)   # what came before it goes first
+                spans = {}
                 end = i + 1   # the same run to more queues of this link (broadcast): one copy, their ids in the header
                 while end < len(items) and items[end][1] is message:
                     end += 1
@@ -257,18 +273,14 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                                           queue_ids))
                 i = end
                 continue
-            if queue_id in columnar:
-                end = i + 1
-                while end < len(items) and items[end][0] == queue_id and not isinstance(items[end][1], MessageRun):
-                    end += 1
-                if end - i >= COLUMNAR_RUN_MIN:
-                    _send_push_batches(link, messages, frame_messages_max)
-                    messages = []
-                    for start in range(i, end, frame_messages_max):
-                        run = [cast(StoredMessage, m) for _, m in items[start:min(end, start + frame_messages_max)]]
-                        link.send(_push_frame(link, queue_id, [m.seq for m in run], _push_columns(run)))
-                    i = end
-                    continue
+            key = keys[i]
+            if key is not None and sizes[key] >= COLUMNAR_RUN_MIN:
+                span = spans.get(key)
+                if span is None:
+                    span = spans[key] = []
+                span.append((queue_id, message))
+                i += 1
+                continue
             if messages:
                 last = messages[-1]
                 if last.guid == message.guid and last.delivery_count == message.delivery_count:
@@ -277,13 +289,57 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                     last.queue_ids.append(queue_id)
                     i += 1
                     continue
-            messages.append(pb.PushMessage(
-                queue_id=queue_id, guid=message.guid, payload=message.payload,
-                properties=message.properties, put_time_us=message.put_time_us,
-                delivery_count=message.delivery_count, sequence=message.seq,
-                compression=message.compression))  # type: ignore[arg-type]  # a Compression value
+            messages.append(_push_message(queue_id, message))
             i += 1
         _send_push_batches(link, messages, frame_messages_max)
+        _send_spans(link, spans, frame_messages_max)
+
+
+def _push_message(queue_id: int, message: StoredMessage) -> pb.PushMessage:
+    return pb.PushMessage(queue_id=queue_id, guid=message.guid, payload=message.payload,
+                          properties=message.properties, put_time_us=message.put_time_us,
+                          delivery_count=message.delivery_count, sequence=message.seq,
+                          compression=message.compression)  # type: ignore[arg-type]  # a Compression value
+
+
+def _send_spans(link: "Link", spans: dict[int, list[tuple[int, StoredMessage]]], frame_messages_max: int) -> None:
+    """Each push group's columnar pushes: PushColumns frames (spanning its
+    queues, a seq range per queue's consecutive seqs) from COLUMNAR_RUN_MIN
+    of them, else PushMessages."""
+    for rows in spans.values():
+        if len(rows) < COLUMNAR_RUN_MIN:
+            _send_push_batches(link, [_push_message(q, m) for q, m in rows], frame_messages_max)
+            continue
+        for start in range(0, len(rows), frame_messages_max):
+            chunk = rows[start:start + frame_messages_max]
+            run = [m for _, m in chunk]
+            queue_ids, starts, counts = _ranges(chunk)
+            body = _push_columns(run)
+            if len(set(queue_ids)) == 1:   # one queue: a frame of that queue
+                link.send(_push_frame(link, queue_ids[0], [m.seq for m in run], body))
+                continue
+            link.send(pb.Frame(push_columns=pb.PushColumns(
+                queue_id=queue_ids[0], count=len(run), seq_starts=starts, seq_counts=counts,
+                range_queue_ids=queue_ids, arrow_ipc=body)))
+
+
+def _ranges(rows: list[tuple[int, StoredMessage]]) -> tuple[list[int], list[int], list[int]]:
+    """Pushes as ranges of one queue's consecutive seqs, in order: (queue
+    ids, first seqs, counts)."""
+    queue_ids: list[int] = []
+    starts: list[int] = []
+    counts: list[int] = []
+    last_queue, next_seq = -1, -1
+    for queue_id, message in rows:
+        if queue_id == last_queue and message.seq == next_seq:
+            counts[-1] += 1
+        else:
+            queue_ids.append(queue_id)
+            starts.append(message.seq)
+            counts.append(1)
+            last_queue = queue_id
+        next_seq = message.seq + 1
+    return queue_ids, starts, counts
 
 
 def _send_push_batches(link: "Link", messages: list[pb.PushMessage], frame_messages_max: int) -> None:
@@ -467,6 +523,15 @@ class Partition:
         if dropped:
             self._dead_letter(state, app, dropped)
         return [] if send else pushes
+
+    def route_many(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]) -> None:
+        """`route` for several queues, their pushes sent together: a link's
+        pushes of many queues go as frames spanning them (`send_pushes`),
+        not a frame per queue."""
+        with self._push_lock:
+            pushes = [push for state, app, action in calls for push in self.route(state, app, action, send=False)]
+            if pushes:
+                self.on_pushes(pushes)
 
     def _dead_letter(self, state: QueueState, app: str, dropped: list[Dropped]) -> None:
         for message, reason, detail in dropped:

@@ -120,6 +120,11 @@ def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
     return _ipc(PUSH_SCHEMA, batch)
 
 
+def encode_push_table(table: pa.Table) -> bytes:
+    """One PushColumns body from rows of decoded ones (`PUSH_SCHEMA`)."""
+    return _ipc(PUSH_SCHEMA, table)
+
+
 def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
     """One PushColumns body from a run's columns (`PUSH_SCHEMA` but the
     delivery count, which is the run's): the rows' buffers are written as

@@ -85,6 +85,9 @@ class Link:
         self.id = next(_ids)
         self.peer = peer
         self.columnar: set[int] = set()   # queue ids whose consumer takes PushColumns frames
+        # Of those, each queue's OpenQueue.push_group (the session it ends at,
+        # below a relay): one PushColumns frame spans queues of one group.
+        self.push_groups: dict[int, int] = {}
         self.broadcast: set[int] = set()  # queue ids read in broadcast mode (no confirms, no seqs)
         self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._closed = threading.Event()

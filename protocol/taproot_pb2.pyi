@@ -64,7 +64,7 @@ class QueueOptions(_message.Message):
     def __init__(self, max_unconfirmed_messages: _Optional[int] = ..., max_unconfirmed_bytes: _Optional[int] = ..., consumer_priority: _Optional[int] = ..., subscriptions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenQueue(_message.Message):
-    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options", "columnar_push")
+    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options", "columnar_push", "push_group")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class OpenQueue(_message.Message):
     WRITE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     COLUMNAR_PUSH_FIELD_NUMBER: _ClassVar[int]
+    PUSH_GROUP_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     uri: str
@@ -79,7 +80,8 @@ class OpenQueue(_message.Message):
     write: bool
     options: QueueOptions
     columnar_push: bool
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ...) -> None: ...
+    push_group: int
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ..., push_group: _Optional[int] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
     __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms", "broadcast", "partition")
@@ -192,20 +194,22 @@ class PutColumns(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., per_message: _Optional[bool] = ..., guids: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushColumns(_message.Message):
-    __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids", "seq_starts", "seq_counts")
+    __slots__ = ("queue_id", "count", "arrow_ipc", "queue_ids", "seq_starts", "seq_counts", "range_queue_ids")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     SEQ_STARTS_FIELD_NUMBER: _ClassVar[int]
     SEQ_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    RANGE_QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     count: int
     arrow_ipc: bytes
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
     seq_starts: _containers.RepeatedScalarFieldContainer[int]
     seq_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ..., seq_starts: _Optional[_Iterable[int]] = ..., seq_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    range_queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue_id: _Optional[int] = ..., count: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., queue_ids: _Optional[_Iterable[int]] = ..., seq_starts: _Optional[_Iterable[int]] = ..., seq_counts: _Optional[_Iterable[int]] = ..., range_queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AckColumns(_message.Message):
     __slots__ = ("queue_id", "guids", "code", "message", "refused_rows", "refused_codes", "refused_messages")

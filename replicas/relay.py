@@ -39,10 +39,13 @@ safe: the owner serialises calls.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Hashable, cast
 
-from protocol import ResultCode, pb, status, wire
+import pyarrow as pa
+
+from protocol import ResultCode, columns, pb, status, wire
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from protocol.seqs import confirm_columns, confirm_columns_invalid, confirm_ranges
@@ -51,6 +54,16 @@ __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
 UPSTREAM = "upstream"
 Out = list[tuple[Any, "pb.Frame | None"]]  # (UPSTREAM or a downstream link, frame)
+log = logging.getLogger(__name__)
+
+
+def push_group(link: Hashable, group: int) -> int:
+    """The push group a relay names upstream for a consumer's queue: one
+    number per session below it (`link`) and group that session named (a
+    relay below this one). A number from the pair's hash, not a table: a
+    relay keeps nothing per session for it. Two pairs that share a number
+    only cost a split frame (`Relay._split_push_span`), never a wrong one."""
+    return hash((link, group)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 @dataclass
@@ -160,6 +173,8 @@ class Relay:
         up = pb.OpenQueue()
         up.CopyFrom(req)
         up.queue_id, up.request_id = up_qid, up_req
+        if req.read:
+            up.push_group = push_group(link, req.push_group)
         self._up[(link, req.queue_id)] = up_qid
         self._routes[up_qid] = _Route(link, req.queue_id, req.read, up, timeout_ms=self.limits.timeout_ms)
         self._requests[up_req] = _Request(link, req.request_id, "open_queue", up_qid)
@@ -484,6 +499,8 @@ class Relay:
         only its header is read: the seq ranges, what a graceful stop waits
         to see confirmed. The Arrow body is not opened here."""
         push = frame.push_columns
+        if push.range_queue_ids:
+            return self._route_push_span(frame)
         per_link: dict[Hashable, list[int]] = {}
         routes = [r for r in (self._routes.get(q) for q in (list(push.queue_ids) or [push.queue_id])) if r is not None]
         if not routes:
@@ -505,6 +522,52 @@ class Relay:
             if len(queue_ids) > 1:
                 body.queue_ids.extend(queue_ids)
             out.append((link, copy))
+        return out
+
+    def _route_push_span(self, frame: pb.Frame) -> Out:
+        """A PUSH frame spanning queues of one session (`range_queue_ids`)
+        goes down as it came, each range's queue id rewritten. A range whose
+        queue is gone here goes with id 0 (the consumer skips it; the primary
+        redelivers). Ranges of sessions below different links (a primary
+        that did not group by push_group) make one frame per link."""
+        push = frame.push_columns
+        routes = [self._routes.get(q) for q in push.range_queue_ids]
+        links = {r.link for r in routes if r is not None}
+        if not links:
+            return []
+        for route, start, count in zip(routes, push.seq_starts, push.seq_counts):
+            if route is not None:
+                route.unconfirmed.update(range(start, start + count))
+        if len(links) > 1:
+            return self._split_push_span(push, routes)
+        ids = [r.queue_id if r is not None else 0 for r in routes]
+        del push.range_queue_ids[:]
+        push.range_queue_ids.extend(ids)
+        push.queue_id = next(i for i in ids if i)
+        return [(next(iter(links)), frame)]
+
+    @staticmethod
+    def _split_push_span(push: pb.PushColumns, routes: list["_Route | None"]) -> Out:
+        """A spanning PUSH frame whose ranges end at sessions below different
+        links, as one frame per link (its body opened, sliced and encoded
+        again: only for a primary that does not group by push_group)."""
+        table = columns.decode_push(push.arrow_ipc)
+        if isinstance(table, str):
+            log.error("a PUSH frame of %d messages could not be read to split it: %s", push.count, table)
+            return []   # unconfirmed: the primary redelivers once these consumers go
+        per_link: dict[Hashable, list[tuple[int, int, int, int]]] = {}
+        offset = 0
+        for route, start, count in zip(routes, push.seq_starts, push.seq_counts):
+            if route is not None:
+                per_link.setdefault(route.link, []).append((route.queue_id, start, count, offset))
+            offset += count
+        out: Out = []
+        for link, ranges in per_link.items():
+            rows = pa.concat_tables([table.slice(at, count) for _, _, count, at in ranges])
+            out.append((link, pb.Frame(push_columns=pb.PushColumns(
+                queue_id=ranges[0][0], count=rows.num_rows, range_queue_ids=[q for q, _, _, _ in ranges],
+                seq_starts=[s for _, s, _, _ in ranges], seq_counts=[c for _, _, c, _ in ranges],
+                arrow_ipc=columns.encode_push_table(rows)))))
         return out
 
     def _response(self, kind: str, body: Any) -> Out:

@@ -794,6 +794,8 @@ class Session:
         inbox as it is (`Rows`), or as `Message`s to a callback, in its order."""
         from protocol import columns
 
+        if frame.range_queue_ids:
+            return self._deliver_span(frame)
         # One copy for several queues of this session (broadcast consumers).
         targets = [q for q in (self._queues.get(i) for i in (frame.queue_ids or [frame.queue_id])) if q is not None]
         if not targets:
@@ -804,11 +806,42 @@ class Session:
             return  # unconfirmed: redelivered once this consumer goes
         table = received_table(push, targets[0].uri)   # decompressed once, whatever the targets
         for q in targets:
-            if q._on_message is None:
-                q._inbox.put(Rows(table))
-            else:
-                for message in table_messages(table, q):
-                    q._deliver(message)
+            self._deliver_rows(q, table)
+
+    def _deliver_span(self, frame: pb.PushColumns) -> None:
+        """A columnar PUSH frame spanning queues of this session: seq range i
+        is of queue `range_queue_ids[i]`; each queue's rows go to it in order
+        (a range of a queue closed meanwhile is skipped: redelivered)."""
+        from protocol import columns
+
+        runs: list[tuple[Queue, int, int]] = []   # (queue, first row, rows)
+        row = 0
+        for queue_id, count in zip(frame.range_queue_ids, frame.seq_counts):
+            q = self._queues.get(queue_id)
+            if q is not None:
+                if runs and runs[-1][0] is q and runs[-1][1] + runs[-1][2] == row:
+                    runs[-1] = (q, runs[-1][1], runs[-1][2] + count)
+                else:
+                    runs.append((q, row, count))
+            row += count
+        if not runs:
+            return
+        push = columns.decode_push(frame.arrow_ipc)
+        if isinstance(push, str) or push.num_rows != row:
+            why = push if isinstance(push, str) else f"{push.num_rows} rows, its seq ranges name {row}"
+            log.error("%s: a PUSH frame of %d messages could not be read: %s", runs[0][0].uri, frame.count, why)
+            return  # unconfirmed: redelivered once this consumer goes
+        table = received_table(push, runs[0][0].uri)
+        for q, first, count in runs:
+            self._deliver_rows(q, table.slice(first, count))
+
+    @staticmethod
+    def _deliver_rows(q: "Queue", table: pa.Table) -> None:
+        if q._on_message is None:
+            q._inbox.put(Rows(table))
+        else:
+            for message in table_messages(table, q):
+                q._deliver(message)
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
                  channel: grpc.Channel) -> None:

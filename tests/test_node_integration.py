@@ -243,6 +243,69 @@ def test_confirms_of_many_queues_travel_as_one_frame_through_the_proxy(cluster, 
                 assert again.get(timeout_s=0.5) is None
 
 
+def test_pushes_to_many_queues_of_a_session_come_as_frames_spanning_them_and_to_no_other_session(cluster):
+    """A few single PUTs to each of 12 queues (one frame, one commit), read
+    through the proxy by two sessions of six queues each: each session's
+    PUSHes come as a PushColumns frame whose seq ranges name its queues (the
+    node groups them by the session they end at, `push_group`; the proxy
+    rewrites the ids and forwards the bytes), never a queue of the other
+    session. Then SDK consumers: each queue gets its messages, in order."""
+    from protocol import columns
+
+    def uris(tag: str) -> list[str]:
+        return [f"taproot://demo/span-{tag}-{i}" for i in range(12)]
+
+    def produce(names: list[str]) -> None:
+        with Session([cluster.proxy_address], batch=BatchPolicy(linger_ms=100)) as session:
+            queues = [session.open_queue(u, write=True) for u in names]
+            futures = [q.post(b"%s/%d" % (u.encode(), n)) for n in range(3) for u, q in zip(names, queues)]
+            for f in futures:
+                f.result(timeout=30)
+
+    names = uris("raw")
+    raws = [RawSession(cluster.proxy_address) for _ in range(2)]
+    of_queue: dict[tuple[int, int], str] = {}
+    for s, raw in enumerate(raws):
+        for n, u in enumerate(names[s * 6:(s + 1) * 6], start=1):
+            raw.send(pb.Frame(open_queue=pb.OpenQueue(request_id=n, queue_id=n, uri=u, read=True,
+                                                      columnar_push=True)))
+            assert raw.recv("open_queue_response").open_queue_response.status.code == ResultCode.SUCCESS
+            of_queue[(s, n)] = u
+    produce(names)
+    for s, raw in enumerate(raws):
+        got: dict[str, list[bytes]] = {}
+        spanning = 0
+        while sum(map(len, got.values())) < 18:
+            push = raw.recv("push_columns", timeout_s=30).push_columns
+            table = columns.decode_push(push.arrow_ipc)
+            assert not isinstance(table, str)
+            ids = list(push.range_queue_ids) or [push.queue_id] * len(push.seq_counts)
+            spanning += len(set(ids)) > 1
+            payloads, seqs, row = table["payload"].to_pylist(), table["seq"].to_pylist(), 0
+            for queue_id, start, count in zip(ids, push.seq_starts, push.seq_counts):
+                assert (s, queue_id) in of_queue, (s, queue_id)   # only this session's queues
+                assert seqs[row:row + count] == list(range(start, start + count))
+                got.setdefault(of_queue[(s, queue_id)], []).extend(payloads[row:row + count])
+                row += count
+            assert row == table.num_rows == push.count
+        assert got == {u: [b"%s/%d" % (u.encode(), n) for n in range(3)] for u in names[s * 6:(s + 1) * 6]}
+        assert spanning >= 1
+        raw.close()
+
+    names = uris("sdk")
+    with Session([cluster.proxy_address]) as one, Session([cluster.proxy_address]) as two:
+        consumers = [(one if i < 6 else two).open_queue(u, read=True) for i, u in enumerate(names)]
+        produce(names)
+        for u, consumer in zip(names, consumers):
+            got = [consumer.get(timeout_s=30) for _ in range(3)]
+            assert [m.payload if m else None for m in got] == [b"%s/%d" % (u.encode(), n) for n in range(3)]
+            assert all(m.queue_uri == u for m in got if m)
+            for m in got:
+                if m:
+                    consumer.confirm(m)
+            assert consumer.get(timeout_s=0.2) is None
+
+
 def test_a_put_frame_whose_header_names_other_guids_is_refused_by_the_header(cluster):
     """Relays trust a PUT frame's header; the primary checks it against the
     rows and refuses the frame, answering with the header's GUIDs (what the

@@ -206,10 +206,11 @@ def test_relay_rejects_server_frames_from_clients_and_reused_queue_ids():
 
 
 class FakeLink:
-    def __init__(self, columnar=(), broadcast=()):
+    def __init__(self, columnar=(), broadcast=(), push_groups=None):
         self.frames = []
         self.columnar = set(columnar)
         self.broadcast = set(broadcast)
+        self.push_groups = dict(push_groups or {})
 
     def send(self, frame):
         self.frames.append(frame)
@@ -240,15 +241,21 @@ def test_a_run_of_pushes_to_a_columnar_consumer_goes_as_one_arrow_frame_and_rela
     few = [StoredMessage(g(100 + i), 100 + i, b"f") for i in range(COLUMNAR_RUN_MIN - 1)]
     send_pushes([((link, 1), m) for m in run] + [((link, 2), m) for m in run[:2]] + [((link, 1), m) for m in few])
     kinds = [f.WhichOneof("body") for f in link.frames]
-    assert kinds == ["push_columns", "push"]   # queue 2 does not take columns; a short run goes as messages
-    frame = link.frames[0].push_columns
+    assert kinds == ["push", "push_columns"]   # queue 2 does not take columns: messages
+    assert [(m.queue_id, m.guid) for m in link.frames[0].push.messages] == [(2, run[0].guid), (2, run[1].guid)]
+    frame = link.frames[1].push_columns   # queue 1's pushes, all of them
     table = columns.decode_push(frame.arrow_ipc)
-    assert frame.queue_id == 1 and frame.count == table.num_rows == len(run)
-    assert table["guid"].to_pylist() == [m.guid for m in run] and table["seq"].to_pylist() == list(range(len(run)))
+    assert frame.queue_id == 1 and frame.count == table.num_rows == len(run) + len(few)
+    assert table["guid"].to_pylist() == [m.guid for m in run + few]
+    assert table["seq"].to_pylist() == [m.seq for m in run + few]
     assert table["properties"].to_pylist()[1] == [("n", "1")] and table["properties"].to_pylist()[0] is None
-    assert (list(frame.seq_starts), list(frame.seq_counts)) == ([0], [len(run)])   # the header relays read
-    assert [(m.queue_id, m.guid) for m in link.frames[1].push.messages] == \
-        [(2, run[0].guid), (2, run[1].guid)] + [(1, m.guid) for m in few]
+    assert (list(frame.seq_starts), list(frame.seq_counts)) == ([0, 100], [len(run), len(few)])   # what relays read
+    assert not frame.range_queue_ids   # one queue
+    link.frames.clear()
+    send_pushes([((link, 1), m) for m in few])   # too few for a frame
+    assert [(m.queue_id, m.guid) for m in link.frames[0].push.messages] == [(1, m.guid) for m in few]
+    frame.count = len(run)   # (the relay below checks the header only)
+    del frame.seq_starts[1:], frame.seq_counts[1:]
 
     relay = Relay()
     (_, up), = relay.from_downstream("A", open_frame(7, 1, read=True, write=False))
@@ -536,3 +543,62 @@ def test_after_failover_a_frame_spanning_queues_waits_for_all_their_reopens_and_
     assert [f.WhichOneof("body") for _, f in out] == ["put_columns", "put"]
     assert out[0][1].put_columns.guids == guids and upstream_puts(out[1:]) == [g(3)]
     assert relay.from_downstream("A", put(1, g(4))) != []     # nothing waits any more: it goes at once
+
+
+def test_pushes_to_queues_of_one_session_go_as_one_frame_whose_ranges_the_relay_rewrites():
+    """The primary spans a link's columnar pushes of one push group (the
+    session below a relay) in one PushColumns frame; the relay names a group
+    per session and rewrites each range's id. A frame whose ranges end at
+    sessions below different links (a primary that does not group) is split
+    by rows; a range of a queue gone meanwhile goes with id 0."""
+    from primary.dispatcher import StoredMessage
+    from primary.partition import COLUMNAR_RUN_MIN, send_pushes
+    from protocol import columns
+
+    relay = Relay()
+    ups: dict[tuple[str, int], pb.OpenQueue] = {}
+    for link, qid in (("A", 1), ("A", 2), ("B", 1)):
+        (_, up), = relay.from_downstream(link, open_frame(qid, qid, read=True, write=False))
+        opened(relay, up)
+        ups[(link, qid)] = up.open_queue
+    assert ups[("A", 1)].push_group == ups[("A", 2)].push_group != ups[("B", 1)].push_group
+    a1, a2, b1 = (ups[k].queue_id for k in (("A", 1), ("A", 2), ("B", 1)))
+
+    # The primary's side: pushes of A's two queues (interleaved) and B's, over the relay's one link.
+    upstream = FakeLink(columnar={a1, a2, b1}, push_groups={q: ups[k].push_group for k, q in (
+        (("A", 1), a1), (("A", 2), a2), (("B", 1), b1))})
+    n = COLUMNAR_RUN_MIN
+    pushes = [((upstream, a1 if i % 2 else a2), StoredMessage(g(i), 100 + i, b"p%d" % i)) for i in range(n)]
+    pushes += [((upstream, b1), StoredMessage(g(50 + i), 200 + i, b"b%d" % i)) for i in range(n)]
+    send_pushes(pushes)
+    to_a, to_b = (f.push_columns for f in upstream.frames)
+    assert list(to_a.range_queue_ids) == [a2, a1] * (n // 2) and to_a.count == n
+    assert list(zip(to_a.seq_starts, to_a.seq_counts)) == [(100 + i, 1) for i in range(n)]
+    assert not to_b.range_queue_ids and to_b.queue_id == b1 and list(to_b.seq_starts) == [200]
+
+    (dest, down), = relay.from_upstream(pb.Frame(push_columns=to_a))
+    assert dest == "A" and list(down.push_columns.range_queue_ids) == [2, 1] * (n // 2)
+    assert down.push_columns.queue_id == 2 and down.push_columns.arrow_ipc == to_a.arrow_ipc   # bytes as they came
+    assert relay.unconfirmed_count == n
+
+    # Not grouped: A's and B's rows in one frame, split by rows.
+    mixed = [((upstream, q), StoredMessage(g(70 + i), 300 + i, b"m%d" % i)) for i, q in enumerate([a1, b1] * n)]
+    upstream.frames.clear()
+    upstream.push_groups.clear()
+    send_pushes(mixed)
+    (frame,) = upstream.frames
+    out = dict(relay.from_upstream(frame))
+    assert set(out) == {"A", "B"} and relay.unconfirmed_count == 3 * n
+    for link, qid, first in (("A", 1, 0), ("B", 1, 1)):
+        part = out[link].push_columns
+        table = columns.decode_push(part.arrow_ipc)
+        assert set(part.range_queue_ids) == {qid} and part.count == table.num_rows == n
+        assert table["payload"].to_pylist() == [b"m%d" % i for i in range(first, 2 * n, 2)]
+        assert list(part.seq_starts) == table["seq"].to_pylist() == [300 + i for i in range(first, 2 * n, 2)]
+
+    # A's queue 2 closed: its ranges go down with id 0, the others as they are.
+    relay.from_downstream("A", pb.Frame(close_queue=pb.CloseQueue(request_id=9, queue_id=2)))
+    relay._forget_route(a2)
+    (dest, down), = relay.from_upstream(pb.Frame(push_columns=to_a))
+    assert dest == "A" and list(down.push_columns.range_queue_ids) == [0, 1] * (n // 2)
+    assert down.push_columns.queue_id == 1
