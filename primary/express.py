@@ -40,6 +40,7 @@ Not thread safe: the partition serialises access (`Partition._decisions_lock`).
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, cast
@@ -336,9 +337,12 @@ class Reconciler:
     checked in a few vectorised operations per run; only the rest (a
     disagreement, a row never decided here) take the per-row path."""
 
+    compact_min = 1024   # runs that left before the list drops them (amortised O(1) a run)
+
     def __init__(self, decisions_max: int = DECISIONS_MAX):
         self.decisions_max = decisions_max
-        self._runs: list[_Run] = []          # ascending seqs
+        self._runs: list[_Run] = []          # ascending seqs; those before _head have left
+        self._head = 0
         self._rows = 0                       # rows from each run's start to its end (judged rows leave)
         self._held = 0                       # of those, decisions still waiting for their delivery row
         self.forgotten_through = -1          # decisions up to this seq were dropped for the bound
@@ -354,7 +358,7 @@ class Reconciler:
         """The express lane's decision for one committed row: the apps it
         pushed to, or None for a duplicate. Rows come in ascending seq; a row
         that follows the last one, for the same queue, joins its run."""
-        last = self._runs[-1] if self._runs else None
+        last = self._runs[-1] if len(self._runs) > self._head else None
         if last is not None and last.rows is not None and last.key is key and last.end == seq:
             last.rows.append(apps)
             last.guids.append(guid)
@@ -394,7 +398,7 @@ class Reconciler:
         self._held += count
         excess = self._rows - self.decisions_max
         while excess > 0:   # forget the oldest decisions: their rows are taken as pushed when they come
-            run = self._runs[0]
+            run = self._runs[self._head]
             a = run.start
             b = min(run.end - run.first, a + excess)
             held = run.open_rows(a, b)
@@ -410,13 +414,19 @@ class Reconciler:
         self._rows -= stop - run.start
         run.start = stop
         if run.start == run.end - run.first:
-            self._runs.pop(0)
+            # The first run leaves. Not list.pop(0): with a run per row (a
+            # queue's one row in a commit, 1,000 queues and more) there are
+            # a pipeline lag's worth of runs (10 us a pop at 150,000).
+            self._head += 1
+            if self._head >= self.compact_min and self._head * 2 >= len(self._runs):
+                del self._runs[:self._head]
+                self._head = 0
 
     def _find(self, seq: int) -> tuple[_Run, int] | None:
         """The run holding a decision still waiting for `seq`'s delivery row."""
         runs = self._runs
-        n = bisect.bisect_right(runs, seq, key=lambda r: r.first) - 1
-        if n < 0:
+        n = bisect.bisect_right(runs, seq, lo=self._head, key=lambda r: r.first) - 1
+        if n < self._head:
             return None
         run = runs[n]
         i = seq - run.first
@@ -456,11 +466,12 @@ class Reconciler:
             return []
         slow: list[np.ndarray] = []
         covered = np.zeros(count, np.bool_)
-        if self._runs and not (count > 1 and (np.diff(seqs) <= 0).any()):
+        runs = self._runs
+        if len(runs) > self._head and not (count > 1 and (np.diff(seqs) <= 0).any()):
             joined = pc.binary_join(apps, "\0")
             lo_seq, hi_seq = int(seqs[0]), int(seqs[-1])
-            first = max(0, bisect.bisect_right(self._runs, lo_seq, key=lambda r: r.first) - 1)
-            for run in self._runs[first:]:
+            first = max(self._head, bisect.bisect_right(runs, lo_seq, lo=self._head, key=lambda r: r.first) - 1)
+            for run in itertools.islice(runs, first, None):
                 if run.first > hi_seq:
                     break
                 lo = int(np.searchsorted(seqs, run.first + run.start))
@@ -500,8 +511,9 @@ class Reconciler:
         still held there got no delivery row, so the pipeline dropped it as
         a duplicate."""
         found = []
-        while self._runs and self._runs[0].first + self._runs[0].start <= seq_bound:
-            run = self._runs[0]
+        while len(self._runs) > self._head and (
+                self._runs[self._head].first + self._runs[self._head].start <= seq_bound):
+            run = self._runs[self._head]
             stop = min(run.end, seq_bound + 1) - run.first
             held = run.open_rows(run.start, stop)
             self._held -= len(held)

@@ -270,6 +270,7 @@ def _guid(seq: int) -> bytes:
 def test_runs_reconcile_as_the_per_seq_reconciler_did(schedule):
     decisions_max, steps = schedule
     runs, oracle = Reconciler(decisions_max), PerSeqReconciler(decisions_max)
+    runs.compact_min = 2   # the runs that left are dropped from the list often, not after 1,024
     for step in steps:
         if step[0] == "one":
             _, seq, key, apps = step
