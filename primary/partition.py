@@ -47,7 +47,7 @@ from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.columns import PUT_TIME, ack_columns, encode_push, encode_push_run
+from protocol.columns import PUT_TIME, ack_columns, encode_push_run, encode_push_table, push_run_table, push_table
 from protocol.properties import wire_to_maps
 from protocol.seqs import ranges as seq_ranges
 from protocol.uri import QueueUri
@@ -222,17 +222,18 @@ class DeadLetter:
 def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGES_MAX) -> None:
     """Send dispatcher output ((link, queue_id), message) in order, per link.
 
-    A `MessageRun` (a PUT frame's rows to one queue) goes as PushColumns
-    frames: its Arrow columns, which relays forward as bytes. The single
-    messages to the queues whose consumers take columnar frames
-    (`Link.columnar`, asked for in the OpenQueue) go as one PushColumns
-    frame per session they end at (`Link.push_groups`), spanning queues
-    (`range_queue_ids`), when there are `COLUMNAR_RUN_MIN` of them. The rest
-    go as PushBatch frames, where consecutive pushes of one message (same
-    GUID and delivery count) to several queues of one link travel as one
-    PushMessage with `queue_ids`: fanout apps and broadcast consumers below
-    a proxy or replica cost one copy on that link, not one per consumer.
-    Each queue's pushes keep their order."""
+    The pushes to the queues whose consumers take columnar frames
+    (`Link.columnar`, asked for in the OpenQueue) go as PushColumns frames,
+    one for the pushes of many queues of one session (`Link.push_groups`,
+    the queues' ranges in `range_queue_ids`): a `MessageRun` (a PUT frame's
+    rows) as its Arrow columns, single messages from `COLUMNAR_RUN_MIN` of
+    them. A broadcast queue's run goes as a frame of its own, once for the
+    queues of a link it goes to (their ids in the header). The rest go as
+    PushBatch frames, where consecutive pushes of one message (same GUID and
+    delivery count) to several queues of one link travel as one PushMessage
+    with `queue_ids`: fanout apps and broadcast consumers below a proxy or
+    replica cost one copy on that link, not one per consumer. Each queue's
+    pushes keep their order."""
     by_link: dict["Link", list[tuple[int, Pending]]] = {}
     for key, pending in pushes:
         link, queue_id = cast("tuple[Link, int]", key)
@@ -243,26 +244,38 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
             items.append((queue_id, pending))
     for link, items in by_link.items():
         # Each columnar push's span: its queue's push group (a broadcast
-        # queue's pushes have no seqs: a span of their own); those of spans
-        # too short for a frame go as messages.
+        # queue's single pushes have no seqs: a span of their own; its runs
+        # go as they are, below); spans too short for a frame go as messages.
         columnar, broadcast, groups = link.columnar, link.broadcast, link.push_groups
         keys: list[int | None] = [None] * len(items)
         sizes: dict[int, int] = {}
         for n, (queue_id, message) in enumerate(items):
-            if queue_id in columnar and not isinstance(message, MessageRun):
-                key = keys[n] = -1 - queue_id if queue_id in broadcast else groups.get(queue_id, 0)
-                sizes[key] = sizes.get(key, 0) + 1
+            if queue_id not in columnar:
+                continue
+            if isinstance(message, MessageRun):
+                if queue_id in broadcast:
+                    continue
+                rows = len(message)
+            else:
+                rows = 1
+            key = keys[n] = -1 - queue_id if queue_id in broadcast else groups.get(queue_id, 0)
+            sizes[key] = sizes.get(key, 0) + rows
         messages: list[pb.PushMessage] = []
-        spans: dict[int, list[tuple[int, StoredMessage]]] = {}   # span key -> its pushes, in order
+        spans: dict[int, list[tuple[int, Pending]]] = {}   # span key -> its pushes, in order
         i = 0
         while i < len(items):
             queue_id, message = items[i]
+            key = keys[i]
+            if key is not None and sizes[key] >= COLUMNAR_RUN_MIN:
+                span = spans.get(key)
+                if span is None:
+                    span = spans[key] = []
+                span.append((queue_id, message))
+                i += 1
+                continue
             if isinstance(message, MessageRun):
-                _send_push_batches(link, messages, frame_messages_max)
-                messages = []
-                _send_spans(link, spans, frame_messages_max)   # what came before it goes first
-                spans = {}
-                end = i + 1   # the same run to more queues of this link (broadcast): one copy, their ids in the header
+                # A broadcast queue's run: once for the queues of this link it goes to.
+                end = i + 1
                 while end < len(items) and items[end][1] is message:
                     end += 1
                 queue_ids = [q for q, _ in items[i:end]] if end - i > 1 else []
@@ -272,14 +285,6 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                                           encode_push_run(message.table.slice(start, count), message.delivery_count),
                                           queue_ids))
                 i = end
-                continue
-            key = keys[i]
-            if key is not None and sizes[key] >= COLUMNAR_RUN_MIN:
-                span = spans.get(key)
-                if span is None:
-                    span = spans[key] = []
-                span.append((queue_id, message))
-                i += 1
                 continue
             if messages:
                 last = messages[-1]
@@ -292,7 +297,8 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
             messages.append(_push_message(queue_id, message))
             i += 1
         _send_push_batches(link, messages, frame_messages_max)
-        _send_spans(link, spans, frame_messages_max)
+        for span in spans.values():
+            _send_span(link, span, frame_messages_max)
 
 
 def _push_message(queue_id: int, message: StoredMessage) -> pb.PushMessage:
@@ -302,44 +308,90 @@ def _push_message(queue_id: int, message: StoredMessage) -> pb.PushMessage:
                           compression=message.compression)  # type: ignore[arg-type]  # a Compression value
 
 
-def _send_spans(link: "Link", spans: dict[int, list[tuple[int, StoredMessage]]], frame_messages_max: int) -> None:
-    """Each push group's columnar pushes: PushColumns frames (spanning its
-    queues, a seq range per queue's consecutive seqs) from COLUMNAR_RUN_MIN
-    of them, else PushMessages."""
-    for rows in spans.values():
-        if len(rows) < COLUMNAR_RUN_MIN:
-            _send_push_batches(link, [_push_message(q, m) for q, m in rows], frame_messages_max)
-            continue
-        for start in range(0, len(rows), frame_messages_max):
-            chunk = rows[start:start + frame_messages_max]
-            run = [m for _, m in chunk]
-            queue_ids, starts, counts = _ranges(chunk)
-            body = _push_columns(run)
-            if len(set(queue_ids)) == 1:   # one queue: a frame of that queue
-                link.send(_push_frame(link, queue_ids[0], [m.seq for m in run], body))
-                continue
-            link.send(pb.Frame(push_columns=pb.PushColumns(
-                queue_id=queue_ids[0], count=len(run), seq_starts=starts, seq_counts=counts,
-                range_queue_ids=queue_ids, arrow_ipc=body)))
+class _SpanFrame:
+    """One PushColumns frame being built from a span's pushes: its rows'
+    tables, and its seq ranges (consecutive seqs of one queue make one)."""
 
+    def __init__(self) -> None:
+        self.parts: list[pa.Table] = []
+        self.singles: list[StoredMessage] = []
+        self.queue_ids: list[int] = []
+        self.starts: list[int] = []
+        self.counts: list[int] = []
+        self.rows = 0
+        self._next_seq = -1
 
-def _ranges(rows: list[tuple[int, StoredMessage]]) -> tuple[list[int], list[int], list[int]]:
-    """Pushes as ranges of one queue's consecutive seqs, in order: (queue
-    ids, first seqs, counts)."""
-    queue_ids: list[int] = []
-    starts: list[int] = []
-    counts: list[int] = []
-    last_queue, next_seq = -1, -1
-    for queue_id, message in rows:
-        if queue_id == last_queue and message.seq == next_seq:
-            counts[-1] += 1
+    def _range(self, queue_id: int, seqs: list[int]) -> None:
+        """The ranges extended by `seqs` (ascending) of `queue_id`."""
+        if len(seqs) > 1 and seqs[-1] - seqs[0] == len(seqs) - 1:
+            pieces = [(seqs[0], len(seqs))]   # consecutive (a run's rows, as a rule)
         else:
-            queue_ids.append(queue_id)
-            starts.append(message.seq)
-            counts.append(1)
-            last_queue = queue_id
-        next_seq = message.seq + 1
-    return queue_ids, starts, counts
+            pieces = [(seq, 1) for seq in seqs]
+        for first, count in pieces:
+            if self.queue_ids and self.queue_ids[-1] == queue_id and first == self._next_seq:
+                self.counts[-1] += count
+            else:
+                self.queue_ids.append(queue_id)
+                self.starts.append(first)
+                self.counts.append(count)
+            self._next_seq = first + count
+
+    def add(self, queue_id: int, message: StoredMessage) -> None:
+        self.singles.append(message)
+        self._range(queue_id, [message.seq])
+        self.rows += 1
+
+    def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
+        self._flush_singles()
+        self.parts.append(push_run_table(run.table.slice(start, count), run.delivery_count))
+        self._range(queue_id, run.seqs[start:start + count])
+        self.rows += count
+
+    def _flush_singles(self) -> None:
+        if self.singles:
+            self.parts.append(_push_table(self.singles))
+            self.singles = []
+
+    def send(self, link: "Link") -> None:
+        self._flush_singles()
+        body = encode_push_table(self.parts[0] if len(self.parts) == 1 else pa.concat_tables(self.parts))
+        one_queue = all(q == self.queue_ids[0] for q in self.queue_ids)
+        if self.queue_ids[0] in link.broadcast:   # (a span of its own) no seqs: nothing to confirm
+            frame = pb.PushColumns(queue_id=self.queue_ids[0], count=self.rows, arrow_ipc=body)
+        else:
+            frame = pb.PushColumns(queue_id=self.queue_ids[0], count=self.rows, seq_starts=self.starts,
+                                   seq_counts=self.counts, range_queue_ids=[] if one_queue else self.queue_ids,
+                                   arrow_ipc=body)
+        link.send(pb.Frame(push_columns=frame))
+
+
+def _send_span(link: "Link", span: list[tuple[int, Pending]], frame_messages_max: int) -> None:
+    """A span's pushes (of one push group, in order) as PushColumns frames
+    of at most `frame_messages_max` rows, or, fewer than COLUMNAR_RUN_MIN
+    (what is left of a span after a broadcast run), as PushMessages."""
+    if sum(len(m) if isinstance(m, MessageRun) else 1 for _, m in span) < COLUMNAR_RUN_MIN:
+        _send_push_batches(link, [_push_message(q, one) for q, m in span
+                                  for one in (m.messages() if isinstance(m, MessageRun) else [m])],
+                           frame_messages_max)
+        return
+    frame = _SpanFrame()
+    for queue_id, message in span:
+        if not isinstance(message, MessageRun):
+            frame.add(queue_id, message)
+            if frame.rows == frame_messages_max:
+                frame.send(link)
+                frame = _SpanFrame()
+            continue
+        start = 0
+        while start < len(message):
+            count = min(len(message) - start, frame_messages_max - frame.rows)
+            frame.add_run(queue_id, message, start, count)
+            start += count
+            if frame.rows == frame_messages_max:
+                frame.send(link)
+                frame = _SpanFrame()
+    if frame.rows:
+        frame.send(link)
 
 
 def _send_push_batches(link: "Link", messages: list[pb.PushMessage], frame_messages_max: int) -> None:
@@ -356,10 +408,10 @@ def _push_frame(link: "Link", queue_id: int, seqs: list[int], arrow_ipc: bytes,
                                                 seq_starts=starts, seq_counts=counts, arrow_ipc=arrow_ipc))
 
 
-def _push_columns(run: list[StoredMessage]) -> bytes:
-    """A PushColumns body: the messages' columns, properties as the tables' maps."""
+def _push_table(run: list[StoredMessage]) -> pa.Table:
+    """PUSH rows of these messages: their columns, properties as the tables' maps."""
     maps = [m.property_maps for m in run]
-    return encode_push(
+    return push_table(
         [m.guid for m in run], [m.seq for m in run], [m.payload for m in run],
         [v for v, _ in maps], [t for _, t in maps], [m.put_time_us for m in run],
         [m.delivery_count for m in run], [m.compression for m in run])

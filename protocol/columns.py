@@ -107,32 +107,44 @@ def encode_puts(messages: Sequence[PutRow]) -> bytes:
     return _ipc(PUT_SCHEMA, table)
 
 
-def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
-                properties: list[list[tuple[str, str]] | None], property_types: list[list[tuple[str, str]] | None],
-                put_times_us: list[int], delivery_counts: list[int], compressions: list[int]) -> bytes:
-    """One PushColumns body from per-column lists (one entry per message)."""
-    batch = pa.record_batch([
+def push_table(guids: list[bytes], seqs: list[int], payloads: list[bytes],
+               properties: list[list[tuple[str, str]] | None], property_types: list[list[tuple[str, str]] | None],
+               put_times_us: list[int], delivery_counts: list[int], compressions: list[int]) -> pa.Table:
+    """PUSH rows (`PUSH_SCHEMA`) from per-column lists (one entry per message)."""
+    return pa.Table.from_arrays([
         pa.array(guids, pa.binary()), pa.array(seqs, pa.int64()), pa.array(payloads, pa.binary()),
         pa.array(properties, PROPERTY_MAP), pa.array(property_types, PROPERTY_MAP),
         pa.array(put_times_us, pa.int64()), pa.array(delivery_counts, pa.int32()),
         pa.array(compressions, pa.int8()),
     ], schema=PUSH_SCHEMA)
-    return _ipc(PUSH_SCHEMA, batch)
+
+
+def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
+                properties: list[list[tuple[str, str]] | None], property_types: list[list[tuple[str, str]] | None],
+                put_times_us: list[int], delivery_counts: list[int], compressions: list[int]) -> bytes:
+    """One PushColumns body from per-column lists (one entry per message)."""
+    return _ipc(PUSH_SCHEMA, push_table(guids, seqs, payloads, properties, property_types, put_times_us,
+                                        delivery_counts, compressions))
 
 
 def encode_push_table(table: pa.Table) -> bytes:
-    """One PushColumns body from rows of decoded ones (`PUSH_SCHEMA`)."""
+    """One PushColumns body from PUSH rows (`PUSH_SCHEMA`)."""
     return _ipc(PUSH_SCHEMA, table)
 
 
-def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
-    """One PushColumns body from a run's columns (`PUSH_SCHEMA` but the
-    delivery count, which is the run's): the rows' buffers are written as
-    they are, with no Python object per row."""
+def push_run_table(table: pa.Table, delivery_count: int) -> pa.Table:
+    """PUSH rows (`PUSH_SCHEMA`) from a run's columns (all of them but the
+    delivery count, which is the run's): the rows' buffers as they are, with
+    no Python object per row."""
     count = table.num_rows
     columns = [pa.array(np.full(count, delivery_count, np.int32)) if name == "delivery_count" else table[name]
                for name in PUSH_SCHEMA.names]
-    return _ipc(PUSH_SCHEMA, pa.Table.from_arrays(columns, schema=PUSH_SCHEMA))
+    return pa.Table.from_arrays(columns, schema=PUSH_SCHEMA)
+
+
+def encode_push_run(table: pa.Table, delivery_count: int) -> bytes:
+    """One PushColumns body from a run's columns (`push_run_table`)."""
+    return _ipc(PUSH_SCHEMA, push_run_table(table, delivery_count))
 
 
 def ack_columns(queue_id: int, guids: bytes, code: ResultCode, text: str,

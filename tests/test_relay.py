@@ -1,5 +1,7 @@
 """The relay every forwarding hop shares: id mapping and the retransmission buffer."""
 
+import pyarrow as pa
+
 from protocol import ResultCode, pb
 from protocol.retransmit import RetransmissionLimits
 from replicas.relay import UPSTREAM, Relay
@@ -602,3 +604,44 @@ def test_pushes_to_queues_of_one_session_go_as_one_frame_whose_ranges_the_relay_
     (dest, down), = relay.from_upstream(pb.Frame(push_columns=to_a))
     assert dest == "A" and list(down.push_columns.range_queue_ids) == [0, 1] * (n // 2)
     assert down.push_columns.queue_id == 1
+
+
+def test_runs_and_single_pushes_of_one_session_share_frames_in_order_cut_at_the_frame_maximum():
+    """A PUT frame's rows to a queue (a MessageRun) join the span of their
+    session with single pushes to other queues: one frame, each queue's rows
+    in order, its seq ranges merged where they are consecutive; a frame holds
+    at most `frame_messages_max` rows, so a run may be cut across two."""
+    from primary.dispatcher import StoredMessage
+    from primary.partition import push_run, send_pushes
+    from protocol import columns
+
+    def run(queue: int, first: int, count: int):
+        rows = pa.table({"guid": pa.array([g(first + i) for i in range(count)], pa.binary()),
+                         "payload": pa.array([b"r%d" % (first + i) for i in range(count)]),
+                         "properties": pa.array([None] * count, columns.PROPERTY_MAP),
+                         "property_types": pa.array([None] * count, columns.PROPERTY_MAP),
+                         "compression": pa.array([None] * count, pa.string()),
+                         "put_time_us": pa.array([7] * count, pa.int64())})
+        r = push_run(rows, list(range(first, first + count)))
+        r.delivery_count = 1
+        return r
+
+    link = FakeLink(columnar={1, 2, 3}, push_groups={1: 4, 2: 4, 3: 4})
+    single = StoredMessage(g(30), 30, b"s30", delivery_count=2)
+    pushes = [((link, 1), run(1, 0, 6)), ((link, 2), single), ((link, 1), run(1, 6, 3)), ((link, 3), run(3, 40, 5))]
+    send_pushes(pushes, frame_messages_max=10)
+    first, second = (f.push_columns for f in link.frames)
+    assert list(zip(first.range_queue_ids, first.seq_starts, first.seq_counts)) == [(1, 0, 6), (2, 30, 1), (1, 6, 3)]
+    assert not second.range_queue_ids and second.queue_id == 3   # one queue: a frame of that queue
+    assert (list(second.seq_starts), list(second.seq_counts)) == ([40], [5])
+    assert first.count == 10 and second.count == 5   # 6 + 1 + 3 = 10: the last run of queue 3 starts a frame
+    table = columns.decode_push(first.arrow_ipc)
+    assert table["payload"].to_pylist() == [b"r%d" % i for i in range(6)] + [b"s30"] + [b"r%d" % i for i in (6, 7, 8)]
+    assert table["delivery_count"].to_pylist() == [1] * 6 + [2] + [1] * 3
+    assert table["put_time_us"].to_pylist()[0] == 7
+
+    link.frames.clear()   # a run cut across two frames
+    send_pushes([((link, 1), run(1, 100, 12)), ((link, 2), StoredMessage(g(31), 31, b"s31"))], frame_messages_max=10)
+    first, second = (f.push_columns for f in link.frames)
+    assert (first.count, list(first.seq_starts), list(first.seq_counts)) == (10, [100], [10])
+    assert list(zip(second.range_queue_ids, second.seq_starts, second.seq_counts)) == [(1, 110, 2), (2, 31, 1)]
