@@ -274,7 +274,14 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                 i += 1
                 continue
             if isinstance(message, MessageRun):
-                # A broadcast queue's run: once for the queues of this link it goes to.
+                # A broadcast queue's run (once for the queues of this link it
+                # goes to), or a run too short to join a span: a frame of its
+                # own, after everything before it (each queue's order).
+                _send_push_batches(link, messages, frame_messages_max)
+                messages = []
+                for span in spans.values():
+                    _send_span(link, span, frame_messages_max)
+                spans = {}
                 end = i + 1
                 while end < len(items) and items[end][1] is message:
                     end += 1
@@ -368,7 +375,7 @@ class _SpanFrame:
 def _send_span(link: "Link", span: list[tuple[int, Pending]], frame_messages_max: int) -> None:
     """A span's pushes (of one push group, in order) as PushColumns frames
     of at most `frame_messages_max` rows, or, fewer than COLUMNAR_RUN_MIN
-    (what is left of a span after a broadcast run), as PushMessages."""
+    (a span sent ahead of a run that goes on its own), as PushMessages."""
     if sum(len(m) if isinstance(m, MessageRun) else 1 for _, m in span) < COLUMNAR_RUN_MIN:
         _send_push_batches(link, [_push_message(q, one) for q, m in span
                                   for one in (m.messages() if isinstance(m, MessageRun) else [m])],

@@ -645,3 +645,22 @@ def test_runs_and_single_pushes_of_one_session_share_frames_in_order_cut_at_the_
     first, second = (f.push_columns for f in link.frames)
     assert (first.count, list(first.seq_starts), list(first.seq_counts)) == (10, [100], [10])
     assert list(zip(second.range_queue_ids, second.seq_starts, second.seq_counts)) == [(1, 110, 2), (2, 31, 1)]
+
+
+def test_a_short_run_after_single_pushes_of_its_queue_goes_after_them():
+    """Too few pushes for a span (a single and a run of three, cut by a
+    consumer's room): the single goes as a PushMessage and the run as a
+    frame of its own, in that order."""
+    from primary.dispatcher import StoredMessage
+    from primary.partition import push_run, send_pushes
+    from protocol import columns
+
+    rows = pa.table({"guid": pa.array([g(i) for i in (6, 7, 8)], pa.binary()), "payload": pa.array([b"r"] * 3),
+                     "properties": pa.array([None] * 3, columns.PROPERTY_MAP),
+                     "property_types": pa.array([None] * 3, columns.PROPERTY_MAP),
+                     "compression": pa.array([None] * 3, pa.string())})
+    link = FakeLink(columnar={1})
+    send_pushes([((link, 1), StoredMessage(g(5), 5, b"s")), ((link, 1), push_run(rows, [6, 7, 8], 1))])
+    assert [f.WhichOneof("body") for f in link.frames] == ["push", "push_columns"]
+    assert [m.sequence for m in link.frames[0].push.messages] == [5]
+    assert list(link.frames[1].push_columns.seq_starts) == [6] and link.frames[1].push_columns.count == 3
