@@ -807,7 +807,7 @@ class Partition:
             # its apps do not subscribe and it has COLUMNAR_RUN_MIN rows;
             # other rows one by one (the same outcome, cheaper for a few).
             offset = 0
-            values: list[list[Any]] | None = None
+            built: _MessageBuilder | None = None
             for state, count in b.runs:
                 if not state.express:
                     row += count
@@ -815,26 +815,22 @@ class Partition:
                     table = b.table if count == b.table.num_rows else b.table.slice(offset, count)
                     row = self._express_frame(targets, state, table, first_seq, row, duplicates, now_us)
                 else:
-                    if values is None:
-                        values = _row_values(b.table)
-                    row = self._express_rows(targets, state, values, offset, count, first_seq, row, duplicates,
+                    if built is None:
+                        built = _MessageBuilder.of_frame(b.table)
+                    row = self._express_rows(targets, state, built, offset, count, first_seq, row, duplicates,
                                              now_us)
                 offset += count
         return targets
 
-    def _express_rows(self, targets: Targets, state: QueueState, values: list[list[Any]], offset: int,
+    def _express_rows(self, targets: Targets, state: QueueState, built: _MessageBuilder, offset: int,
                       count: int, first_seq: int, row: int, duplicates: list[bool], now_us: int) -> int:
         """The express lane row by row for `count` rows of one queue, from
-        `offset` of a frame (its columns as `_row_values`) and `row` of the
+        `offset` of a frame (`built` from its columns) and `row` of the
         commit. Returns the next row."""
         ttl_ms = state.domain.message_ttl_ms
         expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
-        guids, payloads, properties, types, compressions, put_times = values
         for i in range(offset, offset + count):
-            message = StoredMessage(guids[i], first_seq + row, payloads[i], None, put_times[i] or 0,
-                                    expires_us=expires_us, compression=COMPRESSION_CODES.get(compressions[i] or "", 0),
-                                    maps=(properties[i], types[i]) if properties[i] else None)
-            self._decide_and_target(targets, state, message, duplicates[row])
+            self._decide_and_target(targets, state, built.stored(i, first_seq + row, expires_us), duplicates[row])
             row += 1
         return row
 
@@ -1061,7 +1057,7 @@ class Partition:
     def _route_rows(self, messages: pa.Table, pushes: list[tuple[QueueState, int, tuple[str, ...]]]) -> None:
         """Route PUT-log rows (`messages`, by seq) to the apps each push names."""
         by_seq = {seq: i for i, seq in enumerate(messages["seq"].to_pylist())}
-        built = _MessageBuilder(messages)
+        built = _MessageBuilder.of_log(messages)
         targets: Targets = {}
         for state, seq, apps in pushes:
             i = by_seq.get(seq)
@@ -1190,28 +1186,39 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
 
 
 class _MessageBuilder:
-    """StoredMessages from PUT-log rows (columns as `MESSAGE_COLUMNS`)."""
+    """StoredMessages from rows' columns: PUT-log rows (`MESSAGE_COLUMNS`,
+    `of_log`), or a PUT frame's rows just committed (`of_frame`: their seqs
+    and commit time are the commit's, not columns)."""
 
-    def __init__(self, rows: pa.Table):
-        self.guid, self.seq, self.payload, self.values, self.types, self.compression = (
-            rows[c].to_pylist() for c in ("guid", "seq", "payload", "properties", "property_types", "compression"))
-        self.producer = rows["producer_time"].cast(pa.int64()).to_pylist()
-        self.put_time = rows["put_time"].cast(pa.int64()).to_pylist()
+    def __init__(self, guid: list[Any], payload: list[Any], values: list[Any], types: list[Any],
+                 compression: list[Any], producer: list[Any], seq: list[Any] | None = None,
+                 put_time: list[Any] | None = None):
+        self.guid, self.payload, self.values, self.types = guid, payload, values, types
+        self.compression, self.producer, self.seq, self.put_time = compression, producer, seq, put_time
+
+    @classmethod
+    def of_log(cls, rows: pa.Table) -> "_MessageBuilder":
+        guid, payload, values, types, compression, seq = (
+            rows[c].to_pylist() for c in ("guid", "payload", "properties", "property_types", "compression", "seq"))
+        return cls(guid, payload, values, types, compression, rows["producer_time"].cast(pa.int64()).to_pylist(),
+                   seq, rows["put_time"].cast(pa.int64()).to_pylist())
+
+    @classmethod
+    def of_frame(cls, table: pa.Table) -> "_MessageBuilder":
+        guid, payload, values, types, compression = (
+            table[c].to_pylist() for c in ("guid", "payload", "properties", "property_types", "compression"))
+        producer = table[PUT_TIME].to_pylist() if PUT_TIME in table.column_names else [None] * table.num_rows
+        return cls(guid, payload, values, types, compression, producer)
 
     def message(self, i: int, ttl_ms: int) -> StoredMessage:
-        return StoredMessage(self.guid[i], self.seq[i], self.payload[i], None, self.producer[i] or 0,
-                             expires_us=self.put_time[i] + ttl_ms * 1000 if ttl_ms else 0,
+        """Row `i` of PUT-log rows, expiring `ttl_ms` after its commit."""
+        assert self.seq is not None and self.put_time is not None
+        return self.stored(i, self.seq[i], self.put_time[i] + ttl_ms * 1000 if ttl_ms else 0)
+
+    def stored(self, i: int, seq: int, expires_us: int) -> StoredMessage:
+        return StoredMessage(self.guid[i], seq, self.payload[i], None, self.producer[i] or 0, expires_us=expires_us,
                              compression=COMPRESSION_CODES.get(self.compression[i] or "", 0),
                              maps=(self.values[i], self.types[i]) if self.values[i] else None)
-
-
-def _row_values(table: pa.Table) -> list[list[Any]]:
-    """A PUT frame's columns as Python lists, for the express lane's rows
-    decided one by one: guid, payload, properties, property_types,
-    compression, producer time (None where the frame has none)."""
-    put_times = table[PUT_TIME].to_pylist() if PUT_TIME in table.column_names else [None] * table.num_rows
-    return [*(table[c].to_pylist() for c in ("guid", "payload", "properties", "property_types", "compression")),
-            put_times]
 
 
 def _columns_of(schema: pa.Schema, names: list[str]) -> pa.Schema:
