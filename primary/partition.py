@@ -329,12 +329,9 @@ class _SpanFrame:
         self._next_seq = -1
 
     def _range(self, queue_id: int, seqs: list[int]) -> None:
-        """The ranges extended by `seqs` (ascending) of `queue_id`."""
-        if len(seqs) > 1 and seqs[-1] - seqs[0] == len(seqs) - 1:
-            pieces = [(seqs[0], len(seqs))]   # consecutive (a run's rows, as a rule)
-        else:
-            pieces = [(seq, 1) for seq in seqs]
-        for first, count in pieces:
+        """The ranges extended by `seqs` (ascending) of `queue_id`; the first
+        joins the last range when it is the same queue's next seq."""
+        for first, count in zip(*seq_ranges(seqs)):
             if self.queue_ids and self.queue_ids[-1] == queue_id and first == self._next_seq:
                 self.counts[-1] += count
             else:
