@@ -189,8 +189,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions,
-                                  java_options=spark_factory.STREAMING_JAVA_OPTIONS)
+    spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
     window = config.history_window_ms
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)

@@ -54,29 +54,12 @@ def _artifact(jar_name: str) -> str:
     return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
 
 
-# For a JVM that runs the same streaming query for hours: its JIT stops at
-# C1. Spark generates and compiles the query's code again for every
-# micro-batch, and C2 kept recompiling it: in the pipeline at 10k msg/s (5 s
-# trigger), C2's compiler threads took 7.1 of the JVM's 14.7 CPU seconds in
-# 25 s (0.59 cores). With C1 only, 0.4 s of 9.0 (0.36 cores); the tasks
-# themselves, in C1's code, took 5.2 s instead of 4.2 (docs/benchmarks.md).
-STREAMING_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
-
-
-def driver_java_options(extra: tuple[str, ...] = ()) -> str:
-    """The driver JVM's options: our log4j2 configuration, then `extra`."""
-    return " ".join((f"-Dlog4j2.configurationFile={LOG4J2_FILE}", *extra))
-
-
 def session(app_name: str = "taproot", *, master: str = "local[2]",
-            shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None,
-            java_options: tuple[str, ...] = ()) -> "SparkSession":
+            shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None) -> "SparkSession":
     """Return a SparkSession with Delta Lake enabled.
 
     `shuffle_partitions` is fixed per streaming checkpoint (Spark refuses to change
     it once a checkpoint exists), so pipelines pass the value from the cluster conf.
-    `java_options` go to the driver JVM (`STREAMING_JAVA_OPTIONS` for the
-    pipeline); they apply only if this call starts the JVM.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -100,7 +83,7 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
         # pyarrow and duckdb, which overflow outside 1677-2262): every reader
         # of the tables gets the values the primary wrote.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.driver.extraJavaOptions", driver_java_options(java_options))
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE}")
         .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
         # Delta rebuilds table state with this many tasks (default 50); in local
         # mode on a few cores that alone cost seconds per micro-batch (measured:

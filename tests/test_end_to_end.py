@@ -144,24 +144,3 @@ def test_consumer_that_vanishes_has_its_messages_redelivered(cluster, via):
         assert [m.guid for m in again] == guids
         assert all(m.redelivered and m.delivery_count == 2 for m in again)
         consumer.confirm(again)
-
-
-def test_the_pipelines_jvm_runs_with_the_streaming_jit_options(cluster):
-    """The pipeline's JVM is a child of its Python process: the options of
-    `storage.spark.STREAMING_JAVA_OPTIONS` must reach its command line
-    (PySpark starts it from the session's conf)."""
-    from storage.spark import STREAMING_JAVA_OPTIONS
-    from taproot_ops.bench.cpu import process_tree
-
-    pipeline = cluster.processes["pipeline"].popen.pid
-    command_lines = []
-    for pid in process_tree(pipeline):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                command_lines.append(fh.read().split(b"\0"))
-        except OSError:
-            continue
-    jvms = [args for args in command_lines if args and args[0].endswith(b"/java")]
-    assert jvms, f"no JVM below the pipeline (pid {pipeline})"
-    for option in STREAMING_JAVA_OPTIONS:
-        assert any(option.encode() in arg for arg in jvms[0]), f"{option} not in the JVM's command line"

@@ -51,11 +51,6 @@ def _trees(roots: dict[str, int], table: dict[int, tuple[int, float]]) -> dict[s
     return trees
 
 
-def process_tree(root: int) -> list[int]:
-    """`root` and the pids of every live process below it."""
-    return _trees({"root": root}, _table()).get("root", [])
-
-
 def tree_cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
     """name -> CPU seconds of that process and its descendants."""
     table = _table()
