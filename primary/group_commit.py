@@ -28,11 +28,16 @@ class GroupPolicy:
     max_items: int
     max_bytes: int
     linger_ms: int
+    # A group of this many items does not linger: the linger lets single
+    # PUTs of many producers share a commit, and a producer's frame of this
+    # many rows is a batch already. None: always linger.
+    eager_items: int | None = None
 
     def should_commit(self, items: int, nbytes: int, oldest_wait_ms: float) -> bool:
         if items == 0:
             return False
-        return items >= self.max_items or nbytes >= self.max_bytes or oldest_wait_ms >= self.linger_ms
+        return (items >= self.max_items or nbytes >= self.max_bytes or oldest_wait_ms >= self.linger_ms
+                or (self.eager_items is not None and items >= self.eager_items))
 
 
 class GroupCommitter(Generic[T]):

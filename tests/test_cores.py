@@ -54,6 +54,10 @@ def test_group_policy():
     assert policy.should_commit(1, 10, 2)
     assert policy.should_commit(10, 10, 0)
     assert policy.should_commit(1, 1000, 0)
+    eager = GroupPolicy(max_items=1000, max_bytes=1 << 20, linger_ms=2, eager_items=256)
+    assert not eager.should_commit(255, 255 * 1024, 1)   # lingers, as without eager_items
+    assert eager.should_commit(255, 255 * 1024, 2)
+    assert eager.should_commit(256, 256 * 1024, 0)       # a frame's worth: at once
 
 
 def test_group_committer_commits_everything_and_bounds_pending():
