@@ -568,7 +568,8 @@ class Node:
             handle.partition.route(state, "", lambda d: d.broadcast_run(run))  # to the consumers, then the ACK
             return nack(ResultCode.SUCCESS, "")
         item = PendingColumns(link, req.queue_id, state, table, guids, refused)
-        if not handle.partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused)):
+        if not handle.partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),
+                                                     table.num_rows):
             item.unadmit()
             not_taken = _not_taken(handle.partition)
             nack(not_taken.code, not_taken.message)

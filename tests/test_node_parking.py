@@ -112,3 +112,62 @@ def test_a_put_reaching_a_stopping_partition_is_refused_as_such(tmp_path):
         assert ack.code == ResultCode.REFUSED and "stopping" in ack.message
     finally:
         node.stop(graceful=False)
+
+
+def test_a_columnar_frame_counts_its_rows_against_the_pending_put_bound(tmp_path):
+    """A PutColumns frame of one queue counted as one PUT against
+    `pending_puts_max` (and the group commit's sizes), so frames could pile
+    up far beyond the bound while a commit was slow. Its rows count now: with
+    room for 1,500 PUTs and the commit held, a second 1,000-row frame
+    waits and a third is refused (LIMIT_MESSAGES), nothing committed yet."""
+    import threading
+
+    import pyarrow as pa
+
+    from conf import PrimaryConfig
+    from protocol import columns
+
+    config = ClusterConfig(data_dir=str(tmp_path), domains={"d": parse_domain("d", {})},
+                           primary=PrimaryConfig(pending_puts_max=1500))
+    node = Node(config, "node1")
+    node.start("127.0.0.1:1")
+    release = threading.Event()
+    try:
+        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving partition 0")
+        partition = node.partitions[0]
+        append = partition._puts.append
+        held = threading.Event()
+
+        def slow_append(batch, *args, **kwargs):
+            held.set()
+            release.wait(30)
+            return append(batch, *args, **kwargs)
+
+        partition._puts.append = slow_append
+        link = Link("client")
+        node.open_link(link)
+        node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=uri_on(0, 1),
+                                                             write=True)))
+        assert link.next_frame(10).open_queue_response.status.code == ResultCode.SUCCESS
+
+        def frame(n: int) -> pb.Frame:
+            guids = b"".join(bytes([n]) * 8 + i.to_bytes(8, "big") for i in range(1000))
+            rows = pa.table({"guid": columns.fixed_width_binary(guids, 16), "payload": [b"x"] * 1000,
+                             "properties": pa.array([[]] * 1000, columns.PROPERTY_MAP),
+                             "property_types": pa.array([[]] * 1000, columns.PROPERTY_MAP),
+                             "compression": pa.nulls(1000, pa.string())})
+            return pb.Frame(put_columns=pb.PutColumns(queue_id=1, arrow_ipc=columns.encode(rows), guids=guids))
+
+        node.on_frame(link, frame(1))
+        assert held.wait(10)                 # the first frame is in its (held) commit
+        node.on_frame(link, frame(2))        # 1,000 waiting: within the bound
+        node.on_frame(link, frame(3))        # 2,000 would be over it
+        refused = link.next_frame(10).ack_columns
+        assert refused.guids == frame(3).put_columns.guids and refused.code == ResultCode.LIMIT_MESSAGES, refused
+        release.set()
+        acks = [link.next_frame(30).ack_columns for _ in range(2)]
+        assert [a.code for a in acks] == [ResultCode.SUCCESS] * 2
+        assert [a.guids for a in acks] == [frame(1).put_columns.guids, frame(2).put_columns.guids]
+    finally:
+        release.set()
+        node.stop(graceful=False)
