@@ -208,7 +208,12 @@ def frame_pool() -> futures.ThreadPoolExecutor:
 async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                         on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
                         on_close: Callable[[Link], None],
-                        max_outbound_bytes: int | None = None) -> AsyncIterator[pb.Frame]:
+                        max_outbound_bytes: int | None = None, inline: bool = False) -> AsyncIterator[pb.Frame]:
+    """One client stream: each frame goes to `on_frame` in order, the
+    frames the link is sent go back. Handlers run on the frame pool's
+    threads, or, `inline`, on the event loop's own thread: for handlers that
+    never block (a relay's header rewrite and a queue put), which then save
+    two thread hand-offs per frame."""
     pool = frame_pool()
     link = Link(context.peer(), max_outbound_bytes)
     last: list["futures.Future[None]"] = []
@@ -234,6 +239,9 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
     async def read() -> None:
         try:
             async for frame in request_iterator:
+                if inline:
+                    handle(frame)
+                    continue
                 last[:] = [pool.submit(handle, frame)]
                 await asyncio.wrap_future(last[0])
         except (grpc.RpcError, asyncio.CancelledError):
@@ -253,7 +261,10 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                 pool.submit(closed)
 
     loop = asyncio.get_running_loop()
-    await asyncio.wrap_future(pool.submit(on_open, link))
+    if inline:
+        on_open(link)
+    else:
+        await asyncio.wrap_future(pool.submit(on_open, link))
     # When the RPC ends, stop the response side; the request side then ends
     # too, and the reader closes the link.
     context.add_done_callback(lambda _: link.close())
