@@ -118,8 +118,8 @@ def test_a_columnar_frame_counts_its_rows_against_the_pending_put_bound(tmp_path
     """A PutColumns frame of one queue counted as one PUT against
     `pending_puts_max` (and the group commit's sizes), so frames could pile
     up far beyond the bound while a commit was slow. Its rows count now: with
-    room for 1,500 PUTs and the commit held, a second 1,000-row frame
-    waits and a third is refused (LIMIT_MESSAGES), nothing committed yet."""
+    room for 1,500 PUTs and the first frame held in its commit, a second
+    1,000-row frame waits and a third is refused (LIMIT_MESSAGES)."""
     import threading
 
     import pyarrow as pa
