@@ -119,14 +119,6 @@ def push_table(guids: list[bytes], seqs: list[int], payloads: list[bytes],
     ], schema=PUSH_SCHEMA)
 
 
-def encode_push(guids: list[bytes], seqs: list[int], payloads: list[bytes],
-                properties: list[list[tuple[str, str]] | None], property_types: list[list[tuple[str, str]] | None],
-                put_times_us: list[int], delivery_counts: list[int], compressions: list[int]) -> bytes:
-    """One PushColumns body from per-column lists (one entry per message)."""
-    return _ipc(PUSH_SCHEMA, push_table(guids, seqs, payloads, properties, property_types, put_times_us,
-                                        delivery_counts, compressions))
-
-
 def encode_push_table(table: pa.Table) -> bytes:
     """One PushColumns body from PUSH rows (`PUSH_SCHEMA`)."""
     return _ipc(PUSH_SCHEMA, table)

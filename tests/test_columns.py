@@ -59,8 +59,8 @@ def test_any_mutation_of_a_columnar_frame_decodes_or_says_why(seed, kind):
     """Fuzz: bytes from a peer never raise out of decode or check (a bit
     flip once made Arrow raise ArrowNotImplementedError, which the node
     answered as an internal error)."""
-    valid = columns.encode(batch()) if kind == "put" else columns.encode_push(
-        [b"g" * 16] * 3, [1, 2, 3], [b"p"] * 3, [None] * 3, [None] * 3, [0] * 3, [1] * 3, [0] * 3)
+    valid = columns.encode(batch()) if kind == "put" else columns.encode_push_table(columns.push_table(
+        [b"g" * 16] * 3, [1, 2, 3], [b"p"] * 3, [None] * 3, [None] * 3, [0] * 3, [1] * 3, [0] * 3))
     data = mutate(random.Random(seed), valid)
     if kind == "push":
         assert isinstance(columns.decode_push(data), (pa.Table, str))
