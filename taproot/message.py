@@ -132,13 +132,28 @@ def received_table(push: pa.Table, uri: str) -> pa.Table:
 
 def table_messages(table: pa.Table, queue: "Queue") -> list[Message]:
     """`BATCH_SCHEMA` rows as `Message`s of `queue`."""
-    data = {name: table[name].to_pylist() for name in BATCH_SCHEMA.names}
-    uri = queue.uri
-    return [Message(guid, payload, from_wire(maps_to_wire(values, types)) if values else {}, uri, count, seq,
-                    put_time_us, compression, queue)
-            for guid, seq, payload, values, types, put_time_us, count, compression in zip(
-                data["guid"], data["seq"], data["payload"], data["properties"], data["property_types"],
-                data["put_time_us"], data["delivery_count"], data["compression"])]
+    return TableRows(table).messages(queue, 0, table.num_rows)
+
+
+class TableRows:
+    """A `BATCH_SCHEMA` table's columns as Python lists, listed once: a
+    PUSH frame spanning many queues of a session gives each queue its rows
+    from these (`messages`), not a `to_pylist` per column per queue."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, table: pa.Table):
+        self.columns = [table[name].to_pylist() for name in (
+            "guid", "seq", "payload", "properties", "property_types", "put_time_us", "delivery_count",
+            "compression")]
+
+    def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
+        """Rows `start` to `start + count` as `Message`s of `queue`."""
+        uri, stop = queue.uri, start + count
+        return [Message(guid, payload, from_wire(maps_to_wire(values, types)) if values else {}, uri, delivered,
+                        seq, put_time_us, compression, queue)
+                for guid, seq, payload, values, types, put_time_us, delivered, compression in zip(
+                    *(column[start:stop] for column in self.columns))]
 
 
 def messages_table(messages: Sequence[Message]) -> pa.Table:

@@ -64,7 +64,16 @@ from taproot.compression import compress
 from taproot.core import Ack, ConnectionState, Effects, Put, QueueRecord, SessionCore
 from taproot.futures import PutFuture
 from taproot.guid import GuidGenerator
-from taproot.message import Message, MessageBatch, Rows, decompressed, messages_table, received_table, table_messages
+from taproot.message import (
+    Message,
+    MessageBatch,
+    Rows,
+    TableRows,
+    decompressed,
+    messages_table,
+    received_table,
+    table_messages,
+)
 
 __all__ = ["Ack", "Message", "MessageBatch", "PutFuture", "Queue", "Session"]
 
@@ -832,8 +841,15 @@ class Session:
             log.error("%s: a PUSH frame of %d messages could not be read: %s", runs[0][0].uri, frame.count, why)
             return  # unconfirmed: redelivered once this consumer goes
         table = received_table(push, runs[0][0].uri)
+        listed: TableRows | None = None   # the frame's columns as lists, once, for callback queues
         for q, first, count in runs:
-            self._deliver_rows(q, table.slice(first, count))
+            if q._on_message is None:
+                q._inbox.put(Rows(table.slice(first, count)))
+                continue
+            if listed is None:
+                listed = TableRows(table)
+            for message in listed.messages(q, first, count):
+                q._deliver(message)
 
     @staticmethod
     def _deliver_rows(q: "Queue", table: pa.Table) -> None:

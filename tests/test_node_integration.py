@@ -3,6 +3,7 @@ tables on a temp dir; no Spark (PUT -> ACK path and bad input)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow.compute as pc
@@ -11,7 +12,7 @@ import pytest
 from protocol import ResultCode, pb
 from storage import deltars
 from storage.tables import PartitionPaths
-from taproot import AckError, InvalidArgumentError, PostError, RefusedError, Session
+from taproot import AckError, InvalidArgumentError, Message, PostError, RefusedError, Session
 from taproot.batching import BatchPolicy
 from taproot_ops.embedded import EmbeddedCluster
 from tests.rawclient import RawSession, send_garbage
@@ -249,7 +250,8 @@ def test_pushes_to_many_queues_of_a_session_come_as_frames_spanning_them_and_to_
     PUSHes come as a PushColumns frame whose seq ranges name its queues (the
     node groups them by the session they end at, `push_group`; the proxy
     rewrites the ids and forwards the bytes), never a queue of the other
-    session. Then SDK consumers: each queue gets its messages, in order."""
+    session. Then SDK consumers, by `get` and by callback: each queue gets
+    its messages, in order."""
     from protocol import columns
 
     def uris(tag: str) -> list[str]:
@@ -304,6 +306,33 @@ def test_pushes_to_many_queues_of_a_session_come_as_frames_spanning_them_and_to_
                 if m:
                     consumer.confirm(m)
             assert consumer.get(timeout_s=0.2) is None
+
+    # Callback consumers: each queue's callback gets its own rows of the
+    # spanning frames (listed once a frame), in order, with their properties.
+    names = uris("cb")
+    got_cb: dict[str, list[tuple[bytes, int, dict[str, object]]]] = {u: [] for u in names}
+    done = threading.Event()
+
+    def on_message(message: Message) -> None:
+        got_cb[message.queue_uri].append((message.payload, message.sequence, dict(message.properties)))
+        message.confirm()
+        if sum(map(len, got_cb.values())) == 36:
+            done.set()
+
+    with Session([cluster.proxy_address]) as one, Session([cluster.proxy_address]) as two:
+        for i, u in enumerate(names):
+            (one if i < 6 else two).open_queue(u, read=True, on_message=on_message)
+        with Session([cluster.proxy_address], batch=BatchPolicy(linger_ms=100)) as session:
+            queues = [session.open_queue(u, write=True) for u in names]
+            futures = [q.post(b"%s/%d" % (u.encode(), n), properties={"n": n})
+                       for n in range(3) for u, q in zip(names, queues)]
+            for f in futures:
+                f.result(timeout=30)
+        assert done.wait(30)
+    for u in names:
+        assert [(p, props) for p, _, props in got_cb[u]] == [(b"%s/%d" % (u.encode(), n), {"n": n}) for n in range(3)]
+        seqs = [seq for _, seq, _ in got_cb[u]]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 3
 
 
 def test_a_put_frame_whose_header_names_other_guids_is_refused_by_the_header(cluster):
