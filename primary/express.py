@@ -293,17 +293,23 @@ class Delivered:
 
 
 class _Run:
-    """The express decisions for consecutive seqs of one queue, `first` to
-    `end - 1`: either one set of apps for the whole run (`rows` None; a
-    columnar frame, where only duplicates, `dups`, differ) or one entry per
-    row (`rows`). `open[i]` is 1 while row i waits for its delivery row; rows
-    before `start` have left the reconciler (judged, or forgotten)."""
+    """The express decisions for consecutive seqs, `first` to `end - 1`:
+    either one set of apps for the whole run (`rows` None; a columnar frame
+    to one queue, where only duplicates, `dups`, differ) or one entry per
+    row (`rows`), of one queue (`key`) or, once rows of several queues
+    follow each other (a commit's rows, a queue's one or two each when
+    there are thousands), of each row's own (`keys`): a run per commit, not
+    per row, so a pipeline lag's worth of decisions is a few objects for
+    the garbage collector to walk, not three a row. `open[i]` is 1 while
+    row i waits for its delivery row; rows before `start` have left the
+    reconciler (judged, or forgotten)."""
 
-    __slots__ = ("first", "end", "key", "guids", "apps", "joined", "dups", "rows", "open", "start")
+    __slots__ = ("first", "end", "key", "keys", "guids", "apps", "joined", "dups", "rows", "open", "start")
 
     def __init__(self, first: int, key: Any, guids: Any, apps: tuple[str, ...] | None,
                  dups: np.ndarray | None, rows: list[tuple[str, ...] | None] | None):
         self.first, self.end, self.key = first, first + len(guids), key
+        self.keys: list[Any] | None = None
         self.guids = guids                   # list[bytes] or an Arrow binary array, read only on a disagreement
         self.apps, self.dups, self.rows = apps, dups, rows
         self.joined = _joined(apps) if apps is not None else None
@@ -314,6 +320,9 @@ class _Run:
         if self.rows is not None:
             return self.rows[i]
         return None if self.dups is not None and self.dups[i] else self.apps
+
+    def key_of(self, i: int) -> Any:
+        return self.key if self.keys is None else self.keys[i]
 
     def guid(self, i: int) -> bytes:
         guid = self.guids[i]
@@ -357,9 +366,13 @@ class Reconciler:
     def decided(self, seq: int, key: Any, guid: bytes, apps: tuple[str, ...] | None) -> None:
         """The express lane's decision for one committed row: the apps it
         pushed to, or None for a duplicate. Rows come in ascending seq; a row
-        that follows the last one, for the same queue, joins its run."""
+        that follows the last one joins its run (whatever its queue)."""
         last = self._runs[-1] if len(self._runs) > self._head else None
-        if last is not None and last.rows is not None and last.key is key and last.end == seq:
+        if last is not None and last.rows is not None and last.end == seq:
+            if last.keys is not None:
+                last.keys.append(key)
+            elif last.key is not key:
+                last.keys = [last.key] * (last.end - last.first) + [key]
             last.rows.append(apps)
             last.guids.append(guid)
             last.open.append(1)
@@ -454,7 +467,7 @@ class Reconciler:
         kept = tuple(apps)
         late = tuple(a for a in kept if pushed is None or a not in pushed)
         self.disagreed += 1
-        return Delivered(seq, late, Disagreement(run.key, run.guid(i), seq, pushed, kept, late))
+        return Delivered(seq, late, Disagreement(run.key_of(i), run.guid(i), seq, pushed, kept, late))
 
     def delivered_rows(self, seqs: np.ndarray, apps: pa.Array, express: np.ndarray) -> list[tuple[int, Delivered]]:
         """A batch of delivery rows at once: `seqs` ascending, `apps` (a
@@ -479,11 +492,16 @@ class Reconciler:
                 if lo == hi:
                     continue
                 covered[lo:hi] = True
-                if run.rows is not None:
-                    slow.append(np.arange(lo, hi))
-                    continue
                 idx = seqs[lo:hi] - run.first
-                same = pc.equal(joined.slice(lo, hi - lo), run.joined).fill_null(False)
+                if run.rows is not None:
+                    # Each row's own decision, joined as the log's apps are
+                    # (a duplicate's None never equals: the per-row path).
+                    decisions = run.rows
+                    expected: Any = pa.array([None if (d := decisions[i]) is None else "\0".join(d)
+                                              for i in idx.tolist()], pa.string())
+                else:
+                    expected = run.joined
+                same = pc.equal(joined.slice(lo, hi - lo), expected).fill_null(False)
                 ok = np.frombuffer(run.open, np.bool_)[idx] & same.to_numpy(zero_copy_only=False)
                 if run.dups is not None:
                     ok &= ~run.dups[idx]
@@ -523,6 +541,6 @@ class Reconciler:
                     self.agreed += 1
                 else:
                     self.disagreed += 1
-                    found.append(Disagreement(run.key, run.guid(i), run.first + i, pushed, None, ()))
+                    found.append(Disagreement(run.key_of(i), run.guid(i), run.first + i, pushed, None, ()))
             self._leave(run, stop)
         return found
