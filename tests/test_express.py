@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -327,3 +328,22 @@ def test_a_frames_decision_keeps_its_guids_alive_not_the_frames_bytes():
     assert sys.getrefcount(data) == 2           # the decision does not hold the frame
     late = r.delivered(5, ("a", "b"), True)     # the pipeline kept row 5 for one more app: a disagreement
     assert late.disagreement.guid == _guid(5) and late.push_apps == ("b",)
+
+
+def test_row_decisions_of_many_queues_share_one_run_and_agree_without_the_per_row_path(monkeypatch):
+    """A commit's rows, one or two a queue (thousands of queues): one run
+    for the lot (a few objects for the garbage collector, not three a row),
+    reconciled in one batch; a disagreement still names its own queue."""
+    r = Reconciler()
+    for seq in range(100):
+        r.decided(seq, f"q{seq % 50}", _guid(seq), None if seq == 7 else ("",))
+    assert len(r._runs) == 1 and r._runs[0].keys[:3] == ["q0", "q1", "q2"]
+    seqs = np.array([s for s in range(100) if s not in (7, 42)], np.int64)
+    monkeypatch.setattr(r, "delivered", lambda *a: pytest.fail("a row that agrees took the per-row path"))
+    assert r.delivered_rows(seqs, pa.array([[""]] * len(seqs), pa.list_(pa.string())), np.ones(len(seqs), bool)) == []
+    assert r.agreed == 98 and len(r) == 2
+    monkeypatch.undo()
+    out = r.delivered_rows(np.array([42], np.int64), pa.array([["", "x"]], pa.list_(pa.string())), np.ones(1, bool))
+    assert [(i, d.disagreement.key, d.push_apps) for i, d in out] == [(0, "q42", ("x",))]
+    assert [(d.key, d.seq) for d in r.judged_through(99)] == []   # seq 7 was a duplicate, and got no row
+    assert r.agreed == 99 and r.disagreed == 1
