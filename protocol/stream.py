@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, cast
 
 import grpc
 
+from protocol import gc_tuning
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
 
@@ -318,6 +319,10 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
                 signal.signal(sig, lambda *_: stop.set())
         if on_started is not None:
             on_started(bound)
+        # This server is the process (it took the signals): its garbage
+        # collector is tuned for serving (`gc_tuning`); in a test's process
+        # it is left alone.
+        gc_watch = gc_tuning.settle_for_serving() if stop_event is None else None
         write_ready_file(ready_file, port=bound, host=host)
         # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
         # delta-rs's), and Python runs the handler only when the main thread next
@@ -325,6 +330,8 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
         while not stop.wait(0.2):
             pass
         log.info("%s stopping", role)
+        if gc_watch is not None:
+            log.info("%s: garbage collector while serving: %s", role, gc_watch.describe())
         if before_stop is not None:
             try:
                 before_stop()
