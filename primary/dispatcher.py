@@ -234,6 +234,8 @@ Dropped = tuple[StoredMessage, str, str]      # message, reason, detail
 
 
 class QueueDispatcher:
+    sole_consumer_path = True   # off: every message through `_pick` (the tests' reference)
+
     def __init__(self, *, max_delivery_attempts: int = 0, clock: Callable[[], int] | None = None) -> None:
         self.max_delivery_attempts = max_delivery_attempts
         self._clock = clock                      # microseconds, for TTL; None: TTL never checked
@@ -421,11 +423,17 @@ class QueueDispatcher:
         filtering = any(c.options.subscriptions for c in self._consumers.values())
         now = self._clock() if self._clock is not None else 0
         skipped: list[Pending] = []
+        # A sole consumer without a subscription (a queue's usual state) takes
+        # every message while it has room: what `_pick` and `_takers` would
+        # decide, without asking them per message.
+        sole = (next(iter(self._consumers.values()))
+                if self.sole_consumer_path and len(self._consumers) == 1 and not filtering else None)
         while self._pending:
-            if not any(c.has_capacity() for c in self._consumers.values()):
+            if not (sole.has_capacity() if sole is not None
+                    else any(c.has_capacity() for c in self._consumers.values())):
                 break
             message = self._pending.popleft()
-            if isinstance(message, MessageRun) and (filtering or self._takers() > 1):
+            if isinstance(message, MessageRun) and sole is None and (filtering or self._takers() > 1):
                 # Subscriptions look at each message, and round robin between
                 # consumers alternates per message: row by row then.
                 self._pending.extendleft(reversed(message.messages()))
@@ -436,7 +444,7 @@ class QueueDispatcher:
             if self.max_delivery_attempts and message.delivery_count >= self.max_delivery_attempts:
                 self._drop_all(message, REASON_ATTEMPTS, f"pushed {message.delivery_count} times, never confirmed")
                 continue
-            consumer = self._pick(message)
+            consumer = sole if sole is not None else self._pick(message)
             if consumer is None:
                 skipped.append(message)
                 if not filtering:

@@ -565,30 +565,39 @@ class Partition:
                                                       self.quota_for(uri.domain))
             return state
 
-    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list[Push]],
-              send: bool = True) -> list[Push]:
+    def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list[Push]]) -> None:
         """Run `action` on the app's dispatcher under the lock, then send its
-        pushes (or return them, with `send=False`, to a caller holding the
-        push lock) and dead-letter whatever it dropped."""
-        with self._push_lock:
-            with self.lock:
-                dispatcher = state.dispatcher(app)
-                pushes = action(dispatcher)
-                dropped = dispatcher.take_dropped()
-            if send:
-                self.on_pushes(pushes)
-        if dropped:
-            self._dead_letter(state, app, dropped)
-        return [] if send else pushes
+        pushes and dead-letter whatever it dropped."""
+        self.route_many([(state, app, action)])
 
     def route_many(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]) -> None:
         """`route` for several queues, their pushes sent together: a link's
         pushes of many queues go as frames spanning them (`send_pushes`),
         not a frame per queue."""
         with self._push_lock:
-            pushes = [push for state, app, action in calls for push in self.route(state, app, action, send=False)]
+            routed, dropped = self._dispatch_all(calls)
+            pushes = [push for pushes in routed for push in pushes]
             if pushes:
                 self.on_pushes(pushes)
+        for state, app, messages in dropped:
+            self._dead_letter(state, app, messages)
+
+    def _dispatch_all(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]
+                      ) -> tuple[list[list[Push]], list[tuple[QueueState, str, list[Dropped]]]]:
+        """Each action on its app's dispatcher, all under one hold of the
+        lock (a commit or a CONFIRM frame touches thousands of queues when
+        there are that many): each one's pushes, and what they dropped.
+        The caller holds the push lock."""
+        routed: list[list[Push]] = []
+        dropped: list[tuple[QueueState, str, list[Dropped]]] = []
+        with self.lock:
+            for state, app, action in calls:
+                dispatcher = state.dispatcher(app)
+                routed.append(action(dispatcher))
+                gone = dispatcher.take_dropped()
+                if gone:
+                    dropped.append((state, app, gone))
+        return routed, dropped
 
     def _dead_letter(self, state: QueueState, app: str, dropped: list[Dropped]) -> None:
         for message, reason, detail in dropped:
@@ -1071,8 +1080,9 @@ class Partition:
         app's own order kept): a message going to several apps below one link
         then goes down that link once (`send_pushes`)."""
         with self._push_lock:
-            routed = [self.route(state, app, functools.partial(QueueDispatcher.add_messages, messages=messages),
-                                 send=False) for (state, app), messages in targets.items()]
+            routed, dropped = self._dispatch_all(
+                (state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))
+                for (state, app), messages in targets.items())
             routed = [pushes for pushes in routed if pushes]
             if len(routed) == 1:
                 self.on_pushes(routed[0])
@@ -1081,6 +1091,8 @@ class Partition:
                 # apps' order), in C: heapq.merge over 10,000 queues' lists was 17%
                 # of a node's Python time.
                 self.on_pushes(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
+        for state, app, messages in dropped:
+            self._dead_letter(state, app, messages)
 
     def _put_rows(self, table: DeltaTable, seqs: list[int]) -> pa.Table:
         """PUT-log rows by seq (the delivery log has no payloads). The seq

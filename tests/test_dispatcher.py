@@ -304,9 +304,12 @@ def test_runs_dispatch_as_messages_do(schedule):
     same order with the same delivery counts, the same confirmed, dropped and
     left pending (a run goes whole only to a sole taker; with several it is
     dispatched row by row, as round robin alternates per message); every
-    window respected, and no message lost or held twice."""
+    window respected, and no message lost or held twice. The oracle picks
+    a consumer per message even when there is one (`sole_consumer_path`
+    off)."""
     consumers, attempts, steps = schedule
     dispatchers = {name: QueueDispatcher(max_delivery_attempts=attempts) for name in ("oracle", "runs")}
+    dispatchers["oracle"].sole_consumer_path = False   # every message through `_pick`
     pushed: dict[str, list[tuple[object, int, int]]] = {name: [] for name in dispatchers}
     confirmed: dict[str, list[int]] = {name: [] for name in dispatchers}
     dropped: dict[str, list[int]] = {name: [] for name in dispatchers}
