@@ -3,9 +3,10 @@
 With the interpreter's defaults (a young collection every 700 net
 allocations, older generations scanned as their survivors pile up) the node
 spent 10% of its CPU in collections with one queue and a third of it with
-10,000 queues, in full collections of 36 ms (one queue) to 205 ms (10,000
-queues) each, every thread stopped meanwhile (`docs/benchmarks.md`, the
-garbage collector). A message's objects live from its PUT to its CONFIRM,
+10,000 queues (per-message PUTs, `taproot bench --scenario queues`): full
+collections of 36 ms of CPU on average with one queue, up to 205 ms with
+10,000, every thread of the node stopped meanwhile (`docs/benchmarks.md`,
+"The garbage collector"). A message's objects live from its PUT to its CONFIRM,
 milliseconds to seconds: at 700 allocations they survived two young
 collections and were promoted, and the old generation then filled up with
 objects that were about to die anyway, and scanned everything, the
