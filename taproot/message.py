@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -136,24 +136,28 @@ def table_messages(table: pa.Table, queue: "Queue") -> list[Message]:
 
 
 class TableRows:
-    """A `BATCH_SCHEMA` table's columns as Python lists, listed once: a
-    PUSH frame spanning many queues of a session gives each queue its rows
-    from these (`messages`), not a `to_pylist` per column per queue."""
+    """A `BATCH_SCHEMA` table, its columns listed as Python lists once, when
+    first needed: a PUSH frame spanning many queues of a session (or going
+    to several of its broadcast consumers) gives each callback queue its
+    rows from these (`messages`), not a `to_pylist` per column per queue."""
 
-    __slots__ = ("columns",)
+    __slots__ = ("table", "_columns")
 
     def __init__(self, table: pa.Table):
-        self.columns = [table[name].to_pylist() for name in (
-            "guid", "seq", "payload", "properties", "property_types", "put_time_us", "delivery_count",
-            "compression")]
+        self.table = table
+        self._columns: list[list[Any]] | None = None
 
     def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
         """Rows `start` to `start + count` as `Message`s of `queue`."""
+        if self._columns is None:
+            self._columns = [self.table[name].to_pylist() for name in (
+                "guid", "seq", "payload", "properties", "property_types", "put_time_us", "delivery_count",
+                "compression")]
         uri, stop = queue.uri, start + count
         return [Message(guid, payload, from_wire(maps_to_wire(values, types)) if values else {}, uri, delivered,
                         seq, put_time_us, compression, queue)
                 for guid, seq, payload, values, types, put_time_us, delivered, compression in zip(
-                    *(column[start:stop] for column in self.columns))]
+                    *(column[start:stop] for column in self._columns))]
 
 
 def messages_table(messages: Sequence[Message]) -> pa.Table:

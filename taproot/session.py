@@ -813,9 +813,9 @@ class Session:
         if isinstance(push, str):
             log.error("%s: a PUSH frame of %d messages could not be read: %s", targets[0].uri, frame.count, push)
             return  # unconfirmed: redelivered once this consumer goes
-        table = received_table(push, targets[0].uri)   # decompressed once, whatever the targets
+        rows = TableRows(received_table(push, targets[0].uri))   # decompressed and listed once, whatever the targets
         for q in targets:
-            self._deliver_rows(q, table)
+            self._deliver_rows(q, rows, 0, push.num_rows)
 
     def _deliver_span(self, frame: pb.PushColumns) -> None:
         """A columnar PUSH frame spanning queues of this session: seq range i
@@ -840,23 +840,18 @@ class Session:
             why = push if isinstance(push, str) else f"{push.num_rows} rows, its seq ranges name {row}"
             log.error("%s: a PUSH frame of %d messages could not be read: %s", runs[0][0].uri, frame.count, why)
             return  # unconfirmed: redelivered once this consumer goes
-        table = received_table(push, runs[0][0].uri)
-        listed: TableRows | None = None   # the frame's columns as lists, once, for callback queues
+        rows = TableRows(received_table(push, runs[0][0].uri))
         for q, first, count in runs:
-            if q._on_message is None:
-                q._inbox.put(Rows(table.slice(first, count)))
-                continue
-            if listed is None:
-                listed = TableRows(table)
-            for message in listed.messages(q, first, count):
-                q._deliver(message)
+            self._deliver_rows(q, rows, first, count)
 
     @staticmethod
-    def _deliver_rows(q: "Queue", table: pa.Table) -> None:
+    def _deliver_rows(q: "Queue", rows: TableRows, first: int, count: int) -> None:
+        """Rows `first` to `first + count` to `q`: into its inbox as a slice
+        of the table, or to its callback one `Message` at a time."""
         if q._on_message is None:
-            q._inbox.put(Rows(table))
+            q._inbox.put(Rows(rows.table.slice(first, count)))
         else:
-            for message in table_messages(table, q):
+            for message in rows.messages(q, first, count):
                 q._deliver(message)
 
     def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
