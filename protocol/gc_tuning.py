@@ -50,10 +50,6 @@ class GcWatch:
         gc.callbacks.append(self._callback)
         return self
 
-    def uninstall(self) -> None:
-        if self._callback in gc.callbacks:
-            gc.callbacks.remove(self._callback)
-
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         # Runs with the GIL held, inside whatever allocation triggered the
         # collection: no locks, no logging.
