@@ -5,7 +5,8 @@ at-least-once delivery. See `taproot.session` for the API.
 
 `session.py` is the public API and its thread and gRPC shell; `core.py` is
 the session's logic, sans I/O (connection state, retransmission buffer,
-batches, requests). `import taproot` loads neither gRPC nor the session
+batches, requests); `mirror.py` posts each PUT over two or more paths
+(`MirroredSession`, RAIS's mirroring). `import taproot` loads neither gRPC nor the session
 until a name from it is used.
 
 Imports: protocol.
@@ -32,17 +33,19 @@ from taproot.errors import (
 )
 
 if TYPE_CHECKING:
+    from taproot.mirror import MirroredQueue, MirroredSession
     from taproot.session import Ack, Message, Queue, Session
 
 __all__ = [
-    "Session", "Queue", "Message", "Ack", "BatchPolicy", "ResultCode",
+    "Session", "Queue", "Message", "Ack", "MirroredSession", "MirroredQueue", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
     "TimeoutError", "PostError", "AckError",
 ]
-_LAZY = {"Session", "Queue", "Message", "Ack"}
+_LAZY = {"Session": "taproot.session", "Queue": "taproot.session", "Message": "taproot.session",
+         "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module("taproot.session"), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'taproot' has no attribute {name!r}")

@@ -141,10 +141,13 @@ class Queue:
         `compression` ("zlib" or "zstd") is a hint: payloads under 1 KiB, and
         payloads it would not shrink, go as they are. The domain's payload
         limit applies to the bytes sent."""
-        if not self.write:
-            raise errors.PostError(f"{self.uri} is not open for writing")
-        if self._closed:
-            raise errors.PostError(f"{self.uri} is closed")
+        wire_payload, wire_properties, codec = self._wire_put(payload, properties, compression)
+        return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
+
+    def _wire_put(self, payload: bytes, properties: Mapping[str, PropertyValue] | None,
+                  compression: str | None) -> tuple[bytes, list[Any], int]:
+        """A PUT checked and made ready to send: (payload, properties, codec)."""
+        self._check_writable()
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise errors.PostError(f"payload must be bytes, got {type(payload).__name__}")
         try:
@@ -155,7 +158,13 @@ class Queue:
         if self.max_payload_bytes and len(wire_payload) > self.max_payload_bytes:
             raise errors.PostError(f"payload of {len(wire_payload)} bytes exceeds the domain's "
                                    f"max_payload_bytes {self.max_payload_bytes}")
-        return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
+        return wire_payload, wire_properties, codec
+
+    def _check_writable(self) -> None:
+        if not self.write:
+            raise errors.PostError(f"{self.uri} is not open for writing")
+        if self._closed:
+            raise errors.PostError(f"{self.uri} is closed")
 
     def post_columns(self, table: "pa.Table", compression: str | None = None) -> "Future[list[bytes]]":
         """Post many messages in one columnar frame (bulk producers, replay).
@@ -166,18 +175,24 @@ class Queue:
         message gets a new GUID. The broker checks the frame as a whole; the
         future resolves to the list of GUIDs once every message is durable, or
         raises `AckError` with the code that refused them all."""
+        self._check_writable()
+        if table.num_rows == 0:
+            raise errors.PostError("no rows to post")
+        guids = self._session._guids.next_many(table.num_rows)
+        future = self._session._post_columns(self, guids, self._wire_columns(table, guids))
+        assert future is not None   # it waits for room
+        return future
+
+    def _wire_columns(self, table: "pa.Table", guids: bytes) -> bytes:
+        """A post_columns frame's Arrow IPC body, with these GUIDs (16 bytes a row)."""
         import pyarrow as pa
 
         from protocol import columns
 
-        if not self.write:
-            raise errors.PostError(f"{self.uri} is not open for writing")
-        if self._closed:
-            raise errors.PostError(f"{self.uri} is closed")
+        self._check_writable()
         n = table.num_rows
         if n == 0:
             raise errors.PostError("no rows to post")
-        guids = self._session._guids.next_many(n)
         empty = pa.array([[]] * n, columns.PROPERTY_MAP)
         full = pa.table({
             "guid": columns.fixed_width_binary(guids, GUID_LENGTH),
@@ -188,10 +203,9 @@ class Queue:
                             else pa.nulls(n, pa.string())),
         })
         try:
-            data = columns.encode(full)
+            return columns.encode(full)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise errors.PostError(f"columns do not fit the PutColumns schema: {exc}") from exc
-        return self._session._post_columns(self, guids, data)
 
     def flush(self) -> None:
         """Send any batched PUTs and CONFIRMs now instead of after the linger time."""
@@ -650,12 +664,20 @@ class Session:
 
     def _post(self, q: Queue, payload: bytes, properties: list[Any], on_ack: Callable[[PutFuture], None] | None,
               compression: int = 0) -> PutFuture:
-        guid = self._guids.next()
-        future = PutFuture(guid, on_ack)
+        future = self._put(q, payload, properties, on_ack, compression, self._guids.next(), wait=True)
+        assert future is not None
+        return future
+
+    def _put(self, q: Queue, payload: bytes, properties: list[Any], on_ack: Callable[[PutFuture], None] | None,
+             compression: int, guid: bytes, wait: bool) -> PutFuture | None:
+        """One PUT with its GUID. `wait=False` (a mirrored PUT, `taproot.mirror`):
+        None at once, and nothing kept, when it would have waited for room."""
         message = Put(guid, payload, properties, wall_time_us(), compression)
         with self._lock:
-            self._wait_for_room_locked(len(payload), 1)
+            if not self._room_locked(len(payload), 1, wait):
+                return None
             self._check_live()
+            future = PutFuture(guid, on_ack)
             refused = self._core.post(q.queue_id, message, future, self._now_ms())
             if refused is None:
                 if self._core.batched == 1:
@@ -665,18 +687,30 @@ class Session:
             future.set_exception(refused)
         return future
 
-    def _post_columns(self, q: Queue, guids: bytes, data: bytes) -> "Future[list[bytes]]":
-        future: Future[list[bytes]] = Future()
+    def _post_columns(self, q: Queue, guids: bytes, data: bytes, wait: bool = True) -> "Future[list[bytes]] | None":
+        """A post_columns frame; `wait=False` as in `_put`."""
         frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=data, guids=guids)
         count = len(guids) // GUID_LENGTH
         with self._lock:
-            self._wait_for_room_locked(len(data), count)
+            if not self._room_locked(len(data), count, wait):
+                return None
             self._check_live()
+            future: Future[list[bytes]] = Future()
             refused = self._core.post_columns(q.queue_id, frame, guids, count, future, self._now_ms())
             self._send_effects_locked()
         if refused is not None:
             future.set_exception(refused)
         return future
+
+    def _room_locked(self, nbytes: int, count: int, wait: bool) -> bool:
+        """Whether a PUT may go to the core now (which refuses it if it cannot
+        fit even an empty buffer, or it must wait while disconnected and the
+        buffer is full). Waits for room while connected, unless `wait` is False."""
+        if wait:
+            self._wait_for_room_locked(nbytes, count)
+            return True
+        core = self._core
+        return not (core.pending and core.refusal(nbytes, count) is not None and core.state.linked)
 
     def _wait_for_room_locked(self, nbytes: int, count: int) -> None:
         """Connected, a producer waits while its PUTs would not fit the

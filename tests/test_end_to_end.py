@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from protocol import ResultCode, pb
 from storage.tables import PartitionPaths
 from taproot_ops import loadgen
-from tests.conftest import wait_until
+from tests.conftest import collect, wait_until
 from tests.rawclient import RawSession
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -144,3 +144,38 @@ def test_consumer_that_vanishes_has_its_messages_redelivered(cluster, via):
         assert [m.guid for m in again] == guids
         assert all(m.redelivered and m.delivery_count == 2 for m in again)
         consumer.confirm(again)
+
+
+def test_mirrored_puts_over_the_proxy_and_the_node_are_delivered_once_in_put_order(cluster, spark):
+    """RAIS's mirroring: each PUT goes over two paths (the proxy, and the node
+    directly) with one GUID; the primary commits both copies, the GUID history
+    keeps the second from being pushed, and Spark's dedup agrees."""
+    from pyspark.sql import functions as F
+
+    from taproot import MirroredSession, Session
+
+    uri = "taproot://demo/mirrored"
+    count = 2_000
+    with Session([cluster.proxy_address]) as consumer_session, \
+            consumer_session.open_queue(uri, read=True) as consumer, \
+            MirroredSession([[cluster.proxy_address], [cluster.node_address]]) as mirrored:
+        producer = mirrored.open_queue(uri, write=True)
+        wait_until(lambda: len(producer._legs) == 2, 30, what="the queue open on both paths")
+        futures = [producer.post(b"%06d" % i) for i in range(count)]
+        producer.flush()
+        acks = [f.result(timeout=60) for f in futures]
+        assert [a.guid for a in acks] == [f.guid for f in futures]
+        received = collect(consumer, count, timeout_s=120)
+        assert [m.guid for m in received] == [f.guid for f in futures]   # once each, in PUT order
+        assert list(consumer.messages(timeout_s=2)) == []                # and never a second copy
+        assert sum(mirrored.stats.first) == count and mirrored.stats.lost == 0
+        assert mirrored.stats.skipped == [0, 0]
+
+    # Both copies are in the PUT log; the authority delivered each GUID once.
+    puts = (spark.read.format("delta").load(PartitionPaths(cluster.data_dir, 0).puts)
+            .filter(F.col("queue") == "mirrored"))
+    wait_until(lambda: puts.count() == 2 * count, 60, interval_s=1, what="both copies in the PUT log")
+    wait_until(lambda: delivery(spark, cluster).filter(F.col("queue") == "mirrored").count() >= count, 300,
+               interval_s=1, what="the pipeline's delivery rows")
+    rows = delivery(spark, cluster).filter(F.col("queue") == "mirrored")
+    assert rows.count() == count and rows.select("guid").distinct().count() == count

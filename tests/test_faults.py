@@ -44,6 +44,7 @@ FAULT_AT = 0.3        # of the messages posted
 CONSUMER_WINDOW = 1000  # max unconfirmed messages of the consumer
 FAILOVER_MAX_S = 5.0  # the longest ACK gap a fault may cause
 FREEZE_S = 8.0        # how long a frozen proxy, pipeline or link stays so
+MIRRORED_GAP_MAX_S = 1.0  # the longest ACK gap a mirrored producer may see when one of its paths goes
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +88,15 @@ class Traffic:
     put_order: list = field(default_factory=list)       # guids, in PUT order
     events: list = field(default_factory=list)
     error: BaseException | None = None
+    mirror: list | None = None      # the producer's paths (MirroredSession); the consumer uses `hosts`
 
     def __post_init__(self):
-        from taproot import Session
+        from taproot import MirroredSession, Session
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.consumer_session = Session(self.hosts, on_event=self.events.append)
-        self.producer_session = Session(self.hosts, on_event=self.events.append)
+        self.producer_session = (MirroredSession(self.mirror, on_event=self.events.append) if self.mirror
+                                 else Session(self.hosts, on_event=self.events.append))
         self.consumer_session.start()
         self.producer_session.start()
         self.consumer = self.consumer_session.open_queue(self.uri, read=True,
@@ -191,8 +194,12 @@ def confirmed_before(tree, uri: str, guids: set[bytes], wall_us: int) -> set[byt
     return guids & set(rows["guid"].to_pylist())
 
 
-def run(tree, name: str, hosts: list[str], uri: str, fault, graceful: bool) -> float:
-    traffic = Traffic(hosts, uri)
+def run(tree, name: str, hosts: list[str], uri: str, fault, graceful: bool, mirror: list | None = None,
+        seen: list | None = None) -> float:
+    """One scenario; `seen` gets the Traffic, for checks of the test's own."""
+    traffic = Traffic(hosts, uri, mirror=mirror)
+    if seen is not None:
+        seen.append(traffic)
     try:
         wait_until(lambda: traffic.posted >= MESSAGES * FAULT_AT or traffic.error, 60, what="traffic to start")
         fault_at, fault_wall_us = time.monotonic(), time.time_ns() // 1000
@@ -298,6 +305,35 @@ def test_proxy_goes_away_and_the_clients_move_to_the_other(tree, sig):
         outage = run(tree, f"{sig.name} proxy {first}", hosts, uri, lambda: tree.stop_process(first, sig),
                      graceful=sig == signal.SIGTERM)
         assert outage < FAILOVER_MAX_S
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "freeze"])
+def test_mirrored_producer_loses_a_proxy_and_sees_nothing(tree, sig):
+    """RAIS's mirroring: the producer posts each PUT over both proxies with
+    one GUID; one proxy is killed (or frozen) mid-stream. Every PUT is ACKed
+    once, by the other path, with no failover pause, and every message is
+    delivered once, in PUT order (the consumer is on the other proxy)."""
+    uri = queue_on(tree, 0, f"mirrored-{sig.name}")
+    first, second = list(tree.proxy_addresses)[:2]
+    paths = [[tree.proxy_addresses[first]], [tree.proxy_addresses[second]]]
+    process = tree.processes[first]
+    seen: list = []
+
+    def fault():
+        if sig == signal.SIGKILL:
+            tree.stop_process(first, sig)
+        else:
+            threading.Thread(target=freeze, args=(process, FREEZE_S), daemon=True).start()
+
+    with comes_back(tree, first):
+        outage = run(tree, f"{sig.name} proxy {first} under a mirrored producer", [tree.proxy_addresses[second]],
+                     uri, fault, graceful=True, mirror=paths, seen=seen)
+    stats = seen[0].producer_session.stats
+    print(f"[mirrored, {sig.name}] PUTs answered first per path {stats.first}, skipped {stats.skipped}, "
+          f"failed {stats.failed}")
+    assert stats.lost == 0
+    assert stats.first[1] > 0 and sum(stats.first) == MESSAGES
+    assert outage < MIRRORED_GAP_MAX_S
 
 
 def freeze(process, seconds: float) -> None:
