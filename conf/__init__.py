@@ -29,7 +29,7 @@ import tomllib
 
 from protocol import limits
 from protocol.retransmit import RetransmissionLimits
-from protocol.uri import DOMAIN_RE
+from protocol.uri import CLUSTER_RE, DOMAIN_RE
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CLUSTER_FILE = PACKAGE_DIR / "cluster.toml"
@@ -168,6 +168,27 @@ class HaConfig:
                                     self.retransmission_timeout_ms)
 
 
+LINK_DIRECTIONS = ("push",)
+LINK_FORWARD_MODES = ("all", "unmatched", "none")
+HOST_PORT_RE = re.compile(r"^[-a-zA-Z0-9_.:\[\]]+:[0-9]{1,5}$")
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """A federation link to another Taproot cluster (`[[links]]`,
+    docs/federation.md), configured on this side only."""
+    name: str
+    cluster: str                      # the remote cluster's [cluster] name; routes queue@<cluster>
+    hosts: tuple[str, ...] = ()       # its proxies (or nodes), host:port, tried in turn
+    domains: tuple[str, ...] = ()     # the local domains it carries, each to the same domain there
+    direction: str = "push"           # push: this cluster's messages go there
+    # all: every message of the domains (and delivered here too); unmatched:
+    # those no local app subscription takes; none: only queue@<cluster> PUTs.
+    forward: str = "all"
+    batch_messages: int = 5000        # rows read and posted per round
+    retry_interval_ms: int = 1000     # after a failed round (the remote down, a refusal)
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str = "local"
@@ -180,6 +201,7 @@ class ClusterConfig:
     maintenance: MaintenanceConfig = MaintenanceConfig()
     ha: HaConfig = HaConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
+    links: tuple[LinkConfig, ...] = ()
 
     def node(self, name: str) -> NodeConfig:
         for node in self.nodes:
@@ -290,6 +312,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "retransmission_max_messages": (1, 1 << 40),
     "retransmission_max_bytes": (1024 * 1024, 1 << 50),
     "link_outbound_max_bytes": (1024 * 1024, 1 << 40),
+    "batch_messages": (1, 1_000_000),
+    "retry_interval_ms": (10, 3_600_000),
 }
 APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.~]{1,64}$")
 
@@ -417,14 +441,19 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     pipeline_raw = raw.pop("pipeline", {})
     maintenance_raw = raw.pop("maintenance", {})
     ha_raw = raw.pop("ha", {})
+    links_raw = _array_of_tables(raw.pop("links", None), "links")
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, links)")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
                     maintenance=MaintenanceConfig(), ha=HaConfig(), domains={})
-    base = _build(ClusterConfig, cluster_raw, "cluster", **sections)
-    top.update({f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name not in sections})
+    base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
+    if not CLUSTER_RE.match(base.name):
+        raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
+                          f"queue@cluster), got {base.name!r}")
+    top.update({f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+                if f.name not in sections and f.name != "links"})
     nodes = tuple(_build(NodeConfig, n, f"nodes[{i}]") for i, n in enumerate(nodes_raw or [{"name": "node1"}]))
     proxies = tuple(_build(ProxyConfig, p, f"proxies[{i}]") for i, p in enumerate(proxies_raw or []))
     names = [n.name for n in nodes] + [p.name for p in proxies]
@@ -442,13 +471,67 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     if ha.lease_renew_interval_ms * 2 > ha.lease_duration_ms:
         raise ConfigError(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
                           f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
+    links = parse_links(links_raw or [], base.name, domains)
     return ClusterConfig(
         **top, nodes=nodes, proxies=proxies,
         primary=primary,
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        ha=ha, domains=dict(domains),
+        ha=ha, domains=dict(domains), links=links,
     )
+
+
+def _string_list(raw: Any, where: str, pattern: "re.Pattern[str]", what: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
+        raise ConfigError(f"{where}: must be a non-empty list of {what}, got {raw!r}")
+    for value in raw:
+        if not pattern.match(value):
+            raise ConfigError(f"{where}: {value!r} is not a {what} (must match {pattern.pattern})")
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"{where}: lists {what}s more than once: {raw!r}")
+    return tuple(raw)
+
+
+def parse_links(raw: list[Any], cluster: str, domains: Mapping[str, "DomainConfig"]) -> tuple[LinkConfig, ...]:
+    """`[[links]]`: each names the remote cluster, its hosts and the local
+    domains it carries. Two links may not route the same domain to one cluster."""
+    links: list[LinkConfig] = []
+    routes: dict[tuple[str, str], str] = {}
+    for i, entry in enumerate(raw):
+        where = f"links[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where}: must be a table, got {type(entry).__name__}")
+        entry = dict(entry)
+        hosts = _string_list(entry.pop("hosts", None), f"{where}.hosts", HOST_PORT_RE, "host:port")
+        carried = _string_list(entry.pop("domains", None), f"{where}.domains", DOMAIN_RE, "domain name")
+        link = _build(LinkConfig, entry, where, hosts=hosts, domains=carried)
+        if not APP_ID_RE.match(link.name):
+            raise ConfigError(f"{where}.name: must match {APP_ID_RE.pattern}, got {link.name!r}")
+        if not CLUSTER_RE.match(link.cluster):
+            raise ConfigError(f"{where}.cluster: must match {CLUSTER_RE.pattern}, got {link.cluster!r}")
+        if link.cluster == cluster:
+            raise ConfigError(f"{where}.cluster: {link.cluster!r} is this cluster's own name")
+        if link.direction not in LINK_DIRECTIONS:
+            raise ConfigError(f"{where}.direction: must be one of {', '.join(LINK_DIRECTIONS)}, got "
+                              f"{link.direction!r}")
+        if link.forward not in LINK_FORWARD_MODES:
+            raise ConfigError(f"{where}.forward: must be one of {', '.join(LINK_FORWARD_MODES)}, got "
+                              f"{link.forward!r}")
+        for name in link.domains:
+            domain = domains.get(name)
+            if domain is None:
+                raise ConfigError(f"{where}.domains: no domain {name!r} (domains: {', '.join(sorted(domains))})")
+            if domain.mode == "broadcast":
+                raise ConfigError(f"{where}.domains: {name!r} is a broadcast domain, whose messages are not "
+                                  "stored: a link cannot carry them")
+            other = routes.setdefault((name, link.cluster), link.name)
+            if other != link.name:
+                raise ConfigError(f"{where}: links {other!r} and {link.name!r} both carry domain {name!r} to "
+                                  f"cluster {link.cluster!r}")
+        if any(link.name == other.name for other in links):
+            raise ConfigError(f"{where}.name: another link is named {link.name!r}")
+        links.append(link)
+    return tuple(links)
 
 
 def domains_dir(cluster_file: str | Path | None = None) -> Path:

@@ -43,15 +43,19 @@ def domain_apps_sql(domain: DomainConfig) -> str:
         a in domain.subscriptions for a in domain.apps) else f"array({', '.join(items)})"
 
 
+ROUTED_SQL = "CAST(array() AS ARRAY<STRING>)"
+
+
 def target_apps_sql(domains: Mapping[str, DomainConfig]) -> str:
     """One CASE over the row's domain. A domain the pipeline does not know
     (configured after it started, or removed) keeps the priority default [""]:
-    the primary, which reloads too, decides what to do with it."""
+    the primary, which reloads too, decides what to do with it. A
+    `queue@cluster` row (the primary stores its own cluster's queues without
+    the suffix) goes to no app here: a federation link forwards it."""
     branches = [f"WHEN {sql_string(name)} THEN {domain_apps_sql(d)}"
                 for name, d in sorted(domains.items()) if d.mode != "broadcast"]
-    if not branches:
-        return "array('')"
-    return f"CASE domain {' '.join(branches)} ELSE array('') END"
+    local = f"CASE domain {' '.join(branches)} ELSE array('') END" if branches else "array('')"
+    return f"CASE WHEN instr(queue, '@') > 0 THEN {ROUTED_SQL} ELSE {local} END"
 
 
 class DomainsReloader:

@@ -11,9 +11,15 @@
 - `express.py`: the GUID history and the express decisions (pure);
 - `group_commit.py`, `compaction.py`, `quota.py`: the commit batcher, the
   tables' background compaction, the domains' quotas;
+- `links.py`: federation links, the sending side: each partition's PUT log
+  forwarded to another cluster (docs/federation.md);
 - `server.py`: the gRPC server and `taproot node stop`.
 
-Imports: conf, protocol, replicas, storage.
-Never: pyspark, delta, taproot.
+`links.py` alone uses the SDK: a link is a producer on the other cluster, and
+the SDK's retransmission buffer, reconnection and flow control are what it
+needs there.
+
+Imports: conf, protocol, replicas, storage, taproot (links.py only).
+Never: pyspark, delta.
 Pure: admission, dispatcher, express.
 """

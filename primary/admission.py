@@ -21,7 +21,7 @@ from protocol.properties import validate_wire
 from protocol.uri import QueueUri, parse_queue_uri
 
 if TYPE_CHECKING:
-    from conf import DomainConfig
+    from conf import ClusterConfig, DomainConfig
 
 COMPRESSIONS = (pb.COMPRESSION_NONE, *COMPRESSION_NAMES)
 PAUSED = ConsumerOptions(0, 0, 0)
@@ -58,17 +58,42 @@ def consumer_options(options: pb.QueueOptions | None, defaults: ConsumerOptions)
                            options.consumer_priority, tuple(subscriptions))
 
 
-def check_open(req: pb.OpenQueue, domains: "Mapping[str, DomainConfig]") -> Open | Refusal:
+@dataclass(frozen=True)
+class Routes:
+    """Where `queue@cluster` names go (docs/federation.md): this cluster's
+    own name (`queue@<it>` is the local queue) and the (domain, cluster)
+    pairs its federation links carry."""
+    local: str = ""
+    to: frozenset[tuple[str, str]] = frozenset()
+
+    @classmethod
+    def of(cls, config: "ClusterConfig") -> "Routes":
+        return cls(config.name, frozenset((d, link.cluster) for link in config.links for d in link.domains))
+
+
+def check_open(req: pb.OpenQueue, domains: "Mapping[str, DomainConfig]", routes: Routes = Routes()) -> Open | Refusal:
     """The URI, the domain, the access asked for, the app id against the
-    domain's mode and apps, and the consumer options."""
+    domain's mode and apps, the route of a `queue@cluster` name, and the
+    consumer options."""
     uri = parse_queue_uri(req.uri)
     if isinstance(uri, str):
         return Refusal(ResultCode.INVALID_ARGUMENT, uri)
+    uri = uri.on(routes.local)
     domain = domains.get(uri.domain)
     if domain is None:
         return Refusal(ResultCode.REFUSED, f"unknown domain {uri.domain!r}")
     if not (req.read or req.write):
         return Refusal(ResultCode.INVALID_ARGUMENT, "open for read, write or both")
+    if uri.cluster:
+        if req.read:
+            return Refusal(ResultCode.INVALID_ARGUMENT, f"{uri} lives on cluster {uri.cluster!r}: consume "
+                           f"taproot://{uri.domain}/{uri.local_name} there (this is cluster {routes.local!r})")
+        if domain.mode == "broadcast":
+            return Refusal(ResultCode.NO_ROUTE, f"broadcast domain {uri.domain!r} is not stored, so it is not "
+                           "routed to other clusters")
+        if (uri.domain, uri.cluster) not in routes.to:
+            return Refusal(ResultCode.NO_ROUTE, f"no route to cluster {uri.cluster!r} for domain {uri.domain!r}: "
+                           f"no federation link of cluster {routes.local!r} carries it")
     if uri.app_id and domain.mode != "fanout":
         return Refusal(ResultCode.INVALID_ARGUMENT, f"?id= is only for fanout domains; {uri.domain!r} is {domain.mode}")
     if domain.mode == "fanout":

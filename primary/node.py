@@ -94,6 +94,7 @@ class Node:
 
     def __init__(self, config: ClusterConfig, name: str, domains_dir: Path | None = None):
         self.config = config
+        self.routes = admission.Routes.of(config)   # queue@cluster (links come from cluster.toml: fixed)
         self.name = name
         self.address = ""
         self._quotas: dict[str, DomainQuota] = {
@@ -348,7 +349,7 @@ class Node:
         link.send(pb.Frame(open_queue_response=response))
 
     def _on_open(self, link: Link, req: pb.OpenQueue) -> None:
-        checked = admission.check_open(req, self.config.domains)
+        checked = admission.check_open(req, self.config.domains, self.routes)
         if isinstance(checked, Refusal):
             return self._reply_open(link, req, checked)
         with self._lock:

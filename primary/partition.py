@@ -55,6 +55,7 @@ from storage import deltars, tables
 from storage.leases import Fenced
 
 if TYPE_CHECKING:
+    from primary.links import LinkForwarder
     from protocol.stream import Link
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,13 @@ class QueueState:
 
     @property
     def rules(self) -> AppRules:
-        """The domain's app subscriptions, compiled once per domain configuration."""
+        """The domain's app subscriptions, compiled once per domain
+        configuration. A `queue@cluster` queue has no app here: its messages
+        are stored and ACKed, and its link forwards them (`primary/links.py`)."""
         cached = self._rules
         if cached is None or cached[0] is not self.domain:
-            cached = self._rules = (self.domain, AppRules(self.domain.apps, self.domain.subscriptions))
+            rules = AppRules((), {}) if self.uri.cluster else AppRules(self.domain.apps, self.domain.subscriptions)
+            cached = self._rules = (self.domain, rules)
         return cached[1]
 
 
@@ -532,10 +536,17 @@ class Partition:
                                      self._puts_log_needed_from),
                            Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
+        self.links: list[LinkForwarder] = []   # imported only with links: it loads the SDK
+        if config.links:
+            from primary.links import LinkForwarder
+            self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains)
+                          for link in config.links]
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
         self._recover()
+        for forwarder in self.links:
+            forwarder.start()
         self.put_committer.start()
         self.confirm_committer.start()
         self.dead_committer.start()
@@ -550,6 +561,8 @@ class Partition:
         self.confirm_committer.stop()
         self.dead_committer.stop()
         self._tailer.join(10)
+        for forwarder in self.links:
+            forwarder.stop()
         for compactor in self.compactors:
             compactor.stop()
 
@@ -750,6 +763,8 @@ class Partition:
             # The ACKs first: the producers wait for them; the express
             # decisions come next, still before any delivery row is reconciled.
             _answer_puts(singles, bulks, ResultCode.SUCCESS, "")
+            for forwarder in self.links:
+                forwarder.notify()
             targets = self._express(batch, items, now_us)
         if targets:
             self._route_targets(targets)
@@ -1136,7 +1151,9 @@ class Partition:
         if resume is None:
             return None
         judged = self._judged_puts_version
-        return resume - 1 if judged is None else min(resume - 1, judged)
+        needed = resume - 1 if judged is None else min(resume - 1, judged)
+        # Each federation link reads on from the version after its progress.
+        return min([needed, *(forwarder.needed_version for forwarder in self.links)])
 
     def _seq_at(self, puts_version: int) -> int:
         """The last seq committed at or before a PUT-log version: this

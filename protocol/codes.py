@@ -11,6 +11,7 @@
 | REFUSED | the peer refused: unknown domain, queue not open for that access, node stopping |
 | INVALID_ARGUMENT | malformed frame, bad queue URI, bad GUID, oversized payload, bad option |
 | NOT_READY | the peer or partition is starting and cannot take the request yet |
+| NO_ROUTE | `queue@cluster`: no federation link here carries the domain to that cluster (docs/federation.md) |
 | LIMIT_MESSAGES | a message quota or buffer bound was reached |
 | LIMIT_BYTES | a byte quota or buffer bound was reached |
 | STORAGE_FAILURE | the Delta commit failed; the PUT was not persisted |
@@ -36,6 +37,7 @@ class ResultCode(enum.IntEnum):
     REFUSED = pb.REFUSED
     INVALID_ARGUMENT = pb.INVALID_ARGUMENT
     NOT_READY = pb.NOT_READY
+    NO_ROUTE = pb.NO_ROUTE
     LIMIT_MESSAGES = pb.LIMIT_MESSAGES
     LIMIT_BYTES = pb.LIMIT_BYTES
     STORAGE_FAILURE = pb.STORAGE_FAILURE

@@ -18,6 +18,7 @@ class ResultCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSED: _ClassVar[ResultCode]
     INVALID_ARGUMENT: _ClassVar[ResultCode]
     NOT_READY: _ClassVar[ResultCode]
+    NO_ROUTE: _ClassVar[ResultCode]
     LIMIT_MESSAGES: _ClassVar[ResultCode]
     LIMIT_BYTES: _ClassVar[ResultCode]
     STORAGE_FAILURE: _ClassVar[ResultCode]
@@ -36,6 +37,7 @@ NOT_SUPPORTED: ResultCode
 REFUSED: ResultCode
 INVALID_ARGUMENT: ResultCode
 NOT_READY: ResultCode
+NO_ROUTE: ResultCode
 LIMIT_MESSAGES: ResultCode
 LIMIT_BYTES: ResultCode
 STORAGE_FAILURE: ResultCode

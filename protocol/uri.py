@@ -1,4 +1,6 @@
-"""Queue URIs: `taproot://<domain>/<queue>[?id=<appId>]` (BlazingMQ's form and limits)."""
+"""Queue URIs: `taproot://<domain>/<queue>[@<cluster>][?id=<appId>]` (BlazingMQ's
+form and limits; `@<cluster>` is OpenAMQ's global routing, docs/federation.md:
+the queue of that name on that cluster, reached over a federation link)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ DOMAIN_RE = re.compile(r"^[-a-zA-Z0-9._]+$")
 QUEUE_RE = re.compile(r"^[-a-zA-Z0-9_~.]+$")
 QUEUE_NAME_MAX_LENGTH = 64
 APP_ID_RE = re.compile(r"^[-a-zA-Z0-9_.]+$")
+CLUSTER_RE = re.compile(r"^[-a-zA-Z0-9_.]{1,64}$")   # a cluster's name ([cluster] name), as in queue@cluster
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,20 @@ class QueueUri:
 
     def __str__(self) -> str:
         return self.canonical + (f"?id={self.app_id}" if self.app_id else "")
+
+    @property
+    def cluster(self) -> str:
+        """The cluster a `queue@cluster` name routes to; "" for a local queue."""
+        return self.queue.partition("@")[2]
+
+    @property
+    def local_name(self) -> str:
+        """The queue's name on its own cluster (without `@cluster`)."""
+        return self.queue.partition("@")[0]
+
+    def on(self, cluster: str) -> "QueueUri":
+        """The URI as seen on `cluster`: `queue@cluster` there is plain `queue`."""
+        return QueueUri(self.domain, self.local_name, self.app_id) if self.cluster == cluster else self
 
 
 def partition_of(uri: QueueUri, partitions: int) -> int:
@@ -48,10 +65,13 @@ def parse_queue_uri(text: str) -> QueueUri | str:
     if not domain or not DOMAIN_RE.match(domain):
         return f"queue URI {text!r}: domain must match {DOMAIN_RE.pattern}"
     queue = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if not queue or not QUEUE_RE.match(queue):
+    name, at, cluster = queue.partition("@")
+    if not name or not QUEUE_RE.match(name):
         return f"queue URI {text!r}: queue name must match {QUEUE_RE.pattern}"
-    if len(queue) > QUEUE_NAME_MAX_LENGTH:
+    if len(name) > QUEUE_NAME_MAX_LENGTH:
         return f"queue URI {text!r}: queue name longer than {QUEUE_NAME_MAX_LENGTH} characters"
+    if at and not CLUSTER_RE.match(cluster):
+        return f"queue URI {text!r}: the cluster after '@' must match {CLUSTER_RE.pattern}"
     if parts.fragment:
         return f"queue URI {text!r}: fragments are not allowed"
     app_id = ""

@@ -340,7 +340,7 @@ class MirroredQueue:
         n = table.num_rows
         if n == 0:
             raise errors.PostError("no rows to post")
-        guids = session._guids.next_many(n)
+        guids = paths[0][1]._guids_of(table)
         data = paths[0][1]._wire_columns(table, guids)
         fan = session._fan(Future(), guids[:GUID_LENGTH], n)
 

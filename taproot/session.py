@@ -172,16 +172,28 @@ class Queue:
         `table` has a `payload` (binary) column and optionally `properties` and
         `property_types` (map<string,string>, the tables' form) and
         `compression` (the codec a payload is already compressed with). Each
-        message gets a new GUID. The broker checks the frame as a whole; the
-        future resolves to the list of GUIDs once every message is durable, or
-        raises `AckError` with the code that refused them all."""
+        message gets a new GUID, unless `table` has a `guid` column (16 bytes
+        a row): a message forwarded with its identity (a federation link; the
+        dedup window drops a GUID the cluster has seen). The broker checks the
+        frame as a whole; the future resolves to the list of GUIDs once every
+        message is durable, or raises `AckError` with the code that refused
+        them all."""
         self._check_writable()
         if table.num_rows == 0:
             raise errors.PostError("no rows to post")
-        guids = self._session._guids.next_many(table.num_rows)
+        guids = self._guids_of(table)
         future = self._session._post_columns(self, guids, self._wire_columns(table, guids))
         assert future is not None   # it waits for room
         return future
+
+    def _guids_of(self, table: "pa.Table") -> bytes:
+        """The GUIDs of a post_columns frame: its `guid` column's, or new ones."""
+        if "guid" not in table.column_names:
+            return self._session._guids.next_many(table.num_rows)
+        values = table["guid"].to_pylist()
+        if not all(isinstance(g, bytes) and len(g) == GUID_LENGTH for g in values):
+            raise errors.PostError(f"the guid column must hold {GUID_LENGTH} bytes in every row")
+        return b"".join(values)
 
     def _wire_columns(self, table: "pa.Table", guids: bytes) -> bytes:
         """A post_columns frame's Arrow IPC body, with these GUIDs (16 bytes a row)."""

@@ -6,6 +6,7 @@ through a real cluster are in test_end_to_end.py and test_faults.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -31,6 +32,9 @@ class FakeQueue:
         if not isinstance(payload, bytes):
             raise errors.PostError("payload must be bytes")
         return payload, [], 0
+
+    def _guids_of(self, table):
+        return os.urandom(16 * table.num_rows)
 
     def _wire_columns(self, table, guids):
         return b"arrow"

@@ -18,9 +18,9 @@ from tests.conftest import spark_offset_entry
 pytestmark = pytest.mark.spark
 
 
-def puts_df(spark, guids, domain="d", props=lambda i: ({}, {})):
+def puts_df(spark, guids, domain="d", props=lambda i: ({}, {}), queue="q"):
     now = dt.datetime.now(dt.timezone.utc)
-    rows = [(domain, "q", g, i, b"p", *props(i), now, now, 1, None) for i, g in enumerate(guids)]
+    rows = [(domain, queue, g, i, b"p", *props(i), now, now, 1, None) for i, g in enumerate(guids)]
     return spark.createDataFrame(rows, spark_ddl(PUTS_SCHEMA).replace(" NOT NULL", ""))
 
 
@@ -91,6 +91,10 @@ def test_fanout_targets_apps_by_their_subscriptions_in_spark_sql(spark):
     assert [r.apps for r in prio.orderBy("seq").collect()] == [[""], []]   # [] = auto-confirmed
     other = to_delivery_rows(puts_df(spark, [b"o" * 16], "unknown"), 0, domains)
     assert other.first().apps == [""]
+    # queue@cluster: stored here for a federation link to forward, delivered to no app here.
+    for domain in ("f", "p", "unknown"):
+        routed = to_delivery_rows(puts_df(spark, [b"r" * 16], domain, queue="replies@paris"), 0, domains)
+        assert routed.first().apps == []
 
 
 def test_delivery_table_from_an_older_release_gains_the_new_columns(spark, tmp_path):

@@ -1,0 +1,311 @@
+"""Federation links, the sending side (docs/federation.md).
+
+A push link carries some domains of this cluster to another Taproot cluster
+(OpenAMQ's Message Transfer Agent, `../shared/seeds/000_*` 3.5). It runs in
+the primary of each partition, beside the PUT log it reads: one
+`LinkForwarder` per (link, partition), started and stopped with the
+partition, so it moves with the partition's lease.
+
+Each round it reads the PUT-log rows committed since its last round (woken by
+every PUT commit), keeps the ones the link carries, and posts them to the
+remote cluster through the SDK (`post_columns`, one frame per queue, each
+message with its own GUID), then records how far it got: the PUT log's
+version and seq, in a small file beside the partition's tables, written only
+after the remote cluster ACKed every row of the round (durable there). After
+a restart, a failover or a broken link it resumes from that record, so
+nothing ACKed here is lost on the way, and the rows of an unfinished round
+are posted again: the remote cluster's dedup window (the GUID history)
+drops the second copy, so each message is delivered there once.
+
+Which rows: those of the link's domains whose queue is `name@<link cluster>`
+(global routing: posted to `name` there, whatever `forward` is), and, with
+`forward = "all"`, every other local message, or with `"unmatched"` those no
+local app subscription takes (the domain's `[subscriptions]`; consumer
+subscriptions come and go and are not looked at). Never a row whose
+`taproot.via` property (the clusters it has passed, comma-separated, set by
+each link) names the remote cluster: two links pushing a domain both ways, or
+round a ring, do not send a message back where it has been.
+
+The remote side needs nothing configured but the domains: to it a link is a
+producer like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from conf import DomainConfig, LinkConfig
+from primary.express import AppRules
+from protocol.properties import from_wire, maps_to_wire
+from storage import deltars, tables
+from taproot import errors
+from taproot.session import Queue, Session
+
+log = logging.getLogger(__name__)
+
+VIA = "taproot.via"             # the property naming the clusters a message has passed
+READ_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "compression"]
+VERSIONS_PER_READ = 200         # PUT-log commits read per round at most (a resume reads in steps)
+ACK_TIMEOUT_S = 120.0
+IDLE_POLL_S = 1.0               # a round even without a commit's notice (another writer, a lost notice)
+
+
+class Progress:
+    """How far a link got in a partition's PUT log: every row up to `seq`,
+    read up to PUT-log `version`, is durable on the remote cluster. A JSON
+    file replaced atomically (write, fsync, rename, fsync the directory)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def load(self) -> tuple[int, int]:
+        """(version, seq); (-1, -1) before the first round."""
+        try:
+            with open(self.path) as fh:
+                saved = json.load(fh)
+            return int(saved["version"]), int(saved["seq"])
+        except FileNotFoundError:
+            return -1, -1
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Unreadable: start over. Every row is posted again; the remote's
+            # dedup window drops what it has (the rows older than its window
+            # come twice: said loudly).
+            log.error("link progress %s unreadable (%s): forwarding this partition's PUT log from its start",
+                      self.path, exc)
+            return -1, -1
+
+    def save(self, version: int, seq: int) -> None:
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{self.path}.tmp"
+        with open(temporary, "w") as fh:
+            json.dump({"version": version, "seq": seq, "saved_at": time.time()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, self.path)
+        deltars.fsync_path(directory)
+
+
+def progress_path(data_dir: str, partition: int, link: str) -> str:
+    return os.path.join(tables.PartitionPaths(data_dir, partition).root, "links", f"{link}.json")
+
+
+class LinkForwarder:
+    """One push link's forwarding for one partition (see the module's docstring)."""
+
+    def __init__(self, link: LinkConfig, local_cluster: str, partition: int, data_dir: str,
+                 domains: Callable[[], Mapping[str, DomainConfig]],
+                 session_factory: Callable[[list[str]], Session] | None = None):
+        self.link = link
+        self.local_cluster = local_cluster
+        self.partition = partition
+        self.paths = tables.PartitionPaths(data_dir, partition)
+        self.progress = Progress(progress_path(data_dir, partition, link.name))
+        self.domains = domains
+        self._session_factory = session_factory or (lambda hosts: Session(hosts, connect_timeout_s=2.0))
+        self._session: Session | None = None
+        self._queues: dict[tuple[str, str], Queue] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"link-{link.name}-{partition}", daemon=True)
+        self._rules: dict[str, tuple[DomainConfig, AppRules]] = {}
+        self.version, self.seq = self.progress.load()
+        self.forwarded = 0          # messages the remote ACKed, since start
+        self.rounds_failed = 0
+        self.last_error = ""
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        session = self._session
+        if session is not None:
+            session.stop(timeout_s=0.5)   # fails the round in flight: it is posted again after a restart
+        self._thread.join(timeout_s)
+
+    def notify(self) -> None:
+        """A PUT commit happened: read it now."""
+        self._wake.set()
+
+    @property
+    def needed_version(self) -> int:
+        """The PUT-log version from which it still reads (log trimming keeps it)."""
+        return self.version + 1
+
+    # -- the loop -------------------------------------------------------------------
+    def _run(self) -> None:
+        table: DeltaTable | None = None
+        while not self._stopping.is_set():
+            try:
+                if table is None:
+                    table = deltars.try_open(self.paths.puts)
+                if table is None:
+                    self._wake.wait(IDLE_POLL_S)
+                    self._wake.clear()
+                    continue
+                if not self._round(table):
+                    self._wake.wait(IDLE_POLL_S)
+                    self._wake.clear()
+            except Exception as exc:   # the remote down or refusing, a read that failed: try again later
+                if self._stopping.is_set():
+                    return
+                self.rounds_failed += 1
+                text = f"{type(exc).__name__}: {exc}"
+                if text != self.last_error or self.rounds_failed % 30 == 1:
+                    log.warning("link %s (partition %d) to cluster %s: round failed, retrying every %.1f s: %s",
+                                self.link.name, self.partition, self.link.cluster,
+                                self.link.retry_interval_ms / 1000, text)
+                self.last_error = text
+                self._stopping.wait(self.link.retry_interval_ms / 1000)
+
+    def _round(self, table: DeltaTable) -> bool:
+        """Forward what was committed since the last round; False if there was nothing."""
+        version, rows = self._read(table)
+        if version <= self.version:
+            return False
+        rows = rows.filter(pc.greater(rows["seq"], self.seq)) if rows.num_rows else rows
+        last_seq = self.seq
+        if rows.num_rows:
+            rows = rows.sort_by("seq")
+            last_seq = max(last_seq, rows["seq"][-1].as_py())
+            chosen = self.select(rows)
+            for start in range(0, chosen.num_rows, self.link.batch_messages):
+                self._post(chosen.slice(start, self.link.batch_messages))
+        self.progress.save(version, last_seq)
+        self.version, self.seq = version, last_seq
+        self.last_error = ""
+        return True
+
+    def _read(self, table: DeltaTable) -> tuple[int, pa.Table]:
+        """(the version read up to, the rows committed after `self.version`
+        up to it). When those versions are no longer readable (the log
+        trimmed or the files vacuumed while the link was down), the table's
+        current rows after `self.seq` instead."""
+        table.update_incremental()
+        latest = table.version()
+        if latest <= self.version:
+            return latest, pa.table({})
+        upto = min(latest, self.version + VERSIONS_PER_READ)
+        try:
+            reader = table.load_cdf(starting_version=self.version + 1, ending_version=upto,
+                                    columns=[*READ_COLUMNS, "_change_type"])
+            rows = deltars.without_views(pa.RecordBatchReader.from_stream(reader).read_all())
+            rows = rows.filter(pc.equal(rows["_change_type"], "insert")).select(READ_COLUMNS)
+            return upto, rows
+        except Exception as exc:
+            log.warning("link %s (partition %d): PUT-log versions %d-%d not readable (%s); reading the table's "
+                        "rows after seq %d instead", self.link.name, self.partition, self.version + 1, upto, exc,
+                        self.seq)
+            version, rows = deltars.read_snapshot(table, READ_COLUMNS)
+            return version, rows
+
+    # -- what goes, and how --------------------------------------------------------
+    def select(self, rows: pa.Table) -> pa.Table:
+        """The rows this link forwards, each with the queue it has there
+        (`remote_queue`) and `taproot.via` naming this cluster too."""
+        link = self.link
+        domains = self.domains()
+        keep: list[int] = []
+        remote: list[str] = []
+        props_out: list[Any] = []
+        types_out: list[Any] = []
+        domain_col = rows["domain"].to_pylist()
+        queue_col = rows["queue"].to_pylist()
+        props_col = rows["properties"].to_pylist()
+        types_col = rows["property_types"].to_pylist()
+        for i, (domain, queue) in enumerate(zip(domain_col, queue_col)):
+            if domain not in link.domains:
+                continue
+            name, at, cluster = queue.partition("@")
+            if at:
+                if cluster != link.cluster:
+                    continue      # routed to another cluster, over another link
+            elif link.forward == "none":
+                continue
+            elif link.forward == "unmatched" and self._matched(domains.get(domain), props_col[i], types_col[i]):
+                continue
+            props, types = list(props_col[i] or ()), list(types_col[i] or ())
+            via = next((v for k, v in props if k == VIA), "")
+            passed = [c for c in via.split(",") if c]
+            if link.cluster in passed:
+                continue          # it has been there: a loop
+            passed.append(self.local_cluster)
+            props = [(k, v) for k, v in props if k != VIA] + [(VIA, ",".join(passed))]
+            types = [(k, v) for k, v in types if k != VIA] + [(VIA, "string")]
+            keep.append(i)
+            remote.append(name)
+            props_out.append(props)
+            types_out.append(types)
+        chosen = rows.take(pa.array(keep, pa.int64())) if len(keep) != rows.num_rows else rows
+        return pa.table({
+            "domain": chosen["domain"], "queue": chosen["queue"], "remote_queue": pa.array(remote, pa.string()),
+            "guid": chosen["guid"], "seq": chosen["seq"], "payload": chosen["payload"],
+            "properties": pa.array(props_out, tables.PROPERTY_MAP),
+            "property_types": pa.array(types_out, tables.PROPERTY_MAP),
+            "compression": chosen["compression"]})
+
+    def _matched(self, domain: DomainConfig | None, props: Any, types: Any) -> bool:
+        """Whether a local app subscription takes the message (`unmatched` links skip it)."""
+        if domain is None:
+            return True            # a domain removed from the config: not ours to judge, keep it here
+        cached = self._rules.get(domain.name)
+        if cached is None or cached[0] is not domain:
+            cached = self._rules[domain.name] = (domain, AppRules(domain.apps, domain.subscriptions))
+        rules = cached[1]
+        return bool(rules.target_apps(lambda: from_wire(maps_to_wire(props, types))))
+
+    def _post(self, rows: pa.Table) -> None:
+        """Post `rows` to the remote cluster, a frame per queue, and wait until
+        every one is ACKed there; raises if any is not."""
+        if rows.num_rows == 0:
+            return
+        session = self._connect()
+        futures = []
+        keys = list(zip(rows["domain"].to_pylist(), rows["remote_queue"].to_pylist()))
+        order: dict[tuple[str, str], list[int]] = {}
+        for i, key in enumerate(keys):
+            order.setdefault(key, []).append(i)
+        for key, indexes in order.items():
+            queue = self._queue(session, key)
+            part = rows.take(pa.array(indexes, pa.int64())).select(
+                ["guid", "payload", "properties", "property_types", "compression"])
+            futures.append(queue.post_columns(part))
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        for future in futures:
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
+        self.forwarded += rows.num_rows
+
+    def _connect(self) -> Session:
+        session = self._session
+        if session is not None and not session._core.state.final:
+            return session
+        self._queues.clear()
+        session = self._session_factory(list(self.link.hosts))
+        session.start()
+        self._session = session
+        log.info("link %s (partition %d): connected to cluster %s at %s", self.link.name, self.partition,
+                 self.link.cluster, session.host)
+        return session
+
+    def _queue(self, session: Session, key: tuple[str, str]) -> Queue:
+        queue = self._queues.get(key)
+        if queue is None:
+            try:
+                queue = session.open_queue(f"taproot://{key[0]}/{key[1]}", write=True)
+            except errors.TaprootError as exc:
+                raise errors.ConnectionError(f"cluster {self.link.cluster} did not open taproot://{key[0]}/"
+                                             f"{key[1]}: {exc}") from exc
+            self._queues[key] = queue
+        return queue

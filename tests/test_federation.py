@@ -1,0 +1,286 @@
+"""Federation (docs/federation.md): two clusters on this machine, each a node
+and a proxy in processes of their own, two configs, two data directories,
+two port ranges. London pushes domain `demo` to Paris (`all`) and Paris
+pushes it back (a loop the `taproot.via` property breaks); London pushes
+`events` to Paris for what no local subscription takes (`unmatched`); `rpc`
+goes both ways for `queue@cluster` only (request/response). Neither runs a
+pipeline: links read the PUT log, and the express lane delivers."""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol import ResultCode
+from taproot_ops.embedded import EmbeddedCluster
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+DOMAINS = {
+    "demo.toml": 'mode = "priority"\n',
+    "events.toml": 'mode = "priority"\n[subscriptions]\n"" = "region = \'EU\'"\n',
+    "rpc.toml": 'mode = "priority"\n',
+}
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def write_conf(directory: Path, name: str, node_port: int, proxy_port: int, links: str) -> Path:
+    (directory / "domains").mkdir(parents=True)
+    for file, text in DOMAINS.items():
+        (directory / "domains" / file).write_text(text)
+    config = directory / "cluster.toml"
+    config.write_text(textwrap.dedent(f"""\
+        [cluster]
+        name = "{name}"
+
+        [[nodes]]
+        name = "node1"
+        port = {node_port}
+
+        [[proxies]]
+        name = "proxy1"
+        port = {proxy_port}
+        upstream = "node1"
+
+        [maintenance]
+        interval_s = 0
+        """) + textwrap.dedent(links))
+    return config
+
+
+def link(name: str, cluster: str, port: int, domains: list[str], forward: str) -> str:
+    return (f'\n[[links]]\nname = "{name}"\ncluster = "{cluster}"\nhosts = ["127.0.0.1:{port}"]\n'
+            f'domains = {domains!r}\nforward = "{forward}"\nretry_interval_ms = 200\n').replace("'", '"')
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    london_node, london_proxy, paris_node, paris_proxy = free_ports(4)
+    base = tmp_path_factory.mktemp("federation")
+    london_conf = write_conf(base / "london", "london", london_node, london_proxy,
+                             link("demo-to-paris", "paris", paris_proxy, ["demo"], "all")
+                             + link("events-to-paris", "paris", paris_proxy, ["events"], "unmatched")
+                             + link("rpc-to-paris", "paris", paris_proxy, ["rpc"], "none"))
+    paris_conf = write_conf(base / "paris", "paris", paris_node, paris_proxy,
+                            link("demo-to-london", "london", london_proxy, ["demo"], "all")
+                            + link("rpc-to-london", "london", london_proxy, ["rpc"], "none"))
+    with EmbeddedCluster(str(paris_conf), data_dir=str(base / "paris-data"), with_pipeline=False) as paris, \
+            EmbeddedCluster(str(london_conf), data_dir=str(base / "london-data"), with_pipeline=False) as london:
+        yield london, paris
+
+
+def drain(queue, expect: int, timeout_s: float = 60, quiet_s: float = 2.0) -> list:
+    """Every message pushed to `queue` until `expect` came and then nothing
+    for `quiet_s` (so a copy too many shows), each confirmed."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = queue.get(timeout_s=quiet_s if len(got) >= expect else 0.5)
+        if message is None:
+            if len(got) >= expect:
+                break
+            continue
+        got.append(message)
+        queue.confirm(message)
+    return got
+
+
+def test_push_all_delivers_here_and_there_once_and_does_not_loop(clusters):
+    from taproot import Session
+
+    london, paris = clusters
+    uri = "taproot://demo/orders"
+    with Session([london.proxy_address]) as here, Session([paris.proxy_address]) as there:
+        local = here.open_queue(uri, read=True)
+        remote = there.open_queue(uri, read=True)
+        producer = here.open_queue(uri, write=True)
+        guids = [f.result(timeout=30).guid for f in [producer.post(b"%04d" % i) for i in range(300)]]
+        got_there = drain(remote, len(guids))
+        got_here = drain(local, len(guids))
+    assert [m.guid for m in got_here] == guids              # delivered here, once: Paris's copy back was dropped
+    assert [m.guid for m in got_there] == guids             # forwarded once, in PUT order
+    assert {m.properties.get("taproot.via") for m in got_there} == {"london"}
+
+
+def test_push_unmatched_forwards_what_no_local_subscription_takes(clusters):
+    from taproot import Session
+
+    london, paris = clusters
+    uri = "taproot://events/clicks"
+    with Session([london.proxy_address]) as here, Session([paris.proxy_address]) as there:
+        local = here.open_queue(uri, read=True)
+        remote = there.open_queue(uri, read=True)
+        producer = here.open_queue(uri, write=True)
+        regions = ["EU", "US", "EU", "APAC", "US", "EU"] * 20
+        futures = [producer.post(b"x", properties={"region": r, "i": i}) for i, r in enumerate(regions)]
+        guids = [f.result(timeout=30).guid for f in futures]
+        eu = [g for g, r in zip(guids, regions) if r == "EU"]
+        elsewhere = [g for g, r in zip(guids, regions) if r != "EU"]
+        got_here = drain(local, len(eu))
+        # Paris has the same subscription on `events`: what London forwards
+        # (not EU) no app takes there either, so it is stored and never pushed.
+        assert remote.get(timeout_s=3) is None
+    assert [m.guid for m in got_here] == eu
+    assert elsewhere and paris_put_rows(paris, "events", "clicks") == len(elsewhere)
+
+
+def paris_put_rows(paris, domain: str, queue: str) -> int:
+    import pyarrow.compute as pc
+
+    from storage import deltars, tables
+
+    def count() -> int:
+        table = deltars.try_open(tables.PartitionPaths(paris.data_dir, 0).puts)
+        if table is None:
+            return 0
+        rows = table.to_pyarrow_table(columns=["domain", "queue"])
+        return pc.sum(pc.and_(pc.equal(rows["domain"], domain), pc.equal(rows["queue"], queue))).as_py() or 0
+    last = -1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:   # until it stops growing
+        now = count()
+        if now == last and now > 0:
+            return now
+        last = now
+        time.sleep(1.0)
+    return last
+
+
+def test_request_and_response_across_clusters_by_queue_at_cluster(clusters):
+    from taproot import Session
+
+    london, paris = clusters
+    with Session([london.proxy_address]) as requester, Session([paris.proxy_address]) as responder:
+        replies = requester.open_queue("taproot://rpc/replies", read=True)
+        requests_out = requester.open_queue("taproot://rpc/requests@paris", write=True)
+        requests_in = responder.open_queue("taproot://rpc/requests", read=True)
+        replies_out = responder.open_queue("taproot://rpc/replies@london", write=True)
+        for i in range(20):
+            requests_out.post(b"question %d" % i, properties={"reply_to": "replies@london"}).result(timeout=30)
+        answered = 0
+        while answered < 20:
+            request = requests_in.get(timeout_s=30)
+            assert request is not None, f"only {answered} requests reached Paris"
+            assert request.properties["reply_to"] == "replies@london"
+            replies_out.post(request.payload.replace(b"question", b"answer")).result(timeout=30)
+            requests_in.confirm(request)
+            answered += 1
+        got = drain(replies, 20)
+    assert sorted(m.payload for m in got) == sorted(b"answer %d" % i for i in range(20))
+    assert {m.properties.get("taproot.via") for m in got} == {"paris"}
+
+
+def test_unknown_cluster_is_no_route_and_a_remote_queue_is_not_consumed_here(clusters):
+    from taproot import RequestError, Session
+
+    london, _ = clusters
+    with Session([london.proxy_address]) as session:
+        with pytest.raises(RequestError) as no_route:
+            session.open_queue("taproot://demo/orders@tokyo", write=True)
+        assert no_route.value.code is ResultCode.NO_ROUTE
+        with pytest.raises(RequestError) as not_here:
+            session.open_queue("taproot://rpc/requests@paris", read=True)
+        assert not_here.value.code is ResultCode.INVALID_ARGUMENT
+        # queue@<this cluster> is the local queue.
+        with session.open_queue("taproot://demo/own@london", write=True) as own, \
+                session.open_queue("taproot://demo/own", read=True) as reader:
+            guid = own.post(b"home").result(timeout=30).guid
+            message = reader.get(timeout_s=30)
+            assert message is not None and message.guid == guid
+            reader.confirm(message)
+
+
+def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothing(clusters):
+    """The link's host (Paris's proxy) stops and comes back, then London's
+    node restarts (its forwarders resume from their progress and post their
+    last round again) and then Paris's, while London's producer posts and
+    Paris's consumer reads: every message ACKed in London reaches Paris, and
+    the only second copies are what Paris's own restart had in flight (pushed,
+    not yet confirmed: at-least-once), never one of the link's resends."""
+    import threading
+
+    from taproot import Session
+
+    london, paris = clusters
+    uri = "taproot://demo/cut"
+    count = 3000
+    acked: list[bytes] = []
+    received: list[tuple[float, bytes]] = []
+    problems: list[BaseException] = []
+    done = threading.Event()
+
+    def produce() -> None:
+        try:
+            with Session([london.proxy_address]) as session, session.open_queue(uri, write=True) as queue:
+                futures = []
+                for i in range(count):
+                    futures.append(queue.post(b"%05d" % i))
+                    time.sleep(0.003)
+                acked.extend(f.result(timeout=120).guid for f in futures)
+        except BaseException as exc:   # reported below
+            problems.append(exc)
+
+    def consume() -> None:
+        try:
+            with Session([paris.proxy_address], connect_timeout_s=None) as session, \
+                    session.open_queue(uri, read=True) as queue:
+                ready.set()
+                while not done.is_set():
+                    message = queue.get(timeout_s=0.2)
+                    if message is not None:
+                        received.append((time.monotonic(), message.guid))
+                        queue.confirm(message)
+        except BaseException as exc:
+            problems.append(exc)
+
+    ready = threading.Event()
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert ready.wait(30)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        time.sleep(2)
+        paris.stop_process("proxy1")               # the link is cut
+        time.sleep(2)
+        paris.start_proxy(name="proxy1")           # and comes back
+        time.sleep(2)
+        london.restart_node()                      # the sending side restarts
+        time.sleep(1)
+        paris.restart_node()                       # the receiving side restarts
+        paris_back = time.monotonic()
+        producer.join(300)
+        assert not problems, problems
+        assert len(acked) == count
+        wait_until(lambda: set(acked) <= {g for _, g in received}, 120, what="every ACKed message in Paris")
+        time.sleep(3)                              # a late second copy would show now
+    finally:
+        done.set()
+        producer.join(10)
+        consumer.join(30)
+    assert not problems, problems
+    first: dict[bytes, float] = {}
+    again = []
+    for at, guid in received:
+        if guid in first:
+            again.append((first[guid], guid))
+        else:
+            first[guid] = at
+    late = [g for at, g in again if at > paris_back]
+    assert not late, f"{len(late)} of {len(again)} second copies were first received after Paris's restart"
+    assert set(first) == set(acked)
