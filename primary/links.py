@@ -35,10 +35,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -54,7 +56,7 @@ log = logging.getLogger(__name__)
 
 VIA = "taproot.via"             # the property naming the clusters a message has passed
 READ_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "compression"]
-VERSIONS_PER_READ = 200         # PUT-log commits read per round at most (a resume reads in steps)
+VERSIONS_PER_READ = 20          # PUT-log commits read per round at most (a resume reads in steps)
 ACK_TIMEOUT_S = 120.0
 IDLE_POLL_S = 1.0               # a round even without a commit's notice (another writer, a lost notice)
 
@@ -214,47 +216,45 @@ class LinkForwarder:
     # -- what goes, and how --------------------------------------------------------
     def select(self, rows: pa.Table) -> pa.Table:
         """The rows this link forwards, each with the queue it has there
-        (`remote_queue`) and `taproot.via` naming this cluster too."""
+        (`remote_queue`) and `taproot.via` naming this cluster too: a few
+        Arrow kernels for the lot (with `unmatched`, each row of a domain
+        with app subscriptions is matched in Python)."""
         link = self.link
+        rows = rows.combine_chunks()
+        queue = rows["queue"]
+        routed = pc.match_substring(queue, "@")
+        keep = pc.and_(pc.is_in(rows["domain"], pa.array(list(link.domains), pa.string())),
+                       pc.or_(pc.ends_with(queue, f"@{link.cluster}"), self._local(rows, routed)))
+        props = rows["properties"].combine_chunks()
+        via = pc.map_lookup(props, pa.scalar(VIA), "first")
+        been = pc.match_substring_regex(via, rf"(^|,){re.escape(link.cluster)}(,|$)")
+        keep = pc.and_(keep, pc.invert(pc.fill_null(been, False)))   # it has been there: a loop
+        chosen = rows.filter(keep)
+        if chosen.num_rows == 0:
+            return _forwarded(chosen, pa.array([], pa.string()), chosen["properties"], chosen["property_types"])
+        via = pc.map_lookup(chosen["properties"].combine_chunks(), pa.scalar(VIA), "first")
+        passed = pc.if_else(pc.is_null(via), pa.scalar(self.local_cluster),
+                            pc.binary_join_element_wise(via, pa.scalar(self.local_cluster), ","))
+        strings = pa.array(["string"] * chosen.num_rows, pa.string())
+        return _forwarded(chosen, pc.replace_substring_regex(chosen["queue"], "@.*$", ""),
+                          with_entry(chosen["properties"].combine_chunks(), VIA, passed),
+                          with_entry(chosen["property_types"].combine_chunks(), VIA, strings))
+
+    def _local(self, rows: pa.Table, routed: pa.Array) -> pa.Array:
+        """Which rows of local queues the link's `forward` mode sends."""
+        forward = self.link.forward
+        n = rows.num_rows
+        if forward == "none":
+            return pa.array([False] * n)
+        local = pc.invert(routed)
+        if forward == "all":
+            return local
         domains = self.domains()
-        keep: list[int] = []
-        remote: list[str] = []
-        props_out: list[Any] = []
-        types_out: list[Any] = []
-        domain_col = rows["domain"].to_pylist()
-        queue_col = rows["queue"].to_pylist()
-        props_col = rows["properties"].to_pylist()
-        types_col = rows["property_types"].to_pylist()
-        for i, (domain, queue) in enumerate(zip(domain_col, queue_col)):
-            if domain not in link.domains:
-                continue
-            name, at, cluster = queue.partition("@")
-            if at:
-                if cluster != link.cluster:
-                    continue      # routed to another cluster, over another link
-            elif link.forward == "none":
-                continue
-            elif link.forward == "unmatched" and self._matched(domains.get(domain), props_col[i], types_col[i]):
-                continue
-            props, types = list(props_col[i] or ()), list(types_col[i] or ())
-            via = next((v for k, v in props if k == VIA), "")
-            passed = [c for c in via.split(",") if c]
-            if link.cluster in passed:
-                continue          # it has been there: a loop
-            passed.append(self.local_cluster)
-            props = [(k, v) for k, v in props if k != VIA] + [(VIA, ",".join(passed))]
-            types = [(k, v) for k, v in types if k != VIA] + [(VIA, "string")]
-            keep.append(i)
-            remote.append(name)
-            props_out.append(props)
-            types_out.append(types)
-        chosen = rows.take(pa.array(keep, pa.int64())) if len(keep) != rows.num_rows else rows
-        return pa.table({
-            "domain": chosen["domain"], "queue": chosen["queue"], "remote_queue": pa.array(remote, pa.string()),
-            "guid": chosen["guid"], "seq": chosen["seq"], "payload": chosen["payload"],
-            "properties": pa.array(props_out, tables.PROPERTY_MAP),
-            "property_types": pa.array(types_out, tables.PROPERTY_MAP),
-            "compression": chosen["compression"]})
+        wanted = set(self.link.domains)
+        names, props, types = (rows[c].to_pylist() for c in ("domain", "properties", "property_types"))
+        local_rows = local.to_pylist()
+        return pa.array([bool(local_rows[i]) and names[i] in wanted
+                         and not self._matched(domains.get(names[i]), props[i], types[i]) for i in range(n)])
 
     def _matched(self, domain: DomainConfig | None, props: Any, types: Any) -> bool:
         """Whether a local app subscription takes the message (`unmatched` links skip it)."""
@@ -309,3 +309,39 @@ class LinkForwarder:
                                              f"{key[1]}: {exc}") from exc
             self._queues[key] = queue
         return queue
+
+
+def _forwarded(rows: pa.Table, remote_queue: pa.Array, properties: pa.Array, property_types: pa.Array) -> pa.Table:
+    return pa.table({
+        "domain": rows["domain"], "queue": rows["queue"], "remote_queue": remote_queue, "guid": rows["guid"],
+        "seq": rows["seq"], "payload": rows["payload"], "properties": properties,
+        "property_types": property_types, "compression": rows["compression"]})
+
+
+def with_entry(maps: pa.MapArray, key: str, values: pa.Array) -> pa.MapArray:
+    """`maps` (map<string,string>) with `key` set to `values[i]` in row i:
+    an entry of that key dropped, the new one last. By index arithmetic,
+    with no Python object per row."""
+    n = len(maps)
+    if n == 0:
+        return pa.array([], tables.PROPERTY_MAP)
+    offsets = np.asarray(maps.offsets, np.int64)
+    # A slice keeps its parent's entries: its offsets index them.
+    base, end = int(offsets[0]), int(offsets[-1])
+    offsets = offsets - base
+    keys, items = maps.keys.slice(base, end - base), maps.items.slice(base, end - base)
+    counts = np.diff(offsets)
+    row_of_entry = np.repeat(np.arange(n), counts)
+    kept = np.asarray(pc.fill_null(pc.not_equal(keys, pa.scalar(key)), True), bool)
+    kept_index = np.nonzero(kept)[0]
+    kept_counts = np.bincount(row_of_entry[kept_index], minlength=n)
+    new_offsets = np.concatenate([[0], np.cumsum(kept_counts + 1)])
+    first_kept = np.concatenate([[0], np.cumsum(kept_counts)[:-1]])
+    rank = np.arange(len(kept_index)) - np.repeat(first_kept, kept_counts)
+    gather = np.empty(int(new_offsets[-1]), np.int64)
+    gather[new_offsets[row_of_entry[kept_index]] + rank] = kept_index
+    gather[new_offsets[1:] - 1] = len(keys) + np.arange(n)
+    index = pa.array(gather)
+    all_keys = pa.concat_arrays([keys.cast(pa.string()), pa.array([key] * n, pa.string())]).take(index)
+    all_items = pa.concat_arrays([items.cast(pa.string()), values.cast(pa.string())]).take(index)
+    return pa.MapArray.from_arrays(pa.array(new_offsets, pa.int32()), all_keys, all_items).cast(tables.PROPERTY_MAP)

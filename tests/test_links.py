@@ -10,11 +10,13 @@ import logging
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import conf
 from conf import ConfigError, parse_domain
 from primary.admission import Open, Refusal, Routes, check_open
-from primary.links import VIA, LinkForwarder, Progress
+from primary.links import VIA, LinkForwarder, Progress, with_entry
 from protocol import ResultCode, pb
 from storage import tables
 
@@ -144,3 +146,18 @@ def test_progress_survives_a_restart_and_a_torn_file_starts_over(tmp_path, caplo
     with caplog.at_level(logging.ERROR):
         assert progress.load() == (-1, -1)
     assert "unreadable" in caplog.text
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["a", "b", VIA, "c"]), st.text(max_size=3)), max_size=4),
+                max_size=8),
+       st.integers(0, 3))
+def test_with_entry_sets_one_key_per_row_as_a_python_dict_update_would(maps, sliced):
+    """The vectorised map rewrite against the obvious per-row one, on random
+    maps (the key present, absent, present twice), sliced or not."""
+    array = pa.array(maps, tables.PROPERTY_MAP)
+    array = array.slice(min(sliced, len(maps)))
+    rows = array.to_pylist()
+    values = pa.array([f"v{i}" for i in range(len(rows))], pa.string())
+    got = with_entry(array, VIA, values).to_pylist()
+    assert got == [[(k, v) for k, v in row if k != VIA] + [(VIA, f"v{i}")] for i, row in enumerate(rows)]

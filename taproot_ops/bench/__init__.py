@@ -53,14 +53,21 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
     return [known[n].with_(**overrides) for n in names]
 
 
-def write_bench_config(directory: Path, scenarios: list[Scenario]) -> Path:
-    """The shipped cluster.toml plus the domains the scenarios need."""
+def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
+                       extra: str = "") -> Path:
+    """The shipped cluster.toml plus the domains the scenarios need; with
+    `name`, the cluster's name, and `extra` (TOML sections) appended."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
     directory.mkdir(parents=True, exist_ok=True)
     cluster_file = directory / "cluster.toml"
-    shutil.copy(conf.DEFAULT_CLUSTER_FILE, cluster_file)
+    text = conf.DEFAULT_CLUSTER_FILE.read_text()
+    if name is not None:
+        shipped = 'name = "local"'
+        assert shipped in text, "the shipped cluster.toml names its cluster"
+        text = text.replace(shipped, f'name = "{name}"', 1)
+    cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
     for scenario in scenarios:
@@ -105,7 +112,8 @@ def print_result(r: dict[str, Any]) -> None:
 
 def run_system(system: str, address: str, scenarios: list[Scenario], args: argparse.Namespace,
                out_dir: Path | None,
-               cpu_probe: Any = None, memory_probe: Any = None, cluster: Any = None) -> list[dict[str, Any]]:
+               cpu_probe: Any = None, memory_probe: Any = None, cluster: Any = None,
+               consumer_address: str | None = None) -> list[dict[str, Any]]:
     """Each scenario on one system. With `cluster` (Taproot's embedded one),
     also the authority's lag and disagreements, from its tables."""
     from taproot_ops.bench.runner import run
@@ -117,7 +125,8 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
               flush=True)
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
-                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe)
+                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe,
+                     consumer_address=consumer_address)
         if cluster is not None and scenario.mode != "broadcast":
             from taproot_ops.bench.authority import authority_lag
             from taproot_ops.bench.taproot_driver import domain_name
@@ -181,6 +190,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: Path | None) -> list[dict[str, Any]]:
+    federated = [s for s in scenarios if s.federated]
+    if federated:
+        if args.hosts:
+            raise SystemExit("error: a federation scenario starts its own two clusters; run it without --hosts")
+        local = [s for s in scenarios if not s.federated]
+        return (_run_taproot(local, args, out_dir) if local else []) + _run_federated(federated, args, out_dir)
     if args.hosts:
         return run_system("taproot", args.hosts[0], scenarios, args, out_dir)
     from taproot_ops.embedded import EmbeddedCluster
@@ -210,7 +225,47 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             print(f"kept {work}" + (f" (the cluster's logs are in {logs})" if os.path.isdir(logs) else ""), flush=True)
 
 
-def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) -> None:
+def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
+                   out_dir: Path | None) -> list[dict[str, Any]]:
+    """Two embedded clusters, each with its node, proxy and pipeline: "paris"
+    (the consumers connect there) first, then "london" (the producers),
+    whose push link carries the scenarios' domains to paris."""
+    from taproot_ops.bench.taproot_driver import domain_name
+    from taproot_ops.embedded import EmbeddedCluster
+
+    work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
+    data_root = Path(args.data_dir) if args.data_dir else work / "data"
+    results: list[dict[str, Any]] = []
+    try:
+        print(f"starting two embedded clusters, paris and london, in {data_root} ...", flush=True)
+        paris_conf = write_bench_config(work / "paris", scenarios, name="paris")
+        with EmbeddedCluster(str(paris_conf), str(data_root / "paris"), ephemeral_ports=True) as paris:
+            domains = sorted({domain_name(s) for s in scenarios})
+            link = ("\n[[links]]\nname = \"to-paris\"\ncluster = \"paris\"\n"
+                    f"hosts = [\"{paris.client_address}\"]\n"
+                    "domains = [" + ", ".join(f'"{d}"' for d in domains) + "]\nforward = \"all\"\n")
+            london_conf = write_bench_config(work / "london", scenarios, name="london", extra=link)
+            with EmbeddedCluster(str(london_conf), str(data_root / "london"), ephemeral_ports=True) as london:
+                _warm_up(london.client_address, scenarios, args, consumer_address=paris.client_address)
+                from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+
+                def pids() -> dict[str, int]:
+                    return {f"{side}-{name}": p.popen.pid for side, c in (("london", london), ("paris", paris))
+                            for name, p in c.processes.items()}
+
+                results = run_system("taproot", london.client_address, scenarios, args, out_dir,
+                                     lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), london,
+                                     consumer_address=paris.client_address)
+                return results
+    finally:
+        if results and not any(sum(r["failed"].values()) for r in results):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work} (the clusters' logs are in {data_root}/*/logs)", flush=True)
+
+
+def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace,
+             consumer_address: str | None = None) -> None:
     """A few seconds of traffic per mode first: Spark's first micro-batches
     compile and load classes, which no steady state pays."""
     from taproot_ops.bench.runner import run
@@ -219,7 +274,7 @@ def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace) 
         print(f"warm-up ({mode}) ...", flush=True)
         first = next(s for s in scenarios if s.mode == mode)  # its domain exists in the bench config
         warm = first.with_(name=f"warmup-{mode}", queues=1, rate=2000, duration_s=3)
-        run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False)
+        run("taproot", address, warm, workers=1, drain_idle_s=60, progress=False, consumer_address=consumer_address)
 
 
 def _pipeline_main(args: argparse.Namespace) -> int:

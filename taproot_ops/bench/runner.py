@@ -181,11 +181,13 @@ def _spread(items: list[Any], parts: int) -> list[list[Any]]:
 
 def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
         progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None,
-        memory_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
+        memory_probe: Callable[[], dict[str, float]] | None = None,
+        consumer_address: str | None = None) -> dict[str, Any]:
     """One scenario. `cpu_probe` gives the server processes' CPU seconds so
     far (by name); with it the result has each one's CPU time over the run
     and the CPU cost per message. `memory_probe` gives their resident MiB,
-    sampled every second into `rss_mb`."""
+    sampled every second into `rss_mb`. `consumer_address`: where consumers
+    connect, when not where producers do (a federation scenario)."""
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
@@ -196,8 +198,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     results = ctx.Queue()
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
-    procs = [ctx.Process(target=_worker, args=(system, "consumer", address, scenario, group, shared, results),
-                         daemon=True) for group in _spread(consumers, workers)]
+    procs = [ctx.Process(target=_worker, args=(system, "consumer", consumer_address or address, scenario, group,
+                                               shared, results), daemon=True) for group in _spread(consumers, workers)]
     procs += [ctx.Process(target=_worker, args=(system, "producer", address, scenario, group, shared, results),
                           daemon=True) for group in _spread(producers, workers)]
     for p in procs:

@@ -27,6 +27,7 @@ class Scenario:
     app_subscriptions: bool = False  # Taproot fanout: some apps subscribe (APP_RULES); producers post property n
     bulk: bool = False      # Taproot: producers post columnar frames of `batch` rows (`post_columns`)
     batch_consumer: bool = False  # Taproot: consumers take `get_batch` lots and confirm each with one call
+    federated: bool = False  # Taproot: producers on one cluster, consumers on another, a push link between
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -38,11 +39,13 @@ class Scenario:
             raise ValueError("rate must be >= 0 and duration > 0")
         if self.bulk and self.mode == "broadcast":
             raise ValueError("columnar PUTs are for stored queues, not broadcast")
+        if self.federated and self.mode == "broadcast":
+            raise ValueError("broadcast messages are not stored, so no link carries them")
 
     @property
     def label(self) -> str:
         clients = [*(["bulk producers"] if self.bulk else []), *(["batch consumers"] if self.batch_consumer else [])]
-        suffix = f" ({', '.join(clients)})" if clients else ""
+        suffix = (f" ({', '.join(clients)})" if clients else "") + (", across a push link" if self.federated else "")
         if self.queues_per_client > 1:
             return (f"{self.mode} {self.queues}Q/{self.sessions(self.producers)}P/"
                     f"{self.sessions(self.consumers)}C ({self.queues_per_client} queues per client)") + suffix
@@ -97,6 +100,10 @@ TAPROOT_ONLY: dict[str, Scenario] = {s.name: s for s in (
     # of `batch` rows) and batch consumers (issue 15's targets).
     Scenario("priority-1q-batch", "priority", 1, 1, 1, bulk=True, batch_consumer=True),
     Scenario("broadcast-5c-batch", "broadcast", 1, 1, 5, batch_consumer=True),
+    # Federation (docs/federation.md): posted to cluster "london", consumed on
+    # cluster "paris"; PUT->PUSH is across the push link.
+    Scenario("federation-push", "priority", 1, 1, 1, federated=True),
+    Scenario("federation-push-batch", "priority", 1, 1, 1, bulk=True, batch_consumer=True, federated=True),
 )}
 
 
