@@ -168,7 +168,7 @@ class HaConfig:
                                     self.retransmission_timeout_ms)
 
 
-LINK_DIRECTIONS = ("push",)
+LINK_DIRECTIONS = ("push", "pull")
 LINK_FORWARD_MODES = ("all", "unmatched", "none")
 HOST_PORT_RE = re.compile(r"^[-a-zA-Z0-9_.:\[\]]+:[0-9]{1,5}$")
 
@@ -181,9 +181,13 @@ class LinkConfig:
     cluster: str                      # the remote cluster's [cluster] name; routes queue@<cluster>
     hosts: tuple[str, ...] = ()       # its proxies (or nodes), host:port, tried in turn
     domains: tuple[str, ...] = ()     # the local domains it carries, each to the same domain there
-    direction: str = "push"           # push: this cluster's messages go there
-    # all: every message of the domains (and delivered here too); unmatched:
-    # those no local app subscription takes; none: only queue@<cluster> PUTs.
+    # push: this cluster's messages go there; pull: while a queue of these
+    # domains has consumers here, its messages there (matching the consumers'
+    # subscriptions) come here.
+    direction: str = "push"
+    # push links: all: every message of the domains (and delivered here too);
+    # unmatched: those no local app subscription takes; none: only
+    # queue@<cluster> PUTs. Pull links take no `forward`.
     forward: str = "all"
     batch_messages: int = 5000        # rows read and posted per round
     retry_interval_ms: int = 1000     # after a failed round (the remote down, a refusal)
@@ -496,7 +500,7 @@ def parse_links(raw: list[Any], cluster: str, domains: Mapping[str, "DomainConfi
     """`[[links]]`: each names the remote cluster, its hosts and the local
     domains it carries. Two links may not route the same domain to one cluster."""
     links: list[LinkConfig] = []
-    routes: dict[tuple[str, str], str] = {}
+    routes: dict[tuple[str, str, str], str] = {}
     for i, entry in enumerate(raw):
         where = f"links[{i}]"
         if not isinstance(entry, Mapping):
@@ -517,6 +521,9 @@ def parse_links(raw: list[Any], cluster: str, domains: Mapping[str, "DomainConfi
         if link.forward not in LINK_FORWARD_MODES:
             raise ConfigError(f"{where}.forward: must be one of {', '.join(LINK_FORWARD_MODES)}, got "
                               f"{link.forward!r}")
+        if link.direction == "pull" and "forward" in entry:
+            raise ConfigError(f"{where}.forward: a pull link takes what its local consumers subscribe to; "
+                              "forward is for push links")
         for name in link.domains:
             domain = domains.get(name)
             if domain is None:
@@ -524,10 +531,11 @@ def parse_links(raw: list[Any], cluster: str, domains: Mapping[str, "DomainConfi
             if domain.mode == "broadcast":
                 raise ConfigError(f"{where}.domains: {name!r} is a broadcast domain, whose messages are not "
                                   "stored: a link cannot carry them")
-            other = routes.setdefault((name, link.cluster), link.name)
+            other = routes.setdefault((name, link.cluster, link.direction), link.name)
             if other != link.name:
-                raise ConfigError(f"{where}: links {other!r} and {link.name!r} both carry domain {name!r} to "
-                                  f"cluster {link.cluster!r}")
+                way = "to" if link.direction == "push" else "from"
+                raise ConfigError(f"{where}: links {other!r} and {link.name!r} both {link.direction} domain "
+                                  f"{name!r} {way} cluster {link.cluster!r}")
         if any(link.name == other.name for other in links):
             raise ConfigError(f"{where}.name: another link is named {link.name!r}")
         links.append(link)

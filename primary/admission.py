@@ -68,7 +68,8 @@ class Routes:
 
     @classmethod
     def of(cls, config: "ClusterConfig") -> "Routes":
-        return cls(config.name, frozenset((d, link.cluster) for link in config.links for d in link.domains))
+        return cls(config.name, frozenset((d, link.cluster) for link in config.links if link.direction == "push"
+                                          for d in link.domains))
 
 
 def check_open(req: pb.OpenQueue, domains: "Mapping[str, DomainConfig]", routes: Routes = Routes()) -> Open | Refusal:

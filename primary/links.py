@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue as queue_module
 import re
 import threading
 import time
@@ -345,3 +346,206 @@ def with_entry(maps: pa.MapArray, key: str, values: pa.Array) -> pa.MapArray:
     all_keys = pa.concat_arrays([keys.cast(pa.string()), pa.array([key] * n, pa.string())]).take(index)
     all_items = pa.concat_arrays([items.cast(pa.string()), values.cast(pa.string())]).take(index)
     return pa.MapArray.from_arrays(pa.array(new_offsets, pa.int32()), all_keys, all_items).cast(tables.PROPERTY_MAP)
+
+
+# -- pull links -------------------------------------------------------------------
+
+PULL_WINDOW = 2000          # messages a puller may hold unconfirmed on the remote cluster
+PULL_BATCH = 1000           # messages posted here per round
+
+
+class PullLinks:
+    """A partition's pull links (`direction = "pull"`): while a queue of a
+    carried domain has consumers here (not themselves a link's), a `Puller`
+    consumes it on the remote cluster with the union of their subscriptions
+    (OpenAMQ's MTA carrying bindings upstream) and posts what comes here;
+    when the last consumer goes, the puller goes too. Changes are applied by
+    one thread, so the node's frame handlers never wait on the network."""
+
+    def __init__(self, links: list[LinkConfig], local_cluster: str, partition: int,
+                 local_address: Callable[[], str]):
+        self.links = links
+        self.local_cluster = local_cluster
+        self.partition = partition
+        self.local_address = local_address
+        self._interest: dict[tuple[str, str, str], dict[Any, tuple[str, ...] | None]] = {}
+        self._pullers: dict[tuple[str, tuple[str, str, str]], Puller] = {}
+        self._sessions: dict[str, Session] = {}
+        self._changes: "queue_module.SimpleQueue[tuple[str, str, str] | None]" = queue_module.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._apply, name=f"pull-links-{partition}", daemon=True)
+
+    def carries(self, domain: str) -> bool:
+        return any(domain in link.domains for link in self.links)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._changes.put(None)
+        self._thread.join(10)
+        for puller in list(self._pullers.values()):
+            puller.stop()
+        for session in self._sessions.values():
+            session.stop(timeout_s=1.0)
+
+    def consumer(self, domain: str, queue: str, app: str, key: Any, subscriptions: tuple[str, ...] | None) -> None:
+        """A local consumer of taproot://domain/queue?id=app opened or changed
+        (`subscriptions`: its expressions, None for everything)."""
+        with self._lock:
+            self._interest.setdefault((domain, queue, app), {})[key] = subscriptions
+        self._changes.put((domain, queue, app))
+
+    def consumer_gone(self, domain: str, queue: str, app: str, key: Any) -> None:
+        with self._lock:
+            consumers = self._interest.get((domain, queue, app))
+            if consumers is None or key not in consumers:
+                return
+            del consumers[key]
+            if not consumers:
+                del self._interest[(domain, queue, app)]
+        self._changes.put((domain, queue, app))
+
+    def _wanted(self, target: tuple[str, str, str]) -> tuple[str, ...] | None | bool:
+        """False: nobody here; None: everything; else the subscriptions' union."""
+        with self._lock:
+            consumers = self._interest.get(target)
+            if not consumers:
+                return False
+            if any(s is None for s in consumers.values()):
+                return None
+            return tuple(sorted({text for s in consumers.values() if s for text in s}))
+
+    def _apply(self) -> None:
+        while True:
+            target = self._changes.get()
+            if target is None:
+                return
+            wanted = self._wanted(target)
+            for link in self.links:
+                if target[0] not in link.domains:
+                    continue
+                key = (link.name, target)
+                puller = self._pullers.get(key)
+                if wanted is False:
+                    if puller is not None:
+                        del self._pullers[key]
+                        puller.stop()
+                elif puller is None:
+                    puller = self._pullers[key] = Puller(self, link, *target, wanted)   # type: ignore[arg-type]
+                    puller.start()
+                else:
+                    puller.subscribe(wanted)                                          # type: ignore[arg-type]
+
+    def session(self, name: str, hosts: list[str]) -> Session:
+        """The session of a link (or "" for this node), made once, reconnecting by itself."""
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is not None and not session._core.state.final:
+                return session
+        session = Session(hosts, connect_timeout_s=2.0)
+        session.start()
+        with self._lock:
+            self._sessions[name] = session
+        return session
+
+
+class Puller:
+    """One pulled queue: a consumer of it on the remote cluster (flagged as a
+    link's), whose messages are posted here with their GUIDs and confirmed
+    there once ACKed here. A message whose `taproot.via` names this cluster
+    came from here: confirmed there, not posted again."""
+
+    def __init__(self, links: PullLinks, link: LinkConfig, domain: str, queue: str, app: str,
+                 subscriptions: tuple[str, ...] | None):
+        self.links = links
+        self.link = link
+        self.remote_uri = f"taproot://{domain}/{queue}" + (f"?id={app}" if app else "")
+        self.local_uri = f"taproot://{domain}/{queue}"
+        self._subscriptions = subscriptions
+        self._applied: tuple[str, ...] | None | bool = False
+        self._remote: Queue | None = None
+        self._local: Queue | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pull-{link.name}-{queue}", daemon=True)
+        self.pulled = 0
+        self.last_error = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def subscribe(self, subscriptions: tuple[str, ...] | None) -> None:
+        self._subscriptions = subscriptions   # applied by its thread
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+        if self._remote is not None:
+            try:
+                self._remote.close(timeout_s=2.0)   # what it holds unconfirmed there goes back to that queue
+            except errors.TaprootError:
+                pass
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._round()
+                self.last_error = ""
+            except Exception as exc:   # either cluster down or refusing: try again
+                if self._stopping.is_set():
+                    return
+                text = f"{type(exc).__name__}: {exc}"
+                if text != self.last_error:
+                    log.warning("pull link %s: %s from cluster %s: %s; retrying every %.1f s", self.link.name,
+                                self.remote_uri, self.link.cluster, text, self.link.retry_interval_ms / 1000)
+                self.last_error = text
+                self._remote = None
+                self._stopping.wait(self.link.retry_interval_ms / 1000)
+
+    def _round(self) -> None:
+        remote = self._remote
+        if remote is None or self._applied != self._subscriptions:
+            remote = self._open_remote()
+        local = self._local
+        if local is None:
+            session = self.links.session("", [self.links.local_address()])
+            local = self._local = session.open_queue(self.local_uri, write=True)
+        batch = remote.get_columns(PULL_BATCH, timeout_s=0.5)
+        if batch is None:
+            return
+        rows = batch.table
+        via = pc.map_lookup(rows["properties"].combine_chunks(), pa.scalar(VIA), "first")
+        home = pc.fill_null(pc.match_substring_regex(
+            via, rf"(^|,){re.escape(self.links.local_cluster)}(,|$)"), False)
+        rows = rows.filter(pc.invert(home))       # been here: a loop
+        if rows.num_rows:
+            via = pc.map_lookup(rows["properties"].combine_chunks(), pa.scalar(VIA), "first")
+            passed = pc.if_else(pc.is_null(via), pa.scalar(self.link.cluster),
+                                pc.binary_join_element_wise(via, pa.scalar(self.link.cluster), ","))
+            local.post_columns(pa.table({
+                "guid": rows["guid"], "payload": rows["payload"],
+                "properties": with_entry(rows["properties"].combine_chunks(), VIA, passed),
+                "property_types": with_entry(rows["property_types"].combine_chunks(), VIA,
+                                             pa.array(["string"] * rows.num_rows, pa.string())),
+            })).result(timeout=ACK_TIMEOUT_S)
+        batch.confirm()
+        self.pulled += rows.num_rows
+
+    def _open_remote(self) -> Queue:
+        if self._remote is not None:
+            try:
+                self._remote.configure(subscription=list(self._subscriptions or ()))
+                self._applied = self._subscriptions
+                return self._remote
+            except errors.TaprootError:
+                self._remote = None
+        session = self.links.session(self.link.name, list(self.link.hosts))
+        subscriptions = self._subscriptions
+        self._remote = session.open_queue(self.remote_uri, read=True, max_unconfirmed_messages=PULL_WINDOW,
+                                          subscription=list(subscriptions or ()) or None,
+                                          _link=self.links.local_cluster)
+        self._applied = subscriptions
+        log.info("pull link %s: consuming %s on cluster %s for the consumers here%s", self.link.name,
+                 self.remote_uri, self.link.cluster,
+                 f" (subscriptions: {' || '.join(subscriptions)})" if subscriptions else "")
+        return self._remote

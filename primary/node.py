@@ -66,6 +66,7 @@ class OpenHandle:
     write: bool
     state: QueueState
     partition: Partition
+    link: str = ""       # opened by that cluster's pull link (OpenQueue.link)
 
     @property
     def app(self) -> str:
@@ -208,7 +209,8 @@ class Node:
         """A lease was won: fence and recover the partition (Leadership counts
         it as served once this returns)."""
         partition = Partition(p, self.config, epoch=epoch, quota_for=self._quotas.get,
-                              on_fenced=functools.partial(self.leadership.fenced, p))
+                              on_fenced=functools.partial(self.leadership.fenced, p),
+                              local_address=lambda: self.address)
         partition.start()
         return partition
 
@@ -295,6 +297,7 @@ class Node:
             link.push_groups.pop(queue_id, None)
             link.broadcast.discard(queue_id)
             handle.partition.route(handle.state, handle.app, lambda d: d.remove_consumer((link, queue_id)))
+            handle.partition.consumer_closed(handle.state, handle.app, (link, queue_id))
 
     def _handles_of(self, link: Link) -> dict[int, OpenHandle]:
         with self._lock:
@@ -412,7 +415,7 @@ class Node:
                 state.producers += req.write
         if refused is not None:
             return self._reply_open(link, req, refused, checked)
-        handle = OpenHandle(uri, req.read, req.write, state, partition)
+        handle = OpenHandle(uri, req.read, req.write, state, partition, req.link)
         with self._lock:
             handles = self._handles.get(link)
             if handles is not None:
@@ -429,6 +432,7 @@ class Node:
                 link.broadcast.add(req.queue_id)
             options = checked.options
             partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
+            partition.consumer_opened(state, handle.app, (link, req.queue_id), options, req.link)
 
     def _on_configure(self, link: Link, req: pb.ConfigureQueue) -> None:
         def reply(code: ResultCode, message: str = "") -> None:
@@ -446,6 +450,7 @@ class Node:
         reply(ResultCode.SUCCESS)
         handle.partition.route(handle.state, handle.app,
                                lambda d: d.configure_consumer((link, req.queue_id), options))
+        handle.partition.consumer_opened(handle.state, handle.app, (link, req.queue_id), options, handle.link)
 
     def _on_close(self, link: Link, req: pb.CloseQueue) -> None:
         with self._lock:

@@ -40,7 +40,16 @@ from deltalake import DeltaTable
 
 from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
-from primary.dispatcher import ConfirmedRows, Dropped, MessageRun, Pending, Push, QueueDispatcher, StoredMessage
+from primary.dispatcher import (
+    ConfirmedRows,
+    ConsumerOptions,
+    Dropped,
+    MessageRun,
+    Pending,
+    Push,
+    QueueDispatcher,
+    StoredMessage,
+)
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
 from primary.quota import DomainQuota
@@ -55,7 +64,7 @@ from storage import deltars, tables
 from storage.leases import Fenced
 
 if TYPE_CHECKING:
-    from primary.links import LinkForwarder
+    from primary.links import LinkForwarder, PullLinks
     from protocol.stream import Link
 
 log = logging.getLogger(__name__)
@@ -472,7 +481,7 @@ def push_run(rows: pa.Table, seqs: list[int], delivery_count: int = 0, expires_u
 class Partition:
     def __init__(self, index: int, config: ClusterConfig, epoch: int = 1,
                  quota_for: Callable[[str], DomainQuota | None] = lambda _: None,
-                 on_fenced: Callable[[], None] = lambda: None):
+                 on_fenced: Callable[[], None] = lambda: None, local_address: Callable[[], str] = lambda: ""):
         self.index = index
         self.config = config
         self.paths = tables.PartitionPaths(config.data_dir, index)
@@ -536,17 +545,23 @@ class Partition:
                                      self._puts_log_needed_from),
                            Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
-        self.links: list[LinkForwarder] = []   # imported only with links: it loads the SDK
+        # Federation links (primary/links.py, imported only with links: it loads the SDK).
+        self.links: list[LinkForwarder] = []
+        self.pulls: PullLinks | None = None
         if config.links:
-            from primary.links import LinkForwarder
+            from primary.links import LinkForwarder, PullLinks
             self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains)
-                          for link in config.links]
+                          for link in config.links if link.direction == "push"]
+            pulls = [link for link in config.links if link.direction == "pull"]
+            self.pulls = PullLinks(pulls, config.name, index, local_address) if pulls else None
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
         self._recover()
         for forwarder in self.links:
             forwarder.start()
+        if self.pulls is not None:
+            self.pulls.start()
         self.put_committer.start()
         self.confirm_committer.start()
         self.dead_committer.start()
@@ -563,11 +578,25 @@ class Partition:
         self._tailer.join(10)
         for forwarder in self.links:
             forwarder.stop()
+        if self.pulls is not None:
+            self.pulls.stop()
         for compactor in self.compactors:
             compactor.stop()
 
     def notify_delivery(self) -> None:
         self._wake.set()
+
+    def consumer_opened(self, state: QueueState, app: str, key: Any, options: ConsumerOptions, link: str) -> None:
+        """A consumer here opened (or changed) a queue: the pull links that
+        carry its domain follow (a link's own consumer, `link`, does not count)."""
+        if self.pulls is None or link or state.uri.cluster or not self.pulls.carries(state.uri.domain):
+            return
+        subscriptions = tuple(s.text for s in options.subscriptions) or None
+        self.pulls.consumer(state.uri.domain, state.uri.queue, app, key, subscriptions)
+
+    def consumer_closed(self, state: QueueState, app: str, key: Any) -> None:
+        if self.pulls is not None:
+            self.pulls.consumer_gone(state.uri.domain, state.uri.queue, app, key)
 
     def queue_state(self, uri: QueueUri, domain: DomainConfig) -> QueueState:
         key = (uri.domain, uri.queue)

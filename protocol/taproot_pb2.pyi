@@ -66,7 +66,7 @@ class QueueOptions(_message.Message):
     def __init__(self, max_unconfirmed_messages: _Optional[int] = ..., max_unconfirmed_bytes: _Optional[int] = ..., consumer_priority: _Optional[int] = ..., subscriptions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenQueue(_message.Message):
-    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options", "columnar_push", "push_group")
+    __slots__ = ("request_id", "queue_id", "uri", "read", "write", "options", "columnar_push", "push_group", "link")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class OpenQueue(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     COLUMNAR_PUSH_FIELD_NUMBER: _ClassVar[int]
     PUSH_GROUP_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     queue_id: int
     uri: str
@@ -83,7 +84,8 @@ class OpenQueue(_message.Message):
     options: QueueOptions
     columnar_push: bool
     push_group: int
-    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ..., push_group: _Optional[int] = ...) -> None: ...
+    link: str
+    def __init__(self, request_id: _Optional[int] = ..., queue_id: _Optional[int] = ..., uri: _Optional[str] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., options: _Optional[_Union[QueueOptions, _Mapping]] = ..., columnar_push: _Optional[bool] = ..., push_group: _Optional[int] = ..., link: _Optional[str] = ...) -> None: ...
 
 class OpenQueueResponse(_message.Message):
     __slots__ = ("request_id", "queue_id", "status", "max_payload_bytes", "options", "dedup_history_window_ms", "broadcast", "partition")

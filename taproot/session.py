@@ -592,7 +592,7 @@ class Session:
                    max_unconfirmed_messages: int | None = None, max_unconfirmed_bytes: int | None = None,
                    consumer_priority: int | None = None, subscription: str | Sequence[str] | None = None,
                    on_message: Callable[[Message], None] | None = None,
-                   timeout_s: float | None = None) -> Queue:
+                   timeout_s: float | None = None, _link: str = "") -> Queue:
         """Open a queue. Consumers (`read=True`) may set flow control (defaults
         1000 messages / 32 MiB; 0/0 pauses), a priority (only the highest-
         priority consumers receive), and a subscription: a filter expression
@@ -606,7 +606,8 @@ class Session:
             raise errors.InvalidArgumentError(ResultCode.INVALID_ARGUMENT, "open for read, write or both")
         queue_id = next(self._queue_ids)
         record = QueueRecord(queue_id, str(parsed), read, write)
-        open_queue = pb.OpenQueue(queue_id=queue_id, uri=uri, read=read, write=write, columnar_push=read)
+        # `_link`: a federation pull link of that cluster opens it (primary/links.py).
+        open_queue = pb.OpenQueue(queue_id=queue_id, uri=uri, read=read, write=write, columnar_push=read, link=_link)
         if read:
             options = self._options(max_unconfirmed_messages, max_unconfirmed_bytes, consumer_priority)
             options.subscriptions.extend(_subscriptions(subscription))

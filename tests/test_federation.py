@@ -3,8 +3,9 @@ and a proxy in processes of their own, two configs, two data directories,
 two port ranges. London pushes domain `demo` to Paris (`all`) and Paris
 pushes it back (a loop the `taproot.via` property breaks); London pushes
 `events` to Paris for what no local subscription takes (`unmatched`); `rpc`
-goes both ways for `queue@cluster` only (request/response). Neither runs a
-pipeline: links read the PUT log, and the express lane delivers."""
+goes both ways for `queue@cluster` only (request/response); Paris pulls
+`feeds` from London while it has consumers. Neither runs a pipeline: links
+read the PUT log or consume, and the express lane delivers."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ DOMAINS = {
     "demo.toml": 'mode = "priority"\n',
     "events.toml": 'mode = "priority"\n[subscriptions]\n"" = "region = \'EU\'"\n',
     "rpc.toml": 'mode = "priority"\n',
+    "feeds.toml": 'mode = "priority"\n',
 }
 
 
@@ -63,9 +65,11 @@ def write_conf(directory: Path, name: str, node_port: int, proxy_port: int, link
     return config
 
 
-def link(name: str, cluster: str, port: int, domains: list[str], forward: str) -> str:
+def link(name: str, cluster: str, port: int, domains: list[str], forward: str = "") -> str:
+    """A push link with `forward`, or a pull link without."""
+    way = f'forward = "{forward}"' if forward else 'direction = "pull"'
     return (f'\n[[links]]\nname = "{name}"\ncluster = "{cluster}"\nhosts = ["127.0.0.1:{port}"]\n'
-            f'domains = {domains!r}\nforward = "{forward}"\nretry_interval_ms = 200\n').replace("'", '"')
+            f'domains = {domains!r}\n{way}\nretry_interval_ms = 200\n').replace("'", '"')
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,8 @@ def clusters(tmp_path_factory):
                              + link("rpc-to-paris", "paris", paris_proxy, ["rpc"], "none"))
     paris_conf = write_conf(base / "paris", "paris", paris_node, paris_proxy,
                             link("demo-to-london", "london", london_proxy, ["demo"], "all")
-                            + link("rpc-to-london", "london", london_proxy, ["rpc"], "none"))
+                            + link("rpc-to-london", "london", london_proxy, ["rpc"], "none")
+                            + link("feeds-from-london", "london", london_proxy, ["feeds"]))
     with EmbeddedCluster(str(paris_conf), data_dir=str(base / "paris-data"), with_pipeline=False) as paris, \
             EmbeddedCluster(str(london_conf), data_dir=str(base / "london-data"), with_pipeline=False) as london:
         yield london, paris
@@ -203,6 +208,37 @@ def test_unknown_cluster_is_no_route_and_a_remote_queue_is_not_consumed_here(clu
             message = reader.get(timeout_s=30)
             assert message is not None and message.guid == guid
             reader.confirm(message)
+
+
+def test_a_pull_link_consumes_there_while_consumers_here_subscribe(clusters):
+    """Paris pulls `feeds` from London: a consumer in Paris (subscribed to
+    EU) makes Paris's primary consume the queue in London with that
+    subscription; what London had waiting and what comes later reaches Paris
+    once; the US messages stay in London. When the consumer goes, so does
+    the pull, and London keeps what is posted after."""
+    from taproot import Session
+
+    london, paris = clusters
+    uri = "taproot://feeds/prices"
+    with Session([london.proxy_address]) as here, Session([paris.proxy_address]) as there:
+        producer = here.open_queue(uri, write=True)
+
+        def post(region: str, n: int) -> list[bytes]:
+            futures = [producer.post(b"%s %d" % (region.encode(), i), properties={"region": region})
+                       for i in range(n)]
+            return [f.result(timeout=30).guid for f in futures]
+        eu_before, us_before = post("EU", 50), post("US", 30)
+        consumer = there.open_queue(uri, read=True, subscription="region = 'EU'")
+        eu_after = post("EU", 50)
+        got = drain(consumer, 100)
+        assert [m.guid for m in got] == eu_before + eu_after      # once each, in PUT order
+        assert {m.properties["taproot.via"] for m in got} == {"london"}
+        consumer.close()
+        time.sleep(2)                                            # the pull goes with the last consumer
+        eu_late = post("EU", 20)
+        local = here.open_queue(uri, read=True)
+        kept = drain(local, 50)
+    assert [m.guid for m in kept] == us_before + eu_late
 
 
 def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothing(clusters):

@@ -50,7 +50,8 @@ def test_links_parse_with_their_defaults():
     ({"cluster": "london"}, "this cluster's own name"),
     ({"cluster": "bad name"}, r"links\[0\]\.cluster: must match"),
     ({"forward": "some"}, "forward: must be one of all, unmatched, none"),
-    ({"direction": "pull"}, "direction: must be one of push"),
+    ({"direction": "both"}, "direction: must be one of push, pull"),
+    ({"direction": "pull", "forward": "all"}, "forward is for push links"),
     ({"colour": "red"}, r"links\[0\]\.colour: unknown field"),
     ({"batch_messages": 0}, "batch_messages: must be between"),
 ])
@@ -60,7 +61,7 @@ def test_bad_links_are_config_errors_naming_the_field(fields, message):
 
 
 def test_two_links_may_not_route_one_domain_to_one_cluster_nor_share_a_name():
-    with pytest.raises(ConfigError, match="both carry domain 'demo' to cluster 'paris'"):
+    with pytest.raises(ConfigError, match="both push domain 'demo' to cluster 'paris'"):
         cluster(link(), link(name="again"))
     with pytest.raises(ConfigError, match="another link is named"):
         cluster(link(), link(domains=["events"]))
