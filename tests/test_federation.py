@@ -241,24 +241,20 @@ def test_a_pull_link_consumes_there_while_consumers_here_subscribe(clusters):
     assert [m.guid for m in kept] == us_before + eu_late
 
 
-def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothing(clusters):
-    """The link's host (Paris's proxy) stops and comes back, then London's
-    node restarts (its forwarders resume from their progress and post their
-    last round again) and then Paris's, while London's producer posts and
-    Paris's consumer reads: every message ACKed in London reaches Paris, and
-    the only second copies are what Paris's own restart had in flight (pushed,
-    not yet confirmed: at-least-once), never one of the link's resends."""
+def stream_through_faults(london, paris, uri: str, count: int, gap_s: float, faults) -> None:
+    """London's producer posts `count` messages to `uri` while Paris's
+    consumer reads and confirms them; `faults()` runs meanwhile and returns
+    when the last fault (Paris's node restarting) ended. Then every message
+    ACKed in London must reach Paris, and a second copy may only be one that
+    Paris's restart had in flight: first received before it ended."""
     import threading
 
     from taproot import Session
 
-    london, paris = clusters
-    uri = "taproot://demo/cut"
-    count = 3000
     acked: list[bytes] = []
     received: list[tuple[float, bytes]] = []
     problems: list[BaseException] = []
-    done = threading.Event()
+    done, ready = threading.Event(), threading.Event()
 
     def produce() -> None:
         try:
@@ -266,7 +262,7 @@ def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothi
                 futures = []
                 for i in range(count):
                     futures.append(queue.post(b"%05d" % i))
-                    time.sleep(0.003)
+                    time.sleep(gap_s)
                 acked.extend(f.result(timeout=120).guid for f in futures)
         except BaseException as exc:   # reported below
             problems.append(exc)
@@ -284,22 +280,13 @@ def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothi
         except BaseException as exc:
             problems.append(exc)
 
-    ready = threading.Event()
     consumer = threading.Thread(target=consume)
     consumer.start()
     assert ready.wait(30)
     producer = threading.Thread(target=produce)
     producer.start()
     try:
-        time.sleep(2)
-        paris.stop_process("proxy1")               # the link is cut
-        time.sleep(2)
-        paris.start_proxy(name="proxy1")           # and comes back
-        time.sleep(2)
-        london.restart_node()                      # the sending side restarts
-        time.sleep(1)
-        paris.restart_node()                       # the receiving side restarts
-        paris_back = time.monotonic()
+        paris_back = faults()
         producer.join(300)
         assert not problems, problems
         assert len(acked) == count
@@ -311,12 +298,46 @@ def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothi
         consumer.join(30)
     assert not problems, problems
     first: dict[bytes, float] = {}
-    again = []
+    late = []
     for at, guid in received:
-        if guid in first:
-            again.append((first[guid], guid))
-        else:
-            first[guid] = at
-    late = [g for at, g in again if at > paris_back]
-    assert not late, f"{len(late)} of {len(again)} second copies were first received after Paris's restart"
+        if guid in first and first[guid] > paris_back:
+            late.append(guid)
+        first.setdefault(guid, at)
+    assert not late, f"{len(late)} second copies of messages first received after Paris's restart"
     assert set(first) == set(acked)
+
+
+def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothing(clusters):
+    """The push link's host (Paris's proxy) stops and comes back, then
+    London's node restarts (its forwarders resume from their progress and
+    post their last round again), then Paris's: nothing ACKed in London is
+    lost, and no resend of the link is delivered twice."""
+    london, paris = clusters
+
+    def faults() -> float:
+        time.sleep(2)
+        paris.stop_process("proxy1")               # the link is cut
+        time.sleep(2)
+        paris.start_proxy(name="proxy1")           # and comes back
+        time.sleep(2)
+        london.restart_node()                      # the sending side restarts
+        time.sleep(1)
+        paris.restart_node()                       # the receiving side restarts
+        return time.monotonic()
+    stream_through_faults(london, paris, "taproot://demo/cut", 3000, 0.003, faults)
+
+
+def test_a_pull_survives_either_side_restarting_mid_stream(clusters):
+    """Paris pulls `feeds/ticks` while London's producer posts; London's node
+    restarts (the pull's consumer there reconnects, and what it held
+    unconfirmed comes again), then Paris's (the pull starts again when the
+    consumer here reopens)."""
+    london, paris = clusters
+
+    def faults() -> float:
+        time.sleep(2)
+        london.restart_node()
+        time.sleep(2)
+        paris.restart_node()
+        return time.monotonic()
+    stream_through_faults(london, paris, "taproot://feeds/ticks", 2000, 0.004, faults)
