@@ -333,6 +333,12 @@ class _Run:
         return a + np.flatnonzero(np.frombuffer(self.open, np.bool_)[a:b])
 
 
+def _same_apps(pushed: tuple[str, ...] | None, apps: Sequence[str]) -> bool:
+    """Whether the express lane pushed to exactly the apps the pipeline kept."""
+    return pushed is not None and len(pushed) == len(apps) and (
+        all(a == b for a, b in zip(pushed, apps)) or set(pushed) == set(apps))
+
+
 def _joined(apps: Sequence[str]) -> str:
     """Apps as one string (app ids never hold a NUL), to compare a delivery
     log's `apps` column with one decision in one Arrow kernel."""
@@ -448,9 +454,12 @@ class Reconciler:
         return run, i
 
     # -- the pipeline's delivery rows -----------------------------------------
-    def delivered(self, seq: int, apps: Sequence[str], express_domain: bool) -> Delivered | None:
+    def delivered(self, seq: int, apps: Sequence[str], express_domain: bool,
+                  copy: tuple[_Run, int] | None = None) -> Delivered | None:
         """A delivery row: the pipeline kept `seq` for `apps`. None when there
-        is nothing to do (the common case: the express lane decided the same)."""
+        is nothing to do (the common case: the express lane decided the same).
+        `copy`: the held decision of another row with the same GUID, which the
+        express lane pushed (`delivered_rows` finds it)."""
         found = self._find(seq)
         if found is None:
             if express_domain and seq <= self.forgotten_through:
@@ -460,8 +469,17 @@ class Reconciler:
         run.open[i] = 0
         self._held -= 1
         pushed = run.decision(i)
-        if pushed is not None and len(pushed) == len(apps) and (
-                all(a == b for a, b in zip(pushed, apps)) or set(pushed) == set(apps)):
+        if pushed is None and copy is not None and _same_apps(copy[0].decision(copy[1]), apps):
+            # One message committed twice in one micro-batch (a producer's
+            # resend, a mirrored PUT): the express lane pushed the first copy
+            # and the pipeline kept another. The same message went to the same
+            # apps: both rows agree, and nothing is pushed again.
+            other, j = copy
+            other.open[j] = 0
+            self._held -= 1
+            self.agreed += 2
+            return None
+        if _same_apps(pushed, apps):
             self.agreed += 1
             return None
         kept = tuple(apps)
@@ -469,11 +487,15 @@ class Reconciler:
         self.disagreed += 1
         return Delivered(seq, late, Disagreement(run.key_of(i), run.guid(i), seq, pushed, kept, late))
 
-    def delivered_rows(self, seqs: np.ndarray, apps: pa.Array, express: np.ndarray) -> list[tuple[int, Delivered]]:
+    def delivered_rows(self, seqs: np.ndarray, apps: pa.Array, express: np.ndarray,
+                       guids: pa.Array | None = None) -> list[tuple[int, Delivered]]:
         """A batch of delivery rows at once: `seqs` ascending, `apps` (a
         list<string> array without nulls) and whether each row's domain is
-        express. Returns (row index, what to do) for the rows that need
-        something, in seq order; the same outcome as `delivered` row by row."""
+        express; with `guids` (the rows' GUIDs, binary), a row the express
+        lane judged a duplicate whose earlier copy it pushed agrees with that
+        copy (`delivered`'s `copy`). Returns (row index, what to do) for the
+        rows that need something, in seq order; the same outcome as
+        `delivered` row by row."""
         count = len(seqs)
         if not count:
             return []
@@ -518,11 +540,43 @@ class Reconciler:
             return []
         out = []
         row_apps = apps.take(pa.array(rows)).to_pylist()
+        copies: dict[bytes, tuple[_Run, int]] = {}
+        row_guids: list[bytes] = []
+        if guids is not None:
+            copies = self._pushed_copies(seqs, rows, guids)
+            if copies:
+                row_guids = guids.take(pa.array(rows)).to_pylist()
         for n, row in enumerate(rows.tolist()):
-            outcome = self.delivered(int(seqs[row]), row_apps[n], bool(express[row]))
+            seq = int(seqs[row])
+            copy = copies.get(row_guids[n]) if copies else None
+            outcome = self.delivered(seq, row_apps[n], bool(express[row]),
+                                     copy if copy is not None and copy[0].first + copy[1] != seq else None)
             if outcome is not None:
                 out.append((row, outcome))
         return out
+
+    def _pushed_copies(self, seqs: np.ndarray, rows: np.ndarray, guids: pa.Array) -> dict[bytes, tuple[_Run, int]]:
+        """For the slow rows the express lane judged duplicates: the held
+        decision of an earlier row with the same GUID that it pushed, by GUID.
+        One scan of the held runs, in Arrow, only when there are such rows."""
+        wanted = []
+        for row in rows.tolist():
+            found = self._find(int(seqs[row]))
+            if found is not None and found[0].decision(found[1]) is None:
+                wanted.append(row)
+        if not wanted:
+            return {}
+        values = guids.take(pa.array(wanted))
+        copies: dict[bytes, tuple[_Run, int]] = {}
+        for run in itertools.islice(self._runs, self._head, None):
+            held = run.guids if isinstance(run.guids, pa.Array) else pa.array(run.guids, pa.binary())
+            if held.type != values.type:
+                held = held.cast(values.type)
+            hits = np.flatnonzero(pc.is_in(held, value_set=values).to_numpy(zero_copy_only=False))
+            for i in hits.tolist():
+                if i >= run.start and run.open[i] and run.decision(i) is not None:
+                    copies.setdefault(run.guid(i), (run, i))
+        return copies
 
     def judged_through(self, seq_bound: int) -> list[Disagreement]:
         """The pipeline has judged every row up to `seq_bound`: a decision

@@ -1046,7 +1046,8 @@ class Partition:
             if rows.num_rows:
                 express = np.array([s is not None and s.express for s in states], np.bool_)[which]
                 outcomes = self._reconciler.delivered_rows(
-                    rows["seq"].combine_chunks().to_numpy(), self._delivery_apps(rows, states, which), express)
+                    rows["seq"].combine_chunks().to_numpy(), self._delivery_apps(rows, states, which), express,
+                    rows["guid"].combine_chunks())
                 for row, outcome in outcomes:
                     if outcome.push_apps:
                         pushes.append((cast(QueueState, states[which[row]]), outcome.seq, outcome.push_apps))

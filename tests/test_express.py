@@ -347,3 +347,38 @@ def test_row_decisions_of_many_queues_share_one_run_and_agree_without_the_per_ro
     assert [(i, d.disagreement.key, d.push_apps) for i, d in out] == [(0, "q42", ("x",))]
     assert [(d.key, d.seq) for d in r.judged_through(99)] == []   # seq 7 was a duplicate, and got no row
     assert r.agreed == 99 and r.disagreed == 1
+
+
+@pytest.mark.parametrize("as_run", [False, True], ids=["rows", "run"])
+def test_the_pipeline_keeping_another_copy_of_a_pushed_message_is_no_disagreement(as_run):
+    """One message committed twice in one micro-batch (a mirrored PUT, a
+    resend): the express lane pushed the first copy and judged the second a
+    duplicate; Spark's dedup may keep either. When it keeps the second, the
+    message went to the same apps: nothing is pushed again (a consumer would
+    get it twice) and nothing is recorded."""
+    g1, g2 = b"\x01" * 16, b"\x02" * 16
+    reconciler = Reconciler()
+    if as_run:   # a frame of 4 rows: rows 2 and 3 are copies of rows 0 and 1
+        reconciler.decided_run(10, "q", pa.array([g1, g2, g1, g2], pa.binary()), ("",), [False, False, True, True])
+    else:
+        for seq, guid, apps in ((10, g1, ("",)), (11, g2, ("",)), (12, g1, None), (13, g2, None)):
+            reconciler.decided(seq, "q", guid, apps)
+    # Spark kept seq 12 (g1's second copy) and seq 11 (g2's first).
+    seqs, apps = np.array([11, 12], np.int64), pa.array([[""], [""]], pa.list_(pa.string()))
+    express = np.array([True, True])
+    assert reconciler.delivered_rows(seqs, apps, express, pa.array([g2, g1], pa.binary())) == []
+    assert reconciler.judged_through(13) == []
+    assert (len(reconciler), reconciler.agreed, reconciler.disagreed) == (0, 4, 0)
+
+
+def test_without_the_guids_a_kept_second_copy_is_still_pushed_late():
+    """What the rule above changes: given no GUIDs, the pipeline's kept copy
+    is pushed late and both sides of the difference are recorded."""
+    g1 = b"\x01" * 16
+    reconciler = Reconciler()
+    reconciler.decided(10, "q", g1, ("",))
+    reconciler.decided(11, "q", g1, None)
+    (row, outcome), = reconciler.delivered_rows(np.array([11]), pa.array([[""]], pa.list_(pa.string())),
+                                                np.array([True]))
+    assert (row, outcome.seq, outcome.push_apps) == (0, 11, ("",))
+    assert [d.seq for d in reconciler.judged_through(11)] == [10]
