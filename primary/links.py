@@ -133,10 +133,14 @@ class LinkForwarder:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
         self._wake.set()
-        session = self._session
-        if session is not None:
-            session.stop(timeout_s=0.5)   # fails the round in flight: it is posted again after a restart
+        self._stop_session()   # fails the round in flight: it is posted again after a restart
         self._thread.join(timeout_s)
+        self._stop_session()   # one it made meanwhile
+
+    def _stop_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.stop(timeout_s=0.5)
 
     def notify(self) -> None:
         """A PUT commit happened: read it now."""
@@ -295,6 +299,9 @@ class LinkForwarder:
         self._queues.clear()
         session = self._session_factory(list(self.link.hosts))
         session.start()
+        if self._stopping.is_set():
+            session.stop(timeout_s=0.5)
+            raise errors.ConnectionError("the link is stopping")
         self._session = session
         log.info("link %s (partition %d): connected to cluster %s at %s", self.link.name, self.partition,
                  self.link.cluster, session.host)
@@ -372,7 +379,9 @@ class PullLinks:
         self._pullers: dict[tuple[str, tuple[str, str, str]], Puller] = {}
         self._sessions: dict[str, Session] = {}
         self._changes: "queue_module.SimpleQueue[tuple[str, str, str] | None]" = queue_module.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()            # the consumers' interest (taken by the node's frame handlers)
+        self._session_lock = threading.Lock()    # the sessions (held while one connects)
+        self._stopped = False
         self._thread = threading.Thread(target=self._apply, name=f"pull-links-{partition}", daemon=True)
 
     def carries(self, domain: str) -> bool:
@@ -382,12 +391,21 @@ class PullLinks:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop every pull: their sessions first, so that no puller waits
+        out an ACK or a PUSH; what they held unconfirmed goes back to its
+        queue on the other cluster."""
         self._changes.put(None)
         self._thread.join(10)
-        for puller in list(self._pullers.values()):
-            puller.stop()
-        for session in self._sessions.values():
+        pullers = list(self._pullers.values())
+        for puller in pullers:
+            puller._stopping.set()
+        with self._session_lock:
+            self._stopped = True
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
             session.stop(timeout_s=1.0)
+        for puller in pullers:
+            puller.stop()
 
     def consumer(self, domain: str, queue: str, app: str, key: Any, subscriptions: tuple[str, ...] | None) -> None:
         """A local consumer of taproot://domain/queue?id=app opened or changed
@@ -438,16 +456,16 @@ class PullLinks:
                     puller.subscribe(wanted)                                          # type: ignore[arg-type]
 
     def session(self, name: str, hosts: list[str]) -> Session:
-        """The session of a link (or "" for this node), made once, reconnecting by itself."""
-        with self._lock:
+        """The session of a link (or "" for this node), made once (under its
+        own lock: pullers starting together share it), reconnecting by itself."""
+        with self._session_lock:
+            if self._stopped:
+                raise errors.ConnectionError("the pull links are stopping")
             session = self._sessions.get(name)
-            if session is not None and not session._core.state.final:
-                return session
-        session = Session(hosts, connect_timeout_s=2.0)
-        session.start()
-        with self._lock:
-            self._sessions[name] = session
-        return session
+            if session is None or session._core.state.final:
+                session = self._sessions[name] = Session(hosts, connect_timeout_s=2.0)
+                session.start()
+            return session
 
 
 class Puller:

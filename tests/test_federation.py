@@ -328,13 +328,18 @@ def test_the_link_cut_and_each_side_restarted_mid_stream_loses_and_repeats_nothi
 
 
 def test_a_pull_survives_either_side_restarting_mid_stream(clusters):
-    """Paris pulls `feeds/ticks` while London's producer posts; London's node
-    restarts (the pull's consumer there reconnects, and what it held
-    unconfirmed comes again), then Paris's (the pull starts again when the
-    consumer here reopens)."""
+    """Paris pulls `feeds/ticks` while London's producer posts; London's proxy
+    (the pull's host) stops and comes back, London's node restarts (the
+    pull's consumer there reconnects, and what it held unconfirmed comes
+    again), then Paris's (the pull starts again when the consumer here
+    reopens)."""
     london, paris = clusters
 
     def faults() -> float:
+        time.sleep(2)
+        london.stop_process("proxy1")              # the pull's host goes (and London's producer's)
+        time.sleep(2)
+        london.start_proxy(name="proxy1")
         time.sleep(2)
         london.restart_node()
         time.sleep(2)
