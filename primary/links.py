@@ -70,14 +70,15 @@ class Progress:
     def __init__(self, path: str):
         self.path = path
 
-    def load(self) -> tuple[int, int]:
-        """(version, seq); (-1, -1) before the first round."""
+    def load(self) -> tuple[int, int] | None:
+        """(version, seq); None before the link's first round ever; (-1, -1),
+        the log's start, when the file is unreadable."""
         try:
             with open(self.path) as fh:
                 saved = json.load(fh)
             return int(saved["version"]), int(saved["seq"])
         except FileNotFoundError:
-            return -1, -1
+            return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # Unreadable: start over. Every row is posted again; the remote's
             # dedup window drops what it has (the rows older than its window
@@ -107,7 +108,11 @@ class LinkForwarder:
 
     def __init__(self, link: LinkConfig, local_cluster: str, partition: int, data_dir: str,
                  domains: Callable[[], Mapping[str, DomainConfig]],
-                 session_factory: Callable[[list[str]], Session] | None = None):
+                 session_factory: Callable[[list[str]], Session] | None = None,
+                 start_at: tuple[int, int] = (-1, -1)):
+        """`start_at`: (PUT-log version, seq) a link that has never run starts
+        after: a link added to a running cluster carries what is committed
+        from then on, not the history before it."""
         self.link = link
         self.local_cluster = local_cluster
         self.partition = partition
@@ -121,7 +126,8 @@ class LinkForwarder:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{link.name}-{partition}", daemon=True)
         self._rules: dict[str, tuple[DomainConfig, AppRules]] = {}
-        self.version, self.seq = self.progress.load()
+        saved = self.progress.load()
+        self.version, self.seq = start_at if saved is None else saved
         self.forwarded = 0          # messages the remote ACKed, since start
         self.rounds_failed = 0
         self.last_error = ""

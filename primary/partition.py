@@ -550,7 +550,10 @@ class Partition:
         self.pulls: PullLinks | None = None
         if config.links:
             from primary.links import LinkForwarder, PullLinks
-            self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains)
+            # A link that never ran starts here: what is committed from now on.
+            start_at = (self._puts.table.version(), self._next_seq - 1)
+            self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains,
+                                        start_at=start_at)
                           for link in config.links if link.direction == "push"]
             pulls = [link for link in config.links if link.direction == "pull"]
             self.pulls = PullLinks(pulls, config.name, index, local_address) if pulls else None

@@ -138,8 +138,10 @@ def test_a_link_forwards_by_its_mode_routes_by_cluster_and_never_back_where_a_me
 
 
 def test_progress_survives_a_restart_and_a_torn_file_starts_over(tmp_path, caplog):
+    """A torn file sends the link back to the log's start (the other side's
+    dedup window drops what it has): never past what it has not sent."""
     progress = Progress(str(tmp_path / "links" / "to-paris.json"))
-    assert progress.load() == (-1, -1)
+    assert progress.load() is None            # a link that never ran
     progress.save(12, 3400)
     assert Progress(progress.path).load() == (12, 3400)
     assert json.loads((tmp_path / "links" / "to-paris.json").read_text())["seq"] == 3400
@@ -162,3 +164,12 @@ def test_with_entry_sets_one_key_per_row_as_a_python_dict_update_would(maps, sli
     values = pa.array([f"v{i}" for i in range(len(rows))], pa.string())
     got = with_entry(array, VIA, values).to_pylist()
     assert got == [[(k, v) for k, v in row if k != VIA] + [(VIA, f"v{i}")] for i, row in enumerate(rows)]
+
+
+def test_a_link_that_never_ran_starts_where_the_log_is_and_one_that_ran_where_it_stopped(tmp_path):
+    (config,) = cluster(link()).links
+    fresh = LinkForwarder(config, "london", 0, str(tmp_path), lambda: DOMAINS, start_at=(41, 9_999))
+    assert (fresh.version, fresh.seq, fresh.needed_version) == (41, 9_999, 42)   # no history forwarded
+    fresh.progress.save(57, 12_345)
+    again = LinkForwarder(config, "london", 0, str(tmp_path), lambda: DOMAINS, start_at=(80, 20_000))
+    assert (again.version, again.seq) == (57, 12_345)                          # nothing skipped
