@@ -18,9 +18,12 @@ duplicates, still delivered once.
 
 What is not mirrored: consuming (a message is pushed once, to one consumer;
 a consumer that wants two paths opens a `Session` with both hosts, which fails
-over), and the order of PUTs that each went on only some paths (a path that
-had no room, or was down, skips a PUT; each path keeps its own PUTs in order,
-so the first copies of a producer's PUTs commit in PUT order).
+over). Order: each path keeps its PUTs in order, so when every PUT goes on
+every path the first copies commit in PUT order. A PUT that went on some
+paths only (one had no room, was down, or had not opened the queue yet) may
+commit after a later PUT that went on a faster path. `open_queue` waits up to
+`join_grace_s` for every connected path to open the queue, so that a
+producer's first PUTs go on all of them.
 
 Costs: every PUT is sent, committed and stored once per path (N times the PUT
 log's bytes), and the producer's CPU per PUT is about N times a `Session`'s.
@@ -143,7 +146,8 @@ class MirroredSession:
     path that does not is dialled again every `mend_interval_s`, and joins
     (its queues opened) when it answers."""
 
-    def __init__(self, paths: Sequence[Sequence[str]], *, mend_interval_s: float = 1.0, **options: Any):
+    def __init__(self, paths: Sequence[Sequence[str]], *, mend_interval_s: float = 1.0, join_grace_s: float = 2.0,
+                 **options: Any):
         if isinstance(paths, str) or len(paths) < 2:
             raise ValueError("a mirrored session needs two or more paths, each a list of host:port")
         if any(isinstance(p, str) or not p for p in paths):
@@ -152,6 +156,7 @@ class MirroredSession:
         self.legs = [Session(p, **options) for p in self.paths]
         self.stats = MirrorStats([0] * len(paths), [0] * len(paths), [0] * len(paths))
         self.mend_interval_s = mend_interval_s
+        self.join_grace_s = join_grace_s
         self._guids = GuidGenerator()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -210,9 +215,10 @@ class MirroredSession:
 
     def open_queue(self, uri: str, *, write: bool = True, read: bool = False,
                    timeout_s: float | None = None) -> "MirroredQueue":
-        """Open `uri` for writing on every path; returns once one path has it
-        open (the others join as they answer). Raises the paths' error if none
-        can open it (a bad URI, an unknown domain)."""
+        """Open `uri` for writing on every path; returns once every path has
+        answered, or `join_grace_s` after the first opened it (the others join
+        as they answer). Raises the paths' error if none can open it (a bad
+        URI, an unknown domain)."""
         if read or not write:
             raise errors.InvalidArgumentError(
                 ResultCode.INVALID_ARGUMENT, "a mirrored session only posts: consume with a Session, whose "
@@ -225,6 +231,10 @@ class MirroredSession:
         pending = set(opens)
         while pending and not q._legs:
             _, pending = wait_for_futures(pending, return_when=FIRST_COMPLETED)
+        if pending and q._legs:
+            # The others a moment longer: a PUT that goes on one path only
+            # may commit after a later PUT that went on both (PUT order).
+            wait_for_futures(pending, timeout=self.join_grace_s)
         if not q._legs:
             failures = [f.result() for f in opens]
             first = next((e for e in failures if isinstance(e, errors.RequestError)), None) or next(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -65,7 +66,10 @@ class FakeLeg:
     def _flush(self):
         pass
 
+    open_delay_s = 0.0
+
     def open_queue(self, uri, *, write, timeout_s=None):
+        time.sleep(self.open_delay_s)
         return FakeQueue(self)
 
     def _take(self, guid, future, wait):
@@ -102,8 +106,9 @@ class FakeLeg:
                 future.set_exception(errors.AckError(code, "refused", guid[:16]))
 
 
-def mirrored(*modes: str) -> tuple[MirroredSession, list[FakeLeg]]:
-    session = MirroredSession([[f"127.0.0.1:{9000 + i}"] for i in range(len(modes))], mend_interval_s=3600)
+def mirrored(*modes: str, **options) -> tuple[MirroredSession, list[FakeLeg]]:
+    session = MirroredSession([[f"127.0.0.1:{9000 + i}"] for i in range(len(modes))], mend_interval_s=3600,
+                              **options)
     legs = [FakeLeg(m) for m in modes]
     session.legs = legs  # type: ignore[assignment]
     session.start()
@@ -231,3 +236,20 @@ def test_start_needs_one_path_and_stop_waits_for_answers_not_for_a_dead_path():
     assert b.stopped and not a.stopped
     with pytest.raises(errors.ConnectionError, match="no path reachable"):
         mirrored("unreachable", "unreachable")
+
+
+def test_open_waits_a_moment_for_every_path_so_the_first_puts_go_on_all():
+    """A PUT sent on one path only may be overtaken by a later one sent on
+    both (the fault suite saw PUSH order break that way at the start)."""
+    session, (a, b) = mirrored("ok", "ok")
+    b.open_delay_s = 0.3
+    q = session.open_queue(URI, write=True)
+    assert sorted(q._legs) == [0, 1]
+    session.stop(timeout_s=1)
+    session, (a, b) = mirrored("ok", "ok", join_grace_s=0.05)
+    b.open_delay_s = 0.5
+    q = session.open_queue(URI, write=True)
+    assert sorted(q._legs) == [0]                         # not waited for past the grace
+    time.sleep(0.6)
+    assert sorted(q._legs) == [0, 1]                      # and joins when it answers
+    session.stop(timeout_s=1)
