@@ -469,11 +469,12 @@ class Reconciler:
         run.open[i] = 0
         self._held -= 1
         pushed = run.decision(i)
-        if pushed is None and copy is not None and _same_apps(copy[0].decision(copy[1]), apps):
-            # One message committed twice in one micro-batch (a producer's
-            # resend, a mirrored PUT): the express lane pushed the first copy
-            # and the pipeline kept another. The same message went to the same
-            # apps: both rows agree, and nothing is pushed again.
+        if pushed is None and copy is not None and copy[0].key_of(copy[1]) is run.key_of(i) and _same_apps(
+                copy[0].decision(copy[1]), apps):
+            # One message committed twice to its queue in one micro-batch (a
+            # producer's resend, a mirrored PUT): the express lane pushed the
+            # first copy and the pipeline kept another. The same message went
+            # to the same apps: both rows agree, and nothing is pushed again.
             other, j = copy
             other.open[j] = 0
             self._held -= 1

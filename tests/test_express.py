@@ -382,3 +382,15 @@ def test_without_the_guids_a_kept_second_copy_is_still_pushed_late():
                                                 np.array([True]))
     assert (row, outcome.seq, outcome.push_apps) == (0, 11, ("",))
     assert [d.seq for d in reconciler.judged_through(11)] == [10]
+
+
+def test_a_copy_in_another_queue_is_not_the_same_message():
+    """The same GUID posted to two queues (a producer's bug) is two messages
+    to the express lane's rule above: the kept one is pushed late, as before."""
+    g1 = b"\x01" * 16
+    reconciler = Reconciler()
+    reconciler.decided(10, "q1", g1, ("",))
+    reconciler.decided(11, "q2", g1, None)
+    (row, outcome), = reconciler.delivered_rows(np.array([11]), pa.array([[""]], pa.list_(pa.string())),
+                                                np.array([True]), pa.array([g1], pa.binary()))
+    assert (outcome.seq, outcome.push_apps) == (11, ("",))
