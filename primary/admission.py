@@ -9,13 +9,14 @@ state, are asked separately (`primary.quota`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from primary.dispatcher import ConsumerOptions
+from primary.dispatcher import ConsumerOptions, NotFrom
 from protocol import ResultCode, pb
 from protocol.codes import COMPRESSION_NAMES
-from protocol.expression import ExpressionError, compile_expression
+from protocol.expression import Expression, ExpressionError, compile_expression
 from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH, PUT_TIME_US_MAX
 from protocol.properties import validate_wire
 from protocol.uri import QueueUri, parse_queue_uri
@@ -111,6 +112,16 @@ def check_open(req: pb.OpenQueue, domains: "Mapping[str, DomainConfig]", routes:
     if isinstance(options, Refusal):
         return options
     return Open(uri, domain, options)
+
+
+def for_link(options: ConsumerOptions, cluster: str) -> ConsumerOptions:
+    """A consumer opened by `cluster`'s pull link takes nothing that has been
+    through that cluster (`NotFrom`); any other consumer's options as they are."""
+    if not cluster:
+        return options
+    subscriptions = tuple(NotFrom(cluster, s if isinstance(s, Expression) else None)
+                          for s in options.subscriptions) or (NotFrom(cluster),)
+    return dataclasses.replace(options, subscriptions=subscriptions)
 
 
 def check_capacity(domain: "DomainConfig", queue: str, read: bool, write: bool, consumers: int,

@@ -31,14 +31,14 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from protocol.expression import Expression
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
-from protocol.properties import from_wire, maps_to_wire, wire_to_maps
+from protocol.properties import VIA, from_wire, maps_to_wire, wire_to_maps
 
 ConsumerKey = Hashable
 REASON_ATTEMPTS = "max_delivery_attempts"
@@ -181,12 +181,41 @@ class ConfirmedRows(NamedTuple):
     seqs: list[int]
 
 
+class Matcher(Protocol):
+    """A consumer subscription: an `Expression`, or a pull link's `NotFrom`."""
+    @property
+    def text(self) -> str: ...
+
+    def matches(self, properties: Mapping[str, object]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class NotFrom:
+    """A pull link's consumer (`OpenQueue.link`) takes nothing that has been
+    through its own cluster (the `taproot.via` property): a message pulled
+    from there, or pushed from there, stays here for the consumers here
+    rather than go back and be dropped as a loop. `inner`: the consumer's
+    own subscription, if any."""
+    cluster: str
+    inner: Expression | None = None
+
+    @property
+    def text(self) -> str:
+        return self.inner.text if self.inner is not None else ""
+
+    def matches(self, properties: Mapping[str, object]) -> bool:
+        via = properties.get(VIA)
+        if isinstance(via, str) and self.cluster in via.split(","):
+            return False
+        return self.inner is None or self.inner.matches(properties)
+
+
 @dataclass
 class ConsumerOptions:
     max_unconfirmed_messages: int = MAX_UNCONFIRMED_MESSAGES
     max_unconfirmed_bytes: int = MAX_UNCONFIRMED_BYTES
     priority: int = 0
-    subscriptions: Sequence[Expression] = ()   # OR-combined; empty matches everything
+    subscriptions: Sequence[Matcher] = ()   # OR-combined; empty matches everything
 
     def matches(self, message: StoredMessage) -> bool:
         if not self.subscriptions:

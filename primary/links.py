@@ -48,14 +48,13 @@ from deltalake import DeltaTable
 
 from conf import DomainConfig, LinkConfig
 from primary.express import AppRules
-from protocol.properties import from_wire, maps_to_wire
+from protocol.properties import VIA, from_wire, maps_to_wire
 from storage import deltars, tables
 from taproot import errors
 from taproot.session import Queue, Session
 
 log = logging.getLogger(__name__)
 
-VIA = "taproot.via"             # the property naming the clusters a message has passed
 READ_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "compression"]
 VERSIONS_PER_READ = 20          # PUT-log commits read per round at most (a resume reads in steps)
 ACK_TIMEOUT_S = 120.0

@@ -430,9 +430,9 @@ class Node:
                 link.columnar.add(req.queue_id)
             if handle.broadcast:
                 link.broadcast.add(req.queue_id)
-            options = checked.options
+            options = admission.for_link(checked.options, req.link)
             partition.route(state, handle.app, lambda d: d.add_consumer((link, req.queue_id), options))
-            partition.consumer_opened(state, handle.app, (link, req.queue_id), options, req.link)
+            partition.consumer_opened(state, handle.app, (link, req.queue_id), checked.options, req.link)
 
     def _on_configure(self, link: Link, req: pb.ConfigureQueue) -> None:
         def reply(code: ResultCode, message: str = "") -> None:
@@ -448,8 +448,9 @@ class Node:
         if isinstance(options, Refusal):
             return reply(options.code, options.message)
         reply(ResultCode.SUCCESS)
+        filtered = admission.for_link(options, handle.link)
         handle.partition.route(handle.state, handle.app,
-                               lambda d: d.configure_consumer((link, req.queue_id), options))
+                               lambda d: d.configure_consumer((link, req.queue_id), filtered))
         handle.partition.consumer_opened(handle.state, handle.app, (link, req.queue_id), options, handle.link)
 
     def _on_close(self, link: Link, req: pb.CloseQueue) -> None:

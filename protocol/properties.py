@@ -13,6 +13,10 @@ from typing import Iterable, Mapping, Union
 from protocol import taproot_pb2 as pb
 
 PropertyValue = Union[bool, int, str, bytes]
+# The clusters a message has passed through federation links, comma-separated
+# (docs/federation.md): set by each link; no link sends a message where it was.
+VIA = "taproot.via"
+
 PROPERTIES_MAX = 255
 NAME_LENGTH_MAX = 4095
 VALUE_BYTES_MAX = 67_104_745            # BlazingMQ: bmqa_messageproperties.h

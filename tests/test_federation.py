@@ -3,8 +3,8 @@ and a proxy in processes of their own, two configs, two data directories,
 two port ranges. London pushes domain `demo` to Paris (`all`) and Paris
 pushes it back (a loop the `taproot.via` property breaks); London pushes
 `events` to Paris for what no local subscription takes (`unmatched`); `rpc`
-goes both ways for `queue@cluster` only (request/response); Paris pulls
-`feeds` from London while it has consumers. Neither runs a pipeline: links
+goes both ways for `queue@cluster` only (request/response); each pulls
+`feeds` from the other while it has consumers. Neither runs a pipeline: links
 read the PUT log or consume, and the express lane delivers."""
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def clusters(tmp_path_factory):
     london_conf = write_conf(base / "london", "london", london_node, london_proxy,
                              link("demo-to-paris", "paris", paris_proxy, ["demo"], "all")
                              + link("events-to-paris", "paris", paris_proxy, ["events"], "unmatched")
-                             + link("rpc-to-paris", "paris", paris_proxy, ["rpc"], "none"))
+                             + link("rpc-to-paris", "paris", paris_proxy, ["rpc"], "none")
+                             + link("feeds-from-paris", "paris", paris_proxy, ["feeds"]))
     paris_conf = write_conf(base / "paris", "paris", paris_node, paris_proxy,
                             link("demo-to-london", "london", london_proxy, ["demo"], "all")
                             + link("rpc-to-london", "london", london_proxy, ["rpc"], "none")
@@ -239,6 +240,35 @@ def test_a_pull_link_consumes_there_while_consumers_here_subscribe(clusters):
         local = here.open_queue(uri, read=True)
         kept = drain(local, 50)
     assert [m.guid for m in kept] == us_before + eu_late
+
+
+def test_two_clusters_pulling_a_queue_from_each_other_deliver_each_message_once(clusters):
+    """London and Paris each pull `feeds/both` from the other while both have
+    a consumer on it. A message posted in London may go to London's consumer
+    or, pulled, to Paris's; it must never be pulled back (a pull link's
+    consumer takes nothing that has been through its own cluster), where it
+    would be dropped as a loop and reach nobody."""
+    from taproot import Session
+
+    london, paris = clusters
+    uri = "taproot://feeds/both"
+    with Session([london.proxy_address]) as here, Session([paris.proxy_address]) as there:
+        consumers = [here.open_queue(uri, read=True), there.open_queue(uri, read=True)]
+        time.sleep(2)                                  # each side's pull opens on the other
+        producers = [here.open_queue(uri, write=True), there.open_queue(uri, write=True)]
+        guids = [f.result(timeout=30).guid for f in [p.post(b"%d" % i) for i in range(200) for p in producers]]
+        got: list = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(guids) and time.monotonic() < deadline:
+            for consumer in consumers:
+                message = consumer.get(timeout_s=0.1)
+                if message is not None:
+                    got.append(message.guid)
+                    consumer.confirm(message)
+        time.sleep(3)
+        for consumer in consumers:                     # nothing more may come
+            got.extend(m.guid for m in consumer.messages(timeout_s=0.5))
+    assert sorted(got) == sorted(guids)                # each once, none lost
 
 
 def stream_through_faults(london, paris, uri: str, count: int, gap_s: float, faults) -> None:

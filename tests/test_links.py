@@ -173,3 +173,21 @@ def test_a_link_that_never_ran_starts_where_the_log_is_and_one_that_ran_where_it
     fresh.progress.save(57, 12_345)
     again = LinkForwarder(config, "london", 0, str(tmp_path), lambda: DOMAINS, start_at=(80, 20_000))
     assert (again.version, again.seq) == (57, 12_345)                          # nothing skipped
+
+
+def test_a_pull_links_consumer_takes_nothing_that_has_been_through_its_cluster():
+    from primary.admission import for_link
+    from primary.dispatcher import ConsumerOptions
+    from protocol.expression import compile_expression
+
+    plain = ConsumerOptions(10, 1 << 20, 0)
+    assert for_link(plain, "") is plain                                  # a consumer of this cluster
+    everything = for_link(plain, "paris").subscriptions
+    eu = for_link(ConsumerOptions(subscriptions=(compile_expression("region = 'EU'"),)), "paris").subscriptions
+    for props, want_all, want_eu in [({}, True, False), ({"region": "EU"}, True, True),
+                                     ({"region": "EU", VIA: "paris"}, False, False),
+                                     ({"region": "EU", VIA: "berlin,paris"}, False, False),
+                                     ({"region": "EU", VIA: "parisian"}, True, True)]:
+        assert any(s.matches(props) for s in everything) is want_all, props
+        assert any(s.matches(props) for s in eu) is want_eu, props
+    assert [s.text for s in eu] == ["region = 'EU'"]
