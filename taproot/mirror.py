@@ -40,6 +40,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from protocol import ResultCode, parse_queue_uri
+from protocol.limits import GUID_LENGTH
 from protocol.properties import PropertyValue
 from taproot import errors
 from taproot.futures import PutFuture
@@ -47,8 +48,6 @@ from taproot.guid import GuidGenerator
 from taproot.session import Queue, Session
 
 log = logging.getLogger(__name__)
-
-GUID_LENGTH = 16
 
 
 @dataclass
@@ -346,13 +345,8 @@ class MirroredQueue:
         paths = self._paths()
         if not paths:
             raise errors.PostError(f"{self.uri}: no path is up")
-        session = self._session
-        n = table.num_rows
-        if n == 0:
-            raise errors.PostError("no rows to post")
-        guids = paths[0][1]._guids_of(table)
-        data = paths[0][1]._wire_columns(table, guids)
-        fan = session._fan(Future(), guids[:GUID_LENGTH], n)
+        guids, data = paths[0][1]._wire_columns(table)
+        fan = self._session._fan(Future(), guids[:GUID_LENGTH], len(guids) // GUID_LENGTH)
 
         def offer(path: int, q: Queue, wait: bool) -> Any:
             future = q._session._post_columns(q, guids, data, wait=wait)

@@ -178,11 +178,8 @@ class Queue:
         frame as a whole; the future resolves to the list of GUIDs once every
         message is durable, or raises `AckError` with the code that refused
         them all."""
-        self._check_writable()
-        if table.num_rows == 0:
-            raise errors.PostError("no rows to post")
-        guids = self._guids_of(table)
-        future = self._session._post_columns(self, guids, self._wire_columns(table, guids))
+        guids, data = self._wire_columns(table)
+        future = self._session._post_columns(self, guids, data)
         assert future is not None   # it waits for room
         return future
 
@@ -195,8 +192,9 @@ class Queue:
             raise errors.PostError(f"the guid column must hold {GUID_LENGTH} bytes in every row")
         return b"".join(values)
 
-    def _wire_columns(self, table: "pa.Table", guids: bytes) -> bytes:
-        """A post_columns frame's Arrow IPC body, with these GUIDs (16 bytes a row)."""
+    def _wire_columns(self, table: "pa.Table") -> tuple[bytes, bytes]:
+        """A post_columns frame checked and made ready to send: its GUIDs
+        (16 bytes a row, `_guids_of`) and its Arrow IPC body."""
         import pyarrow as pa
 
         from protocol import columns
@@ -205,6 +203,7 @@ class Queue:
         n = table.num_rows
         if n == 0:
             raise errors.PostError("no rows to post")
+        guids = self._guids_of(table)
         empty = pa.array([[]] * n, columns.PROPERTY_MAP)
         full = pa.table({
             "guid": columns.fixed_width_binary(guids, GUID_LENGTH),
@@ -215,7 +214,7 @@ class Queue:
                             else pa.nulls(n, pa.string())),
         })
         try:
-            return columns.encode(full)
+            return guids, columns.encode(full)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise errors.PostError(f"columns do not fit the PutColumns schema: {exc}") from exc
 
@@ -722,15 +721,18 @@ class Session:
         if wait:
             self._wait_for_room_locked(nbytes, count)
             return True
+        return not self._no_room_locked(nbytes, count)
+
+    def _no_room_locked(self, nbytes: int, count: int) -> bool:
+        """Connected, PUTs that would not fit the retransmission buffer wait
+        (flow control: the ACKs make room). Disconnected, or larger than the
+        empty buffer, they are refused, not waited for."""
         core = self._core
-        return not (core.pending and core.refusal(nbytes, count) is not None and core.state.linked)
+        return bool(core.pending and core.refusal(nbytes, count) is not None and core.state.linked)
 
     def _wait_for_room_locked(self, nbytes: int, count: int) -> None:
-        """Connected, a producer waits while its PUTs would not fit the
-        retransmission buffer (flow control: the ACKs make room), never
-        dropped. Disconnected, or larger than the empty buffer, it is refused."""
-        core = self._core
-        while core.pending and core.refusal(nbytes, count) is not None and core.state.linked:
+        """A producer waits while its PUTs have no room (`_no_room_locked`), never dropped."""
+        while self._no_room_locked(nbytes, count):
             self._lock.wait(0.1)
 
     def _confirm(self, q: Queue, seqs: "Sequence[int]") -> None:

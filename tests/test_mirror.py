@@ -34,11 +34,8 @@ class FakeQueue:
             raise errors.PostError("payload must be bytes")
         return payload, [], 0
 
-    def _guids_of(self, table):
-        return os.urandom(16 * table.num_rows)
-
-    def _wire_columns(self, table, guids):
-        return b"arrow"
+    def _wire_columns(self, table):
+        return os.urandom(16 * table.num_rows), b"arrow"
 
     def close(self, timeout_s=None):
         self.closed = True
