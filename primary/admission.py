@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 from primary.dispatcher import ConsumerOptions, NotFrom
 from protocol import ResultCode, pb
 from protocol.codes import COMPRESSION_NAMES
-from protocol.expression import Expression, ExpressionError, compile_expression
+from protocol.expression import ExpressionError, compile_expression
 from protocol.limits import CONSUMER_PRIORITY_MAX, GUID_LENGTH, PUT_TIME_US_MAX
 from protocol.properties import validate_wire
 from protocol.uri import QueueUri, parse_queue_uri
@@ -119,8 +119,7 @@ def for_link(options: ConsumerOptions, cluster: str) -> ConsumerOptions:
     through that cluster (`NotFrom`); any other consumer's options as they are."""
     if not cluster:
         return options
-    subscriptions = tuple(NotFrom(cluster, s if isinstance(s, Expression) else None)
-                          for s in options.subscriptions) or (NotFrom(cluster),)
+    subscriptions = tuple(NotFrom(cluster, s) for s in options.subscriptions) or (NotFrom(cluster),)
     return dataclasses.replace(options, subscriptions=subscriptions)
 
 

@@ -36,7 +36,6 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Proto
 import numpy as np
 import pyarrow as pa
 
-from protocol.expression import Expression
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
 from protocol.properties import VIA, from_wire, maps_to_wire, wire_to_maps
 
@@ -197,7 +196,7 @@ class NotFrom:
     rather than go back and be dropped as a loop. `inner`: the consumer's
     own subscription, if any."""
     cluster: str
-    inner: Expression | None = None
+    inner: Matcher | None = None
 
     @property
     def text(self) -> str:

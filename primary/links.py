@@ -235,20 +235,11 @@ class LinkForwarder:
         routed = pc.match_substring(queue, "@")
         keep = pc.and_(pc.is_in(rows["domain"], pa.array(list(link.domains), pa.string())),
                        pc.or_(pc.ends_with(queue, f"@{link.cluster}"), self._local(rows, routed)))
-        props = rows["properties"].combine_chunks()
-        via = pc.map_lookup(props, pa.scalar(VIA), "first")
-        been = pc.match_substring_regex(via, rf"(^|,){re.escape(link.cluster)}(,|$)")
-        keep = pc.and_(keep, pc.invert(pc.fill_null(been, False)))   # it has been there: a loop
+        keep = pc.and_(keep, pc.invert(been_through(rows, link.cluster)))   # it has been there: a loop
         chosen = rows.filter(keep)
-        if chosen.num_rows == 0:
-            return _forwarded(chosen, pa.array([], pa.string()), chosen["properties"], chosen["property_types"])
-        via = pc.map_lookup(chosen["properties"].combine_chunks(), pa.scalar(VIA), "first")
-        passed = pc.if_else(pc.is_null(via), pa.scalar(self.local_cluster),
-                            pc.binary_join_element_wise(via, pa.scalar(self.local_cluster), ","))
-        strings = pa.array(["string"] * chosen.num_rows, pa.string())
-        return _forwarded(chosen, pc.replace_substring_regex(chosen["queue"], "@.*$", ""),
-                          with_entry(chosen["properties"].combine_chunks(), VIA, passed),
-                          with_entry(chosen["property_types"].combine_chunks(), VIA, strings))
+        properties, property_types = via_added(chosen, self.local_cluster)
+        return _forwarded(chosen, pc.replace_substring_regex(chosen["queue"], "@.*$", ""), properties,
+                          property_types)
 
     def _local(self, rows: pa.Table, routed: pa.Array) -> pa.Array:
         """Which rows of local queues the link's `forward` mode sends."""
@@ -329,6 +320,22 @@ def _forwarded(rows: pa.Table, remote_queue: pa.Array, properties: pa.Array, pro
         "domain": rows["domain"], "queue": rows["queue"], "remote_queue": remote_queue, "guid": rows["guid"],
         "seq": rows["seq"], "payload": rows["payload"], "properties": properties,
         "property_types": property_types, "compression": rows["compression"]})
+
+
+def been_through(rows: pa.Table, cluster: str) -> pa.Array:
+    """Per row, whether its `taproot.via` names `cluster`."""
+    via = pc.map_lookup(rows["properties"].combine_chunks(), pa.scalar(VIA), "first")
+    return pc.fill_null(pc.match_substring_regex(via, rf"(^|,){re.escape(cluster)}(,|$)"), False)
+
+
+def via_added(rows: pa.Table, cluster: str) -> tuple[pa.Array, pa.Array]:
+    """The rows' `properties` and `property_types` with `cluster` appended
+    to their `taproot.via` (a string property)."""
+    properties = rows["properties"].combine_chunks()
+    via = pc.map_lookup(properties, pa.scalar(VIA), "first")
+    passed = pc.if_else(pc.is_null(via), pa.scalar(cluster), pc.binary_join_element_wise(via, pa.scalar(cluster), ","))
+    strings = pa.array(["string"] * rows.num_rows, pa.string())
+    return with_entry(properties, VIA, passed), with_entry(rows["property_types"].combine_chunks(), VIA, strings)
 
 
 def with_entry(maps: pa.MapArray, key: str, values: pa.Array) -> pa.MapArray:
@@ -537,20 +544,11 @@ class Puller:
         if batch is None:
             return
         rows = batch.table
-        via = pc.map_lookup(rows["properties"].combine_chunks(), pa.scalar(VIA), "first")
-        home = pc.fill_null(pc.match_substring_regex(
-            via, rf"(^|,){re.escape(self.links.local_cluster)}(,|$)"), False)
-        rows = rows.filter(pc.invert(home))       # been here: a loop
+        rows = rows.filter(pc.invert(been_through(rows, self.links.local_cluster)))   # been here: a loop
         if rows.num_rows:
-            via = pc.map_lookup(rows["properties"].combine_chunks(), pa.scalar(VIA), "first")
-            passed = pc.if_else(pc.is_null(via), pa.scalar(self.link.cluster),
-                                pc.binary_join_element_wise(via, pa.scalar(self.link.cluster), ","))
-            local.post_columns(pa.table({
-                "guid": rows["guid"], "payload": rows["payload"],
-                "properties": with_entry(rows["properties"].combine_chunks(), VIA, passed),
-                "property_types": with_entry(rows["property_types"].combine_chunks(), VIA,
-                                             pa.array(["string"] * rows.num_rows, pa.string())),
-            })).result(timeout=ACK_TIMEOUT_S)
+            properties, property_types = via_added(rows, self.link.cluster)
+            local.post_columns(pa.table({"guid": rows["guid"], "payload": rows["payload"], "properties": properties,
+                                         "property_types": property_types})).result(timeout=ACK_TIMEOUT_S)
         batch.confirm()
         self.pulled += rows.num_rows
 

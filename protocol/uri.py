@@ -43,7 +43,7 @@ class QueueUri:
 
     def on(self, cluster: str) -> "QueueUri":
         """The URI as seen on `cluster`: `queue@cluster` there is plain `queue`."""
-        return QueueUri(self.domain, self.local_name, self.app_id) if self.cluster == cluster else self
+        return QueueUri(self.domain, self.local_name, self.app_id) if self.cluster and self.cluster == cluster else self
 
 
 def partition_of(uri: QueueUri, partitions: int) -> int:

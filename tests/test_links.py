@@ -135,6 +135,7 @@ def test_a_link_forwards_by_its_mode_routes_by_cluster_and_never_back_where_a_me
     assert forwarded("unmatched")["seq"].to_pylist() == [1, 6]           # demo's one app takes all; EU stays
     assert forwarded("none")["seq"].to_pylist() == [1]                   # queue@paris only
     assert forwarded("all", ["other"])["seq"].to_pylist() == [7]       # only the domains it carries
+    assert forwarded("none", ["events"]).num_rows == 0                  # nothing: an empty table, no error
 
 
 def test_progress_survives_a_restart_and_a_torn_file_starts_over(tmp_path, caplog):
