@@ -217,12 +217,8 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
                                  lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
             return results
     finally:
-        # The temp dir goes unless something failed: then its logs (data/logs) are what to read.
-        if results and not any(sum(r["failed"].values()) for r in results):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            logs = os.path.join(data_dir, "logs")
-            print(f"kept {work}" + (f" (the cluster's logs are in {logs})" if os.path.isdir(logs) else ""), flush=True)
+        logs = os.path.join(data_dir, "logs")
+        _tidy(work, results, f"the cluster's logs are in {logs}" if os.path.isdir(logs) else "")
 
 
 def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
@@ -258,10 +254,15 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
                                      consumer_address=paris.client_address)
                 return results
     finally:
-        if results and not any(sum(r["failed"].values()) for r in results):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"kept {work} (the clusters' logs are in {data_root}/*/logs)", flush=True)
+        _tidy(work, results, f"the clusters' logs are in {data_root}/*/logs")
+
+
+def _tidy(work: Path, results: list[dict[str, Any]], logs: str) -> None:
+    """The bench's temp dir goes unless something failed: then its logs are what to read."""
+    if results and not any(sum(r["failed"].values()) for r in results):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"kept {work}" + (f" ({logs})" if logs else ""), flush=True)
 
 
 def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace,
