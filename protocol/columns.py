@@ -83,7 +83,9 @@ def _ipc(schema: pa.Schema, table: pa.Table | pa.RecordBatch) -> bytes:
 
 
 def encode(table: pa.Table) -> bytes:
-    return _ipc(SCHEMA, table.select(SCHEMA.names).cast(SCHEMA))
+    """A PutColumns body: `SCHEMA`'s columns, and `put_time_us` if `table` has it."""
+    schema = PUT_SCHEMA if PUT_TIME in table.column_names else SCHEMA
+    return _ipc(schema, table.select(schema.names).cast(schema))
 
 
 def encode_puts(messages: Sequence[PutRow]) -> bytes:

@@ -212,6 +212,10 @@ class Queue:
             "property_types": table["property_types"] if "property_types" in table.column_names else empty,
             "compression": (table["compression"] if "compression" in table.column_names
                             else pa.nulls(n, pa.string())),
+            # The producer's clock, for latency stats (PUSH put_time_us, the
+            # brokers' PUT->ACK and PUT->PUSH): the post's, unless given.
+            columns.PUT_TIME: (table[columns.PUT_TIME] if columns.PUT_TIME in table.column_names
+                               else pa.repeat(pa.scalar(wall_time_us(), pa.int64()), n)),
         })
         try:
             return guids, columns.encode(full)
