@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 JARS_STAMP := .cache/ivy/.delta-jars
+# Debian's chromium: the status page's test drives a real browser.
+BROWSER_STAMP := .cache/.chromium
 
 .PHONY: run test test-fast test-long typecheck setup bench bench-compare proto clean
 
@@ -25,7 +27,15 @@ $(JARS_STAMP): $(STAMP)
 run: setup
 	$(BIN)/taproot run
 
-test: setup
+$(BROWSER_STAMP):
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the status page's browser test (apt-get, about 20 s)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && \
+	    $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+	mkdir -p .cache && touch $@
+
+test: setup $(BROWSER_STAMP)
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest

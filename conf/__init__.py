@@ -48,11 +48,25 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid. The message names the field."""
 
 
+# A role's HTTP port (metrics, status page): -1 none, 0 any free port. Not
+# set: the gRPC port + HTTP_PORT_OFFSET (any free one when that is 0).
+HTTP_PORT_FROM_GRPC = -2
+HTTP_PORT_OFFSET = 10
+
+
+def http_port_of(http_port: int, grpc_port: int) -> int | None:
+    """The HTTP port a node or proxy binds (0: any free), None: no HTTP."""
+    if http_port == HTTP_PORT_FROM_GRPC:
+        return grpc_port + HTTP_PORT_OFFSET if grpc_port else 0
+    return None if http_port < 0 else http_port
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     name: str
     host: str = "127.0.0.1"
     port: int = 30114
+    http_port: int = HTTP_PORT_FROM_GRPC
 
     @property
     def address(self) -> str:
@@ -65,6 +79,7 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 30115
     upstream: str = ""  # node name; "" means the first node
+    http_port: int = HTTP_PORT_FROM_GRPC
 
     @property
     def address(self) -> str:
@@ -125,6 +140,15 @@ class PipelineConfig:
     trigger_interval_ms: int = 5000
     shuffle_partitions: int = 2       # fixed per checkpoint once it exists
     max_files_per_trigger: int = 1000
+    http_port: int = 30126            # metrics; -1 none, 0 any free port
+    http_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    # Each queue is a label value of the queue metrics; past this many
+    # queues a role reports the rest as queue="_other" (summed).
+    max_queue_series: int = 1000
 
 
 @dataclass(frozen=True)
@@ -204,6 +228,7 @@ class ClusterConfig:
     pipeline: PipelineConfig = PipelineConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
     ha: HaConfig = HaConfig()
+    metrics: MetricsConfig = MetricsConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
     links: tuple[LinkConfig, ...] = ()
 
@@ -276,6 +301,8 @@ class DomainConfig:
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "port": (0, 65535),
+    "http_port": (-1, 65535),
+    "max_queue_series": (0, 1_000_000),
     "partitions": (1, 4096),
     "group_commit_max_messages": (1, 1_000_000),
     "group_commit_max_bytes": (1024, 1 << 31),
@@ -445,13 +472,14 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     pipeline_raw = raw.pop("pipeline", {})
     maintenance_raw = raw.pop("maintenance", {})
     ha_raw = raw.pop("ha", {})
+    metrics_raw = raw.pop("metrics", {})
     links_raw = _array_of_tables(raw.pop("links", None), "links")
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, links)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, links)")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
-                    maintenance=MaintenanceConfig(), ha=HaConfig(), domains={})
+                    maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), domains={})
     base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
     if not CLUSTER_RE.match(base.name):
         raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
@@ -481,7 +509,7 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
         primary=primary,
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        ha=ha, domains=dict(domains), links=links,
+        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), domains=dict(domains), links=links,
     )
 
 

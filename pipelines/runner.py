@@ -9,16 +9,18 @@ import tempfile
 import threading
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import grpc
 import pyarrow as pa
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 import conf
 from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
 from pipelines.retention import maintain
 from protocol import pb, pb_grpc
+from protocol.metrics import LATENCY_BUCKETS, HttpServer, WeightedHistogram, registry_for
 from protocol.stream import write_ready_file
 from storage import deltars, tables
 from storage import spark as spark_factory
@@ -170,7 +172,42 @@ def run_maintenance(spark: "SparkSession", config: conf.ClusterConfig) -> None:
         log.exception("maintenance failed; next attempt in %d s", config.maintenance.interval_s)
 
 
-def log_progress(query: "StreamingQuery", logged: dict[str, int]) -> None:
+class PipelineStats:
+    """The micro-batches of each query, for the pipeline's metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches: dict[str, int] = {}
+        self.rows: dict[str, int] = {}
+        self.seconds: dict[str, WeightedHistogram] = {}
+        self.active: dict[str, bool] = {}
+
+    def batch(self, query: str, rows: int, seconds: float) -> None:
+        with self._lock:
+            self.batches[query] = self.batches.get(query, 0) + 1
+            self.rows[query] = self.rows.get(query, 0) + rows
+            self.seconds.setdefault(query, WeightedHistogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            batches, rows, seconds, active = dict(self.batches), dict(self.rows), dict(self.seconds), \
+                dict(self.active)
+        done = CounterMetricFamily("taproot_pipeline_batches", "micro-batches finished", labels=["query"])
+        read = CounterMetricFamily("taproot_pipeline_input_rows", "PUT-log rows the micro-batches read",
+                                   labels=["query"])
+        took = HistogramMetricFamily("taproot_pipeline_batch_seconds", "one micro-batch, start to commit",
+                                     labels=["query"])
+        running = GaugeMetricFamily("taproot_pipeline_query_active", "1 while the query runs", labels=["query"])
+        for name in sorted(set(batches) | set(active)):
+            done.add_metric([name], batches.get(name, 0))
+            read.add_metric([name], rows.get(name, 0))
+            if name in seconds:
+                seconds[name].add_to(took, (name,))
+            running.add_metric([name], int(active.get(name, False)))
+        yield from (done, read, took, running)
+
+
+def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: PipelineStats | None = None) -> None:
     """One log line per new micro-batch: its rows, its duration, and where the time went."""
     for progress in query.recentProgress:
         batch = progress["batchId"]
@@ -178,17 +215,35 @@ def log_progress(query: "StreamingQuery", logged: dict[str, int]) -> None:
             continue
         logged[query.name] = batch
         durations = progress.get("durationMs", {})
+        if stats is not None:
+            stats.batch(query.name, progress.get("numInputRows", 0), durations.get("triggerExecution", 0) / 1000)
         log.info("%s batch %d: %d rows in %d ms (%s)", query.name, batch, progress.get("numInputRows", 0),
                  durations.get("triggerExecution", 0),
                  ", ".join(f"{k} {v}" for k, v in sorted(durations.items()) if k != "triggerExecution"))
 
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,
-        stop_event: threading.Event | None = None, cluster_file: str | None = None, warm: bool = True) -> int:
+        stop_event: threading.Event | None = None, cluster_file: str | None = None, warm: bool = True,
+        http_port: int | None = None) -> int:
+    """`http_port`: metrics there (0: any free port, -1: none); None: `[pipeline] http_port`."""
     stop = stop_event or threading.Event()
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    stats = PipelineStats()
+    port = config.pipeline.http_port if http_port is None else http_port
+    http = None if port < 0 else HttpServer("pipeline", config.pipeline.http_host, port,
+                                            registry_for(stats.collect)).start()
+    try:
+        return _run(config, stop, stats, node_address, ready_file, cluster_file, warm,
+                    http.port if http is not None else None)
+    finally:
+        if http is not None:
+            http.stop()
+
+
+def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats, node_address: str | None,
+         ready_file: str | None, cluster_file: str | None, warm: bool, http_port: int | None) -> int:
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
     window = config.history_window_ms
@@ -209,7 +264,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
         queries.append(query)
     log.info("pipeline running %d dedup quer%s (history window %d ms)", len(queries),
              "y" if len(queries) == 1 else "ies", window)
-    write_ready_file(ready_file, queries=[q.name for q in queries])
+    write_ready_file(ready_file, queries=[q.name for q in queries], http_port=http_port)
     failed = None
     logged: dict[str, int] = {}
     interval_s = config.maintenance.interval_s
@@ -218,7 +273,8 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
         stop.wait(0.5)
         failed = next((q for q in queries if not q.isActive), None)
         for q in queries:
-            log_progress(q, logged)
+            stats.active[q.name] = q.isActive
+            log_progress(q, logged, stats)
         if interval_s and time.monotonic() >= next_maintenance:
             run_maintenance(spark, dataclasses.replace(config, domains=domains()))
             next_maintenance = time.monotonic() + interval_s

@@ -272,6 +272,15 @@ class QueueDispatcher:
         self._consumers: dict[ConsumerKey, _Consumer] = {}
         self._rr: deque[ConsumerKey] = deque()   # round-robin order
         self._dropped: list[Dropped] = []
+        # Counts for metrics (`primary.metrics`), kept under the partition's
+        # lock like the rest: messages pushed (a redelivery counts again, in
+        # `redelivered` too), confirmed, and dropped by reason.
+        self.pushed = 0
+        self.redelivered = 0
+        self.confirmed = 0
+        self.dropped: dict[str, int] = {}
+        self.broadcasts = 0     # PUTs of a broadcast queue (never stored), whether anyone got them or not
+        self.purged = 0         # messages an admin purged
 
     # -- inspection ---------------------------------------------------------
     @property
@@ -288,6 +297,47 @@ class QueueDispatcher:
     def unconfirmed_of(self, key: ConsumerKey) -> list[int]:
         """The seqs `key` holds unconfirmed, in push order."""
         return list(self._consumers[key].unconfirmed)
+
+    def consumers_info(self) -> list[dict[str, object]]:
+        """Each consumer as the admin API shows it, in round-robin order."""
+        out: list[dict[str, object]] = []
+        for key in self._rr:
+            c = self._consumers[key]
+            o = c.options
+            out.append({"key": key, "priority": o.priority, "paused": o.paused,
+                        "subscriptions": [s.text for s in o.subscriptions],
+                        "max_unconfirmed_messages": o.max_unconfirmed_messages,
+                        "max_unconfirmed_bytes": o.max_unconfirmed_bytes,
+                        "unconfirmed_messages": len(c.unconfirmed), "unconfirmed_bytes": c.unconfirmed_bytes})
+        return out
+
+    def oldest_pending(self) -> StoredMessage | None:
+        """The message that has waited longest for a consumer, or None."""
+        if not self._pending:
+            return None
+        first = self._pending[0]
+        return first.messages()[0] if isinstance(first, MessageRun) else first
+
+    def purge(self) -> "ConfirmedRows":
+        """Drop every message waiting or pushed and not confirmed (an admin's
+        purge): they are returned as confirmed rows, for the confirm log that
+        keeps them finished across a restart. A consumer's later CONFIRM of
+        one is ignored, as any CONFIRM of a seq it does not hold."""
+        done = ConfirmedRows([], [])
+        for pending in self._pending:
+            for m in pending.messages() if isinstance(pending, MessageRun) else [pending]:
+                done.guids.append(m.guid)
+                done.seqs.append(m.seq)
+        self._pending.clear()
+        for consumer in self._consumers.values():
+            for seq, held in consumer.unconfirmed.items():
+                done.guids.append(held[0].guids[held[1]] if isinstance(held, tuple) else held.guid)
+                done.seqs.append(seq)
+            consumer.unconfirmed.clear()
+            consumer.unconfirmed_bytes = 0
+        self._known.clear()
+        self.purged += len(done.seqs)
+        return done
 
     def take_dropped(self) -> list[Dropped]:
         """Messages dropped since the last call (poison pills, expired)."""
@@ -374,6 +424,7 @@ class QueueDispatcher:
             done_seqs.append(seq)
             freed += size
         consumer.unconfirmed_bytes -= freed
+        self.confirmed += len(done_seqs)
         return confirmed, (self._dispatch() if done else [])
 
     def expire(self) -> None:
@@ -393,28 +444,35 @@ class QueueDispatcher:
     def broadcast(self, message: StoredMessage) -> list[Push]:
         """Broadcast mode: every highest-priority matching consumer that is not
         paused gets the message now; nothing is kept (at-most-once)."""
+        self.broadcasts += 1
         candidates = [c for c in self._consumers.values()
                       if not c.options.paused and c.options.matches(message)]
         if not candidates:
             return []
         top = max(c.options.priority for c in candidates)
-        return [(c.key, message) for c in candidates if c.options.priority == top]
+        pushes: list[Push] = [(c.key, message) for c in candidates if c.options.priority == top]
+        self.pushed += len(pushes)
+        return pushes
 
     def broadcast_run(self, run: MessageRun) -> list[Push]:
         """`broadcast` for a frame: the same targets for every row (the run
         itself to each), unless a consumer has a subscription (row by row)."""
         if any(c.options.subscriptions for c in self._consumers.values()):
             return [push for message in run.messages() for push in self.broadcast(message)]
+        self.broadcasts += len(run)
         candidates = [c for c in self._consumers.values() if not c.options.paused]
         if not candidates:
             return []
         top = max(c.options.priority for c in candidates)
-        return [(c.key, run) for c in candidates if c.options.priority == top]
+        pushes: list[Push] = [(c.key, run) for c in candidates if c.options.priority == top]
+        self.pushed += len(pushes) * len(run)
+        return pushes
 
     # -- routing ------------------------------------------------------------
     def _drop(self, message: StoredMessage, reason: str, detail: str) -> None:
         self._known.discard(message.guid)
         self._dropped.append((message, reason, detail))
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def _drop_all(self, message: Pending, reason: str, detail: str) -> None:
         for m in message.messages() if isinstance(message, MessageRun) else [message]:
@@ -485,10 +543,15 @@ class QueueDispatcher:
                 message.delivery_count += 1
                 consumer.unconfirmed.update(zip(message.seqs, zip(itertools.repeat(message), range(len(message)))))
                 consumer.unconfirmed_bytes += message.size
+                rows = len(message)
             else:
                 message.delivery_count += 1
                 consumer.unconfirmed[message.seq] = message
                 consumer.unconfirmed_bytes += message.size
+                rows = 1
+            self.pushed += rows
+            if message.delivery_count > 1:
+                self.redelivered += rows
             pushes.append((consumer.key, message))
         # Messages nobody could take stay in front, in their order.
         self._pending.extendleft(reversed(skipped))

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
 from protocol.clock import Clock, MonotonicClock
+from protocol.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, WeightedHistogram
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ class GroupCommitter(Generic[T]):
         self._oldest_ms = 0.0
         self._stopping = False
         self._committing = False
+        self._taken = 0      # the messages of the group being committed
+        # Each group's size in messages and its commit's duration (metrics).
+        self.sizes = WeightedHistogram(SIZE_BUCKETS)
+        self.seconds = WeightedHistogram(LATENCY_BUCKETS)
         self._thread = threading.Thread(target=self._run, name=f"commit-{name}", daemon=True)
 
     def start(self) -> None:
@@ -99,6 +105,7 @@ class GroupCommitter(Generic[T]):
                 waited = self._clock.now_ms() - self._oldest_ms if self._items else 0.0
                 if self._policy.should_commit(self._count, self._bytes, waited) or (
                         self._stopping and self._items):
+                    self._taken = self._count
                     items, self._items, self._bytes, self._count = self._items, [], 0, 0
                     self._committing = True
                     return items
@@ -115,8 +122,11 @@ class GroupCommitter(Generic[T]):
             # commit_fn reports failures to the items' owners itself (NACK with
             # STORAGE_FAILURE); an exception escaping it is a bug, but the
             # thread must survive it or every later PUT would go unanswered.
+            started = time.perf_counter()
             try:
                 self._commit_fn(items)
+                self.seconds.observe(time.perf_counter() - started)
+                self.sizes.observe(self._taken)
             except Exception:  # pragma: no cover - defensive
                 log.exception("group commit %s: commit function raised", self.name)
             finally:

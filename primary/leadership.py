@@ -64,6 +64,10 @@ class Leadership:
         self._keeper.start()
 
     # -- where each partition is led -----------------------------------------------
+    def view(self, p: int) -> LeaseView | None:
+        """The last read of partition p's lease (its holder, epoch, address)."""
+        return self._views[p]
+
     def where(self, p: int) -> Where:
         if p in self.partitions:
             return Where.HERE

@@ -38,6 +38,7 @@ from primary import admission
 from primary.admission import PAUSED, Open, Refusal
 from primary.dispatcher import ConsumerOptions, Push, QueueDispatcher, StoredMessage
 from primary.leadership import Leadership, Where
+from primary.metrics import NodeMetrics
 from primary.partition import (
     Partition,
     PendingColumns,
@@ -111,6 +112,7 @@ class Node:
                                      changed=self._resume_parked)
         self.forwarding = Forwarding(self.leadership.leader_addresses, name, config.ha.retransmission)
         self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
+        self.metrics = NodeMetrics(config.metrics.max_queue_series)
 
     @property
     def partitions(self) -> dict[int, Partition]:
@@ -210,11 +212,13 @@ class Node:
         it as served once this returns)."""
         partition = Partition(p, self.config, epoch=epoch, quota_for=self._quotas.get,
                               on_fenced=functools.partial(self.leadership.fenced, p),
-                              local_address=lambda: self.address)
+                              local_address=lambda: self.address, metrics=self.metrics)
         partition.start()
+        self.metrics.partitions_taken += 1
         return partition
 
     def _stepped_down(self, p: int, partition: Partition) -> None:
+        self.metrics.partitions_lost += 1
         # End every link with queues here: the hops below keep their PUTs and
         # reopen through whichever node they reach next.
         with self._lock:
@@ -277,6 +281,7 @@ class Node:
 
     # -- links --------------------------------------------------------------
     def open_link(self, link: Link) -> None:
+        link.observer = self.metrics.frames.observe
         with self._lock:
             self._handles[link] = {}
 
@@ -305,6 +310,7 @@ class Node:
 
     # -- frames -------------------------------------------------------------
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
+        self.metrics.frames.received(frame)
         local = self.forwarding.split(link, frame)
         if local is None:
             return

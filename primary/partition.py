@@ -52,6 +52,7 @@ from primary.dispatcher import (
 )
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
+from primary.metrics import NodeMetrics
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
@@ -90,6 +91,7 @@ class QueueState:
     dispatchers: dict[str, QueueDispatcher] = field(default_factory=dict)
     consumers: int = 0
     producers: int = 0
+    puts: int = 0          # messages committed (the commit thread counts them)
     _rules: tuple[DomainConfig, AppRules] | None = None
 
     def dispatcher(self, app: str = "") -> QueueDispatcher:
@@ -217,10 +219,19 @@ class PendingColumns:
 
 @dataclass
 class PendingConfirms:
-    """What one CONFIRM frame confirmed of one queue and app."""
+    """What one CONFIRM frame (or an admin's purge) confirmed of one queue
+    and app. `committed`, if given, is set once the commit was tried, with
+    `ok` saying whether it is durable (a purge waits for it)."""
     queue: QueueState
     app_id: str
     confirmed: ConfirmedRows
+    committed: threading.Event | None = None
+    ok: bool = False
+
+
+class PurgeFailed(Exception):
+    """A purge's record could not be made durable (the messages are gone
+    from memory; after a restart they would come back)."""
 
 
 @dataclass
@@ -481,8 +492,10 @@ def push_run(rows: pa.Table, seqs: list[int], delivery_count: int = 0, expires_u
 class Partition:
     def __init__(self, index: int, config: ClusterConfig, epoch: int = 1,
                  quota_for: Callable[[str], DomainQuota | None] = lambda _: None,
-                 on_fenced: Callable[[], None] = lambda: None, local_address: Callable[[], str] = lambda: ""):
+                 on_fenced: Callable[[], None] = lambda: None, local_address: Callable[[], str] = lambda: "",
+                 metrics: NodeMetrics | None = None):
         self.index = index
+        self.metrics = metrics or NodeMetrics()
         self.config = config
         self.paths = tables.PartitionPaths(config.data_dir, index)
         self.epoch = epoch
@@ -514,7 +527,8 @@ class Partition:
         self._reconciler = Reconciler()
         self._decisions_lock = threading.Lock()
         self._judged_seq = -1       # every PUT row up to this seq has been judged by the pipeline
-        self._commit_seqs: deque[tuple[int, int]] = deque()   # (PUT-log version, last seq) of this primary's commits
+        # (PUT-log version, last seq, wall time) of this primary's commits
+        self._commit_seqs: deque[tuple[int, int, float]] = deque()
         self._judged_puts_version: int | None = None   # the newest the delivery log records; only grows
         self.disagreements_total = 0
         self._next_seq = self._max_column("seq") + 1
@@ -623,7 +637,7 @@ class Partition:
             routed, dropped = self._dispatch_all(calls)
             pushes = [push for pushes in routed for push in pushes]
             if pushes:
-                self.on_pushes(pushes)
+                self._push(pushes)
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
 
@@ -791,10 +805,11 @@ class Partition:
                 log.exception("partition %d: PUT commit of %d messages failed", self.index, count)
                 self._refuse_puts(singles, bulks, ResultCode.STORAGE_FAILURE, f"Delta commit failed: {exc}")
                 return
-            self._commit_seqs.append((version, self._next_seq - 1))
+            self._commit_seqs.append((version, self._next_seq - 1, time.time()))
             # The ACKs first: the producers wait for them; the express
             # decisions come next, still before any delivery row is reconciled.
             _answer_puts(singles, bulks, ResultCode.SUCCESS, "")
+            self._count_puts(singles, bulks)
             for forwarder in self.links:
                 forwarder.notify()
             targets = self._express(batch, items, now_us)
@@ -803,6 +818,24 @@ class Partition:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
+
+    def _count_puts(self, singles: list[PendingPut], bulks: list[PendingColumns]) -> None:
+        """Each queue's committed messages (`QueueState.puts`), and PUT->ACK
+        from the producers' put times (`metrics`), a frame at a time."""
+        now_us = wall_time_us()
+        observe = self.metrics.put_ack.observe
+        for state, group in itertools.groupby(singles, key=lambda i: i.queue):
+            run = list(group)
+            state.puts += len(run)
+            if run[0].message.put_time_us:
+                observe(max(0, now_us - run[0].message.put_time_us) / 1e6, len(run))
+        for b in bulks:
+            for state, n in b.runs:
+                state.puts += n
+            if PUT_TIME in b.table.column_names and b.table.num_rows:
+                put_us = b.table[PUT_TIME][0].as_py()
+                if put_us:
+                    observe(max(0, now_us - put_us) / 1e6, b.table.num_rows)
 
     def _put_batch(self, items: list[PendingPut | PendingColumns], now_us: int) -> pa.Table:
         """The PUT-log rows of one group commit, in the order the PUTs came
@@ -962,8 +995,13 @@ class Partition:
         }, schema=tables.CONFIRMS_SCHEMA)
         # Not fatal for correctness: an unpersisted confirm means the message
         # is delivered again after a restart (at-least-once).
-        if self._append_or_log(self._confirms, batch, "CONFIRM"):
+        ok = self._append_or_log(self._confirms, batch, "CONFIRM")
+        if ok:
             self.compactors[1].on_commit()
+        for i in items:
+            if i.committed is not None:
+                i.ok = ok
+                i.committed.set()
 
     def _append_or_log(self, appender: deltars.Appender, batch: pa.Table, what: str) -> bool:
         """Commit a batch to one of the primary's side logs (confirms, dead
@@ -1122,6 +1160,41 @@ class Partition:
             _add_targets(targets, state, built.message(i, state.domain.message_ttl_ms), apps)
         self._route_targets(targets)
 
+    def purge(self, state: QueueState, app: str | None = None, timeout_s: float = 30.0) -> dict[str, int]:
+        """Drop every message of the queue (of one app, or of every app) that
+        waits or was pushed and not confirmed, and record them in the confirm
+        log, so that neither a restart nor a failover brings them back;
+        returns how many each app lost. Rows a `delivery = "pipeline"`
+        domain still waits on Spark for are not purged (they are not here
+        yet). Raises PurgeFailed if the record could not be committed."""
+        apps = [app] if app is not None else sorted(state.dispatchers)
+        purged: dict[str, int] = {}
+        items: list[PendingConfirms] = []
+        with self._push_lock, self.lock:
+            for a in apps:
+                dispatcher = state.dispatchers.get(a)
+                rows = dispatcher.purge() if dispatcher is not None else ConfirmedRows([], [])
+                purged[a] = len(rows.seqs)
+                if rows.seqs:
+                    state.apps_done(rows.guids, a)
+                    items.append(PendingConfirms(state, a, rows, threading.Event()))
+        if items:
+            if not self.confirm_committer.submit(items, 0, sum(purged.values())):
+                raise PurgeFailed(f"partition {self.index} is stopping: the purge of {sum(purged.values())} "
+                                  "messages was not recorded")
+            for i in items:
+                if not (i.committed is not None and i.committed.wait(timeout_s) and i.ok):
+                    raise PurgeFailed(f"partition {self.index}: the confirm log commit recording the purge of "
+                                      f"{len(i.confirmed.seqs)} messages of app {i.app_id!r} failed (see the log)")
+        log.info("partition %d: purged %s of %s", self.index,
+                 ", ".join(f"{n} messages of app {a!r}" for a, n in purged.items()) or "nothing", state.uri)
+        return purged
+
+    def _push(self, pushes: list[Push]) -> None:
+        """Send pushes (the caller holds the push lock) and time them (metrics)."""
+        self.on_pushes(pushes)
+        self.metrics.observe_pushes(pushes)
+
     def _route_targets(self, targets: Targets) -> None:
         """Hand messages to each target app's dispatcher (each list in seq
         order), then send the pushes together, merged by sequence number (each
@@ -1133,12 +1206,12 @@ class Partition:
                 for (state, app), messages in targets.items())
             routed = [pushes for pushes in routed if pushes]
             if len(routed) == 1:
-                self.on_pushes(routed[0])
+                self._push(routed[0])
             elif routed:
                 # A stable sort of the concatenation is that merge (ties keep the
                 # apps' order), in C: heapq.merge over 10,000 queues' lists was 17%
                 # of a node's Python time.
-                self.on_pushes(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
+                self._push(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
 
@@ -1188,6 +1261,16 @@ class Partition:
         # Each federation link reads on from the version after its progress.
         return min([needed, *(forwarder.needed_version for forwarder in self.links)])
 
+    def oldest_unjudged_commit(self) -> float | None:
+        """When this primary's oldest commit the pipeline has not judged yet
+        was made (wall clock), or None."""
+        with self._decisions_lock:
+            judged = self._judged_seq
+            for _, last_seq, made in self._commit_seqs:
+                if last_seq > judged:
+                    return made
+        return None
+
     def _seq_at(self, puts_version: int) -> int:
         """The last seq committed at or before a PUT-log version: this
         primary's own commits are remembered (under `_decisions_lock`); older
@@ -1195,7 +1278,7 @@ class Partition:
         with self._decisions_lock:
             commits = self._commit_seqs
             if commits and commits[0][0] <= puts_version:
-                i = bisect.bisect_right(commits, (puts_version, float("inf"))) - 1
+                i = bisect.bisect_right(commits, (puts_version, float("inf"), 0.0)) - 1
                 seq = commits[i][1]
                 for _ in range(i):  # the pipeline moves forward: drop what it has passed
                     commits.popleft()

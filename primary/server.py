@@ -14,9 +14,13 @@ from typing import AsyncIterator
 import grpc
 
 import conf
+from primary import metrics as node_metrics
+from primary.admin import NodeAdmin
 from primary.node import Node
-from protocol import columns, pb
+from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
+from protocol.admin import AdminServicer
+from protocol.metrics import HttpServer, registry_for
 from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
 
@@ -41,11 +45,19 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
 def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None,
           ready_file: str | None = None, stop_event: threading.Event | None = None,
-          cluster_file: str | None = None) -> None:
+          cluster_file: str | None = None, http_port: int | None = None) -> None:
+    """`http_port`: as `[[nodes]] http_port` (-1 none, 0 any free port);
+    None: the config's."""
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     node_conf = config.node(node_name)
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)
+    grpc_port = node_conf.port if port is None else port
+    metrics_port = conf.http_port_of(node_conf.http_port if http_port is None else http_port, grpc_port)
+    admin = NodeAdmin(node)
+    http = None if metrics_port is None else HttpServer(
+        f"node {node_name}", node_conf.host, metrics_port, registry_for(lambda: node_metrics.collect(node)),
+        status_page.routes(admin.page_data)).start()
 
     pid_file = pid_path(config, node_name)
 
@@ -63,12 +75,15 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
         node.stop(graceful=False)  # drained: release the leases, stop the partitions
 
     try:
-        serve_broker(BrokerServicer(node), f"node {node_name}", node_conf.host,
-                     node_conf.port if port is None else port, ready_file=ready_file, stop_event=stop_event,
-                     on_started=started, before_stop=graceful)
+        serve_broker(BrokerServicer(node), f"node {node_name}", node_conf.host, grpc_port,
+                     ready_file=ready_file, stop_event=stop_event, on_started=started, before_stop=graceful,
+                     ready_info={"http_port": http.port if http else None},
+                     admin=AdminServicer(f"node {node_name}", admin.handlers()))
     finally:
         node.stop(graceful=False)
         pid_file.unlink(missing_ok=True)
+        if http is not None:
+            http.stop()
 
 
 def pid_path(config: conf.ClusterConfig, node_name: str) -> Path:

@@ -24,7 +24,7 @@ import queue
 import signal
 import threading
 from concurrent import futures
-from typing import Any, AsyncIterator, Callable, Iterator, cast
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, cast
 
 import grpc
 
@@ -101,6 +101,8 @@ class Link:
         self._bytes_lock = threading.Lock()  # `send` runs on many threads, the writer on the loop's
         self.dropped: str | None = None     # why the link was dropped, if it was
         self._abort: Callable[[], object] | None = None   # ends the stream now (set by `serve_session`)
+        # Sees every frame queued for the peer (a role's metrics: `protocol.metrics.FrameCounts`).
+        self.observer: Callable[[pb.Frame], None] | None = None
 
     def __repr__(self) -> str:
         return f"Link({self.id}, {self.peer})"
@@ -122,6 +124,8 @@ class Link:
             return
         self._out.put((frame, size))
         self._notify()
+        if self.observer is not None:
+            self.observer(frame)
 
     def drop(self, reason: str) -> None:
         """Give up on a peer that does not read: what is queued for it is
@@ -289,13 +293,16 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
 def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_file: str | None = None,
                  stop_event: threading.Event | None = None,
                  on_started: Callable[[int], None] | None = None,
-                 before_stop: Callable[[], None] | None = None) -> None:
+                 before_stop: Callable[[], None] | None = None,
+                 ready_info: Mapping[str, object] | None = None, admin: object | None = None) -> None:
     """Serve `servicer` (a BrokerServicer whose methods are coroutines) on
     host:port until SIGINT/SIGTERM or `stop_event`; write the ready file (with
     the bound port) once serving. `on_started(port)` runs once bound, before
     the ready file; `before_stop` runs while the server still serves (a
     graceful drain). Returns after the server has stopped; the caller then
-    stops its role. The server runs on an event loop in a thread of its own."""
+    stops its role. The server runs on an event loop in a thread of its own.
+    `ready_info` goes into the ready file too (the HTTP port); `admin`, an
+    AdminServicer, is served on the same port (`protocol.admin`)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name=f"grpc-{role}", daemon=True)
     thread.start()
@@ -303,6 +310,8 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     async def start() -> tuple[Any, int]:
         server = grpc.aio.server(options=SERVER_GRPC_OPTIONS)
         pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        if admin is not None:
+            pb_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
         bound = server.add_insecure_port(f"{host}:{port}")
         if bound:
             await server.start()
@@ -323,7 +332,7 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
         # collector is tuned for serving (`gc_tuning`); in a test's process
         # it is left alone.
         gc_watch = gc_tuning.settle_for_serving() if stop_event is None else None
-        write_ready_file(ready_file, port=bound, host=host)
+        write_ready_file(ready_file, port=bound, host=host, **(ready_info or {}))
         # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
         # delta-rs's), and Python runs the handler only when the main thread next
         # wakes. A bare wait() then slept through it until the launcher's SIGKILL.

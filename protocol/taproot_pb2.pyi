@@ -386,3 +386,25 @@ class DeliveryNotice(_message.Message):
 class NoticeAck(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AdminRequest(_message.Message):
+    __slots__ = ("command", "domain", "uri", "app")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    command: str
+    domain: str
+    uri: str
+    app: str
+    def __init__(self, command: _Optional[str] = ..., domain: _Optional[str] = ..., uri: _Optional[str] = ..., app: _Optional[str] = ...) -> None: ...
+
+class AdminReply(_message.Message):
+    __slots__ = ("code", "message", "json")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    code: ResultCode
+    message: str
+    json: str
+    def __init__(self, code: _Optional[_Union[ResultCode, str]] = ..., message: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...

@@ -25,6 +25,78 @@ if _version_not_supported:
     )
 
 
+class AdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Command = channel.unary_unary(
+                '/taproot.v1.Admin/Command',
+                request_serializer=protocol_dot_taproot__pb2.AdminRequest.SerializeToString,
+                response_deserializer=protocol_dot_taproot__pb2.AdminReply.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Command(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Command': grpc.unary_unary_rpc_method_handler(
+                    servicer.Command,
+                    request_deserializer=protocol_dot_taproot__pb2.AdminRequest.FromString,
+                    response_serializer=protocol_dot_taproot__pb2.AdminReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'taproot.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('taproot.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Command(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taproot.v1.Admin/Command',
+            protocol_dot_taproot__pb2.AdminRequest.SerializeToString,
+            protocol_dot_taproot__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class BrokerStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -10,13 +10,19 @@ what is unacknowledged; clients stay connected and see a pause, not an error
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
-from typing import AsyncIterator, Sequence
+import time
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from protocol import columns, pb
+from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
+from protocol.admin import AdminServicer
+from protocol.metrics import HttpServer, registry_for
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
 from replicas.upstream import Upstream
@@ -30,6 +36,21 @@ class Proxy(Upstream):
         addresses = [upstream_addresses] if isinstance(upstream_addresses, str) else list(upstream_addresses)
         super().__init__(lambda: addresses, name="proxy", limits=limits, reconnect_interval_s=reconnect_interval_s)
         self.upstream_addresses = addresses
+
+
+def collect(proxy: Proxy) -> Iterator[Metric]:
+    """A proxy's metrics (`protocol.metrics`)."""
+    yield from proxy.frames.families()
+    messages, nbytes = proxy.buffered()
+    yield GaugeMetricFamily("taproot_retransmission_buffer_messages", "PUTs held for resending until their ACK",
+                            value=messages)
+    yield GaugeMetricFamily("taproot_retransmission_buffer_bytes", "their payload bytes", value=nbytes)
+    yield GaugeMetricFamily("taproot_sessions", "sessions connected from below (clients, relays)",
+                            value=proxy.session_count)
+    yield GaugeMetricFamily("taproot_upstream_connected", "1 while connected to a node", value=int(
+        proxy.connected.is_set()))
+    yield CounterMetricFamily("taproot_upstream_failovers", "connections to a node after the first (a node "
+                              "lost, the next one taken)", value=max(0, proxy.connects - 1))
 
 
 class ProxyServicer(pb_grpc.BrokerServicer):
@@ -48,9 +69,28 @@ class ProxyServicer(pb_grpc.BrokerServicer):
 
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,
           stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
-          stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None) -> None:
+          stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None,
+          http_port: int | None = None) -> None:
+    """`http_port`: metrics served there (0: any free port), None: none."""
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     proxy = Proxy(upstream_addresses, limits)
+    started = time.time()
+
+    def status(_: pb.AdminRequest | None = None) -> dict[str, Any]:
+        messages, nbytes = proxy.buffered()
+        return {"role": "proxy", "name": "", "pid": os.getpid(), "started": started,
+                "uptime_s": round(time.time() - started, 1), "upstream": proxy.address or "",
+                "upstream_hosts": proxy.upstream_addresses, "connected": proxy.connected.is_set(),
+                "sessions": proxy.session_count, "failovers": max(0, proxy.connects - 1),
+                "retransmission_buffer": {"messages": messages, "bytes": nbytes}}
+
+    def stop(_: pb.AdminRequest) -> dict[str, Any]:   # the SIGTERM drain, after this answer
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return {"role": "proxy", "stopping": True}
+
+    http = None if http_port is None else HttpServer(
+        "proxy", host, http_port, registry_for(lambda: collect(proxy)),
+        status_page.routes(lambda: {"time": time.time(), "status": status()})).start()
     proxy.start(connect_timeout_s=30.0)
     log.info("proxy: upstream hosts %s", ", ".join(proxy.upstream_addresses))
 
@@ -59,6 +99,9 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
 
     try:
         serve_broker(ProxyServicer(proxy, max_outbound_bytes), "proxy", host, port, ready_file=ready_file,
-                     stop_event=stop_event, before_stop=drain)
+                     stop_event=stop_event, before_stop=drain, ready_info={"http_port": http.port if http else None},
+                     admin=AdminServicer("proxy", {"status": status, "stop": stop}))
     finally:
         proxy.stop()
+        if http is not None:
+            http.stop()

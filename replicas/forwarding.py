@@ -43,6 +43,13 @@ class Forwarding:
                 upstream.start()
             return upstream
 
+    def buffered(self) -> tuple[int, int]:
+        """PUTs relayed to other nodes' partitions not ACKed yet: (messages, bytes)."""
+        with self._lock:
+            upstreams = list(self._upstreams.values())
+        held = [u.buffered() for u in upstreams]
+        return sum(m for m, _ in held), sum(b for _, b in held)
+
     def relays(self, link: Link, queue_id: int) -> bool:
         return queue_id in self._relayed.get(link, {})
 

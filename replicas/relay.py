@@ -124,6 +124,10 @@ class Relay:
         return self._buffer.messages
 
     @property
+    def unacked_bytes(self) -> int:
+        return self._buffer.nbytes
+
+    @property
     def unconfirmed_count(self) -> int:
         """Messages pushed down through this relay and not confirmed yet (what
         a graceful stop waits for)."""

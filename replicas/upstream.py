@@ -25,6 +25,7 @@ import grpc
 from protocol import pb, pb_grpc
 from protocol.clock import wall_time_us
 from protocol.liveness import Due, Liveness, heartbeat
+from protocol.metrics import FrameCounts
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
 from replicas.relay import UPSTREAM, Out, Relay
@@ -44,6 +45,7 @@ class Upstream:
         self.relay = Relay(limits, connected=False)
         self.address: str | None = None
         self.connects = 0                  # successful connections so far (the first and every failover)
+        self.frames = FrameCounts()        # what passes to and from the links below (metrics)
         self._lock = threading.Lock()
         self._links: set[Link] = set()
         self._stopped_links: set[Link] = set()   # answered our StopRequest
@@ -55,6 +57,17 @@ class Upstream:
         self._liveness = Liveness()   # heartbeats up, and when to give the upstream up
         self._threads = [threading.Thread(target=self._upstream_loop, name=f"{name}-upstream", daemon=True),
                          threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)]
+
+    @property
+    def session_count(self) -> int:
+        """Links below (clients, relays) connected now."""
+        with self._lock:
+            return len(self._links)
+
+    def buffered(self) -> tuple[int, int]:
+        """PUTs held for resending until their ACK: (messages, payload bytes)."""
+        with self._lock:
+            return self.relay.unacked_count, self.relay.unacked_bytes
 
     def start(self, connect_timeout_s: float = 0.0) -> None:
         for thread in self._threads:
@@ -71,10 +84,12 @@ class Upstream:
 
     # -- downstream ---------------------------------------------------------
     def open_link(self, link: Link) -> None:
+        link.observer = self.frames.observe
         with self._lock:
             self._links.add(link)
 
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
+        self.frames.received(frame)
         with self._lock:
             self._links.add(link)
             if frame.WhichOneof("body") == "stop_response":

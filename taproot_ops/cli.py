@@ -35,6 +35,22 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO")
 
 
+def _http_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between -1 and 65535, got {value}")
+    return value
+
+
+def _http_port_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http-port", type=_http_port, metavar="PORT",
+                   help="serve /metrics (and the status page) here: 0 any free port, -1 none "
+                        "(default: the config's http_port)")
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,7 +64,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         from primary.server import stop_node
         return stop_node(config, name)
     from primary.server import serve
-    serve(config, name, port=args.port, ready_file=args.ready_file, cluster_file=args.config)
+    serve(config, name, port=args.port, ready_file=args.ready_file, cluster_file=args.config,
+          http_port=args.http_port)
     return 0
 
 
@@ -68,8 +85,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         first = config.node(proxy.upstream) if proxy.upstream else config.nodes[0]
         upstream = [first.address] + [n.address for n in config.nodes if n.name != first.name]
     ha = config.ha
-    serve(proxy.host, proxy.port if args.port is None else args.port, upstream, ready_file=args.ready_file,
-          limits=ha.retransmission, stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes)
+    port = proxy.port if args.port is None else args.port
+    http_port = conf.http_port_of(proxy.http_port if args.http_port is None else args.http_port, port)
+    serve(proxy.host, port, upstream, ready_file=args.ready_file, limits=ha.retransmission,
+          stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes, http_port=http_port)
     return 0
 
 
@@ -77,7 +96,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from pipelines.runner import run
     return run(_config(args), node_address=args.node_address, ready_file=args.ready_file,
-               cluster_file=args.config, warm=not args.no_warm_up)
+               cluster_file=args.config, warm=not args.no_warm_up, http_port=args.http_port)
 
 
 def _parse_properties(items: list[str]) -> dict[str, Any]:
@@ -262,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(p)
     p.add_argument("--name")
     p.add_argument("--port", type=int)
+    _http_port_arg(p)
     p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("proxy", help="run a proxy")
@@ -271,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", nargs="+", metavar="HOST:PORT",
                    help="nodes to connect to, tried in turn (default: every node of the config, "
                         "the proxy's upstream first)")
+    _http_port_arg(p)
     p.set_defaults(func=cmd_proxy)
 
     p = sub.add_parser("pipeline", help="run the Spark dedup pipeline")
@@ -278,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-address", help="primary host:port to notify (default: first node)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the JIT warm-up on scratch tables (ready ~25 s sooner; the first batches are slower)")
+    _http_port_arg(p)
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("produce", help="post messages")
@@ -332,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vacuum-retention-hours", type=int, help="override maintenance.vacuum_retention_hours")
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(func=cmd_maintain)
+
+    from taproot_ops import admin
+    admin.add_parser(sub)
 
     p = sub.add_parser("check-config", help="validate cluster.toml and the domain files")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")

@@ -107,6 +107,11 @@ def show_tables(data_dir: str) -> None:
         spark.stop()
 
 
+def _metrics(cluster: EmbeddedCluster, name: str) -> str:
+    port = cluster.http_ports.get(name)
+    return f"\n{'':<14}metrics: http://127.0.0.1:{port}/metrics" if port else ""
+
+
 def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 2000) -> int:
     cluster = EmbeddedCluster(config_file, data_dir)
     _say(f"Taproot embedded cluster, data in {cluster.data_dir} (logs in {cluster.data_dir}/logs)")
@@ -114,13 +119,16 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
     try:
         cluster.start_nodes()
         for name, address in cluster.node_addresses.items():
-            _say(f"   {name:<10} {address}  (node; {cluster.config.partitions} partition(s) share the nodes' leases)")
+            _say(f"   {name:<10} {address}  (node; {cluster.config.partitions} partition(s) share the nodes' leases)"
+                 f"{_metrics(cluster, name)}")
         for name in cluster.proxy_names:
             cluster.start_proxy(name=name)
-            _say(f"   {name:<10} {cluster.proxy_addresses[name]}  (proxy: clients connect here)")
+            _say(f"   {name:<10} {cluster.proxy_addresses[name]}  (proxy: clients connect here)"
+                 f"{_metrics(cluster, name)}")
         _say("   pipeline   starting Spark and warming it up (about 30 s on 2 cores)...")
         cluster.start_pipeline()
-        _say(f"   pipeline   running  ({time.monotonic() - started:.0f} s to start everything)")
+        _say(f"   pipeline   running  ({time.monotonic() - started:.0f} s to start everything)"
+             f"{_metrics(cluster, 'pipeline')}")
     except ClusterStartError as exc:
         _say(f"error: {exc}")
         cluster.stop()
@@ -136,6 +144,8 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
         _say("\n== serving; from another terminal try:")
         _say(f"   .venv/bin/taproot produce --hosts {cluster.client_address} --uri {DEMO_URI} -n 5 -p region=US")
         _say(f"   .venv/bin/taproot consume --hosts {cluster.client_address} --uri {DEMO_URI} --timeout 10")
+        hosts = " ".join(f"--host {a}" for a in cluster.node_addresses.values())
+        _say(f"   .venv/bin/taproot admin {hosts} status      (and: queues, queue URI, domains, purge, stop)")
         _say("Ctrl-C stops the cluster.")
         while not stop.is_set():
             for role, process in cluster.processes.items():

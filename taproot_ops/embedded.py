@@ -96,6 +96,7 @@ class EmbeddedCluster:
         self.processes: dict[str, Process] = {}
         self.node_addresses: dict[str, str] = {}     # node name -> host:port
         self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
+        self.http_ports: dict[str, int] = {}         # role name -> its metrics port (those that serve one)
         self._run_dir = Path(tempfile.mkdtemp(prefix="taproot-run-"))
 
     @property
@@ -148,7 +149,18 @@ class EmbeddedCluster:
         return process
 
     def _port_args(self, port: int | None) -> list[str]:
-        return ["--port", str(port)] if port is not None else ["--port", "0"] if self.ephemeral_ports else []
+        """--port (and, with ephemeral ports, --http-port 0: any free one)."""
+        http = ["--http-port", "0"] if self.ephemeral_ports else []
+        return (["--port", str(port)] if port is not None else ["--port", "0"] if self.ephemeral_ports else []) + http
+
+    def _note_http(self, name: str, process: Process) -> None:
+        port = process.info.get("http_port") if process.info else None
+        if port:
+            self.http_ports[name] = int(port)
+
+    def metrics_url(self, name: str) -> str:
+        """http://host:port/metrics of a started role (node, proxy or `pipeline`)."""
+        return f"http://127.0.0.1:{self.http_ports[name]}/metrics"
 
     def start_nodes(self, timeout_s: float = 60, names: list[str] | None = None) -> None:
         """Start nodes (all of the config's by default) and wait until each serves."""
@@ -157,6 +169,7 @@ class EmbeddedCluster:
         for name, process in started:
             info = process.wait_ready(timeout_s)
             self.node_addresses[name] = f"{info['host']}:{info['port']}"
+            self._note_http(name, process)
 
     def start_node(self, timeout_s: float = 60, port: int | None = None, name: str | None = None,
                    wait: bool = True) -> Process:
@@ -165,6 +178,7 @@ class EmbeddedCluster:
         _check_port("node", port, wait)
         process = self._spawn("node", ["--name", name, *self._port_args(port)], name)
         self.node_addresses[name] = _address(process, port, wait, timeout_s)
+        self._note_http(name, process)
         return process
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
@@ -199,18 +213,24 @@ class EmbeddedCluster:
             args += ["--port", str(port)]
         elif self.ephemeral_ports or not self.config.proxies:
             args += ["--port", "0"]
+        if self.ephemeral_ports or not self.config.proxies:
+            args += ["--http-port", "0"]
         _check_port("proxy", port, wait)
         process = self._spawn("proxy", args, name)
         self.proxy_addresses[name] = _address(process, port, wait, timeout_s)
+        self._note_http(name, process)
         return process
 
     def start_pipeline(self, timeout_s: float = 300, warm_up: bool = True, wait: bool = True) -> Process:
         """Start the pipeline; it is ready once its queries run (after a node
         made the PUT logs). With `wait=False`, return at once."""
         args = ["--node-address", self.node_address] + ([] if warm_up else ["--no-warm-up"])
+        if self.ephemeral_ports:
+            args += ["--http-port", "0"]
         process = self._spawn("pipeline", args)
         if wait:
             process.wait_ready(timeout_s)
+            self._note_http("pipeline", process)
         return process
 
     def start(self) -> None:

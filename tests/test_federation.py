@@ -53,11 +53,13 @@ def write_conf(directory: Path, name: str, node_port: int, proxy_port: int, link
         [[nodes]]
         name = "node1"
         port = {node_port}
+        http_port = 0
 
         [[proxies]]
         name = "proxy1"
         port = {proxy_port}
         upstream = "node1"
+        http_port = 0
 
         [maintenance]
         interval_s = 0

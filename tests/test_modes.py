@@ -139,16 +139,19 @@ def test_fanout_every_app_gets_every_message_except_what_its_subscription_reject
 
     paths = PartitionPaths(cluster.data_dir, 0)
     # Pushed by the express lane; the pipeline, the authority, decides the same a little later.
-    wait_until(lambda: len(table_rows(paths.delivery, domain="fan")) >= 6, 120, interval_s=0.5,
+    # Other tests use the domain too (`test_admin`): this queue's rows only.
+    wait_until(lambda: len(table_rows(paths.delivery, domain="fan", queue="orders")) >= 6, 120, interval_s=0.5,
                what="the pipeline's delivery rows")
-    delivery = spark.read.format("delta").load(paths.delivery).filter("domain = 'fan'").orderBy("seq")
+    delivery = (spark.read.format("delta").load(paths.delivery).filter("domain = 'fan' AND queue = 'orders'")
+                .orderBy("seq"))
     rows = delivery.select("guid", "apps").collect()
     assert [r.guid for r in rows] == guids                      # stored once, not once per app
     assert [sorted(r.apps) for r in rows] == [["audit", "billing", "eu"]] * 3 + [["audit", "billing"]] * 3
-    wait_until(lambda: len(table_rows(paths.confirms, domain="fan")) == 15, 30, what="15 per-app confirms")
-    confirms = {(r["guid"], r["app_id"]) for r in table_rows(paths.confirms, domain="fan")}
+    wait_until(lambda: len(table_rows(paths.confirms, domain="fan", queue="orders")) == 15, 30,
+               what="15 per-app confirms")
+    confirms = {(r["guid"], r["app_id"]) for r in table_rows(paths.confirms, domain="fan", queue="orders")}
     assert confirms == {(g, a) for g in guids for a in ("billing", "audit")} | {(g, "eu") for g in guids[:3]}
-    assert table_rows(paths.disagreements, domain="fan") == []   # the express lane decided as Spark did
+    assert table_rows(paths.disagreements, domain="fan", queue="orders") == []   # the express lane decided as Spark did
 
     with Session([cluster.proxy_address]) as session:
         with pytest.raises(TaprootError, match="unknown app id"):

@@ -1,0 +1,137 @@
+"""A node's Prometheus metrics (`protocol.metrics`): read from the node's
+state when scraped, except the histograms and frame counts, which the data
+path feeds a frame (or a commit) at a time."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from primary.dispatcher import MessageRun
+from protocol.clock import wall_time_us
+from protocol.metrics import LATENCY_BUCKETS, FrameCounts, QueueLabels, Summed, WeightedHistogram
+
+if TYPE_CHECKING:
+    from primary.dispatcher import Pending
+    from primary.node import Node
+    from primary.partition import Partition
+
+MAX_QUEUE_SERIES = 1000
+
+
+class NodeMetrics:
+    """What the data path counts for a node's metrics (its partitions share it)."""
+
+    def __init__(self, max_queue_series: int = MAX_QUEUE_SERIES) -> None:
+        self.put_ack = WeightedHistogram(LATENCY_BUCKETS)
+        self.put_push = WeightedHistogram(LATENCY_BUCKETS)
+        self.frames = FrameCounts()
+        self.labels = QueueLabels(max_queue_series)
+        self.partitions_taken = 0     # leases won and served (the first and every failover to here)
+        self.partitions_lost = 0      # stepped down (a lost lease, a newer primary)
+
+    def observe_pushes(self, pushes: Sequence[tuple[object, "Pending"]]) -> None:
+        """PUT->PUSH of first deliveries, from the producer's put time (its
+        clock) to the PUSH handed to the link."""
+        now_us = wall_time_us()
+        seen: list[tuple[float, int]] = []
+        for _, pending in pushes:
+            if pending.delivery_count != 1:
+                continue
+            if isinstance(pending, MessageRun):
+                rows, put_us = len(pending), pending.table["put_time_us"][0].as_py()
+            else:
+                rows, put_us = 1, pending.put_time_us
+            if put_us:
+                seen.append((max(0, now_us - put_us) / 1e6, rows))
+        self.put_push.observe_many(seen)
+
+
+def _queue_families(node: "Node") -> Iterator[Metric]:
+    labels = node.metrics.labels
+    puts, pushes, redelivered, confirmed = Summed(), Summed(), Summed(), Summed()
+    depth, unconfirmed, consumers, producers, dropped = Summed(), Summed(), Summed(), Summed(), Summed()
+    for _, partition in sorted(node.partitions.items()):
+        with partition.lock:
+            for state in list(partition.queues.values()):
+                domain = state.uri.domain
+                queue = labels.label(domain, state.uri.queue if not state.uri.cluster
+                                     else f"{state.uri.queue}@{state.uri.cluster}")
+                puts.add((domain, queue), state.puts + sum(d.broadcasts for d in state.dispatchers.values()))
+                consumers.add((domain, queue), state.consumers)
+                producers.add((domain, queue), state.producers)
+                for app, d in state.dispatchers.items():
+                    key = (domain, queue, app)
+                    pushes.add(key, d.pushed)
+                    redelivered.add(key, d.redelivered)
+                    confirmed.add(key, d.confirmed)
+                    held = d.unconfirmed_count
+                    depth.add(key, d.pending_count + held)
+                    unconfirmed.add(key, held)
+                    for reason, n in d.dropped.items():
+                        dropped.add((*key, reason), n)
+    q, qa = ("domain", "queue"), ("domain", "queue", "app")
+    yield puts.counter("taproot_queue_puts", "messages stored (or broadcast) per queue", q)
+    yield pushes.counter("taproot_queue_pushes", "messages pushed to consumers (redeliveries too)", qa)
+    yield redelivered.counter("taproot_queue_redeliveries", "messages pushed again (a consumer went "
+                              "without confirming)", qa)
+    yield confirmed.counter("taproot_queue_confirms", "messages confirmed", qa)
+    yield dropped.counter("taproot_queue_dead_letters", "messages dead-lettered (out of delivery attempts, "
+                          "expired), by reason", (*qa, "reason"))
+    yield depth.gauge("taproot_queue_depth_messages", "messages not yet confirmed: waiting and pushed", qa)
+    yield unconfirmed.gauge("taproot_queue_unconfirmed_messages", "messages pushed, not yet confirmed", qa)
+    yield consumers.gauge("taproot_queue_consumers", "consumers attached (reader opens)", q)
+    yield producers.gauge("taproot_queue_producers", "producers attached (writer opens)", q)
+
+
+def _partition_families(node: "Node") -> Iterator[Metric]:
+    epoch = GaugeMetricFamily("taproot_partition_epoch", "the primary epoch of each partition this node leads",
+                              labels=["partition"])
+    lag = GaugeMetricFamily("taproot_authority_lag_seconds", "age of the oldest PUT commit the pipeline has "
+                            "not judged yet (0: caught up)", labels=["partition"])
+    commits = HistogramMetricFamily("taproot_group_commit_seconds", "one group commit: the Delta append, "
+                                    "its fsyncs and the answers", labels=["partition", "log"])
+    sizes = HistogramMetricFamily("taproot_group_commit_messages", "messages in one group commit",
+                                  labels=["partition", "log"])
+    now = time.time()
+    for p, partition in sorted(node.partitions.items()):
+        epoch.add_metric([str(p)], partition.epoch)
+        lag.add_metric([str(p)], authority_lag_s(partition, now))
+        for log_name, committer in (("puts", partition.put_committer), ("confirms", partition.confirm_committer)):
+            committer.seconds.add_to(commits, (str(p), log_name))
+            committer.sizes.add_to(sizes, (str(p), log_name))
+    yield epoch
+    yield lag
+    yield commits
+    yield sizes
+    metrics = node.metrics
+    yield CounterMetricFamily("taproot_partitions_taken", "partitions this node became primary of (its first "
+                              "leases and every failover to it)", value=metrics.partitions_taken)
+    yield CounterMetricFamily("taproot_partitions_lost", "partitions this node stopped leading (lease lost, "
+                              "fenced, handed over)", value=metrics.partitions_lost)
+
+
+def authority_lag_s(partition: "Partition", now: float) -> float:
+    oldest = partition.oldest_unjudged_commit()
+    return max(0.0, now - oldest) if oldest is not None else 0.0
+
+
+def collect(node: "Node") -> Iterator[Metric]:
+    yield from _queue_families(node)
+    yield from _partition_families(node)
+    metrics = node.metrics
+    ack = HistogramMetricFamily("taproot_put_ack_seconds", "PUT->ACK of committed messages: the producer's put "
+                                "time (its clock) to the ACK leaving this node")
+    metrics.put_ack.add_to(ack)
+    yield ack
+    push = HistogramMetricFamily("taproot_put_push_seconds", "PUT->PUSH of first deliveries: the producer's "
+                                 "put time (its clock) to the PUSH leaving this node")
+    metrics.put_push.add_to(push)
+    yield push
+    yield from metrics.frames.families()
+    buffered = node.forwarding.buffered()
+    yield GaugeMetricFamily("taproot_retransmission_buffer_messages", "PUTs relayed to another node's "
+                            "partitions, held until their ACK", value=buffered[0])
+    yield GaugeMetricFamily("taproot_retransmission_buffer_bytes", "their payload bytes", value=buffered[1])

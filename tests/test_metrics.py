@@ -1,0 +1,239 @@
+"""Prometheus metrics: the pieces (histograms weighted by a frame's messages,
+frame counts, bounded queue labels, the HTTP server, the config) and, on the
+shared embedded cluster, `/metrics` of the node, the proxy and the pipeline
+scraped after known traffic."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+import uuid
+
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+import conf
+from protocol import ResultCode, pb
+from protocol.metrics import OTHER_QUEUES, FrameCounts, HttpServer, QueueLabels, WeightedHistogram, registry_for
+from tests.conftest import collect, wait_until
+
+# -- the pieces ----------------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_a_weighted_histogram_counts_each_observation_with_its_messages():
+    h = WeightedHistogram((0.01, 0.1, 1.0))
+    h.observe(0.005, 700)                    # a frame of 700 messages, 5 ms
+    h.observe(0.05)
+    h.observe_many([(0.5, 2), (3.0, 1), (0.01, 10)])   # 0.01 is in the le=0.01 bucket
+    h.observe(1.0, 0)                        # nothing
+    family = HistogramMetricFamily("x", "x")
+    h.add_to(family)
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("x_bucket", "0.01")] == 710
+    assert samples[("x_bucket", "0.1")] == 711
+    assert samples[("x_bucket", "1.0")] == 713
+    assert samples[("x_bucket", "+Inf")] == 714 == samples[("x_count", None)] == h.count
+    assert samples[("x_sum", None)] == pytest.approx(0.005 * 700 + 0.05 + 1.0 + 3.0 + 0.1)
+
+
+@pytest.mark.unit
+def test_frame_counts_read_acks_by_code_and_messages_from_the_headers():
+    counts = FrameCounts()
+    counts.observe(pb.Frame(ack=pb.AckBatch(messages=[
+        pb.AckMessage(code=ResultCode.SUCCESS), pb.AckMessage(code=ResultCode.SUCCESS),
+        pb.AckMessage(code=ResultCode.LIMIT_BYTES)])))
+    counts.observe(pb.Frame(ack_columns=pb.AckColumns(
+        guids=b"g" * 16 * 5, code=ResultCode.SUCCESS, refused_rows=[1, 3],
+        refused_codes=[ResultCode.INVALID_ARGUMENT, ResultCode.LIMIT_MESSAGES])))
+    counts.observe(pb.Frame(ack_columns=pb.AckColumns(guids=b"g" * 16 * 4, code=ResultCode.STORAGE_FAILURE)))
+    counts.observe(pb.Frame(push=pb.PushBatch(messages=[pb.PushMessage(), pb.PushMessage(queue_ids=[1, 2, 3])])))
+    counts.observe(pb.Frame(push_columns=pb.PushColumns(count=100)))
+    counts.observe(pb.Frame(push_columns=pb.PushColumns(count=10, queue_ids=[4, 5])))   # broadcast to two
+    counts.observe(pb.Frame(heartbeat=pb.Heartbeat()))
+    counts.observe(pb.Frame())                                                          # no body: ignored
+    counts.received(pb.Frame(put=pb.PutBatch(messages=[pb.PutMessage(), pb.PutMessage()])))
+    counts.received(pb.Frame(put_columns=pb.PutColumns(guids=b"g" * 16 * 7)))
+    counts.received(pb.Frame(confirm=pb.ConfirmBatch(messages=[pb.ConfirmMessage()])))
+    counts.received(pb.Frame(confirm_columns=pb.ConfirmColumns(starts=[1, 10], counts=[5, 6])))
+    counts.received(pb.Frame(heartbeat=pb.Heartbeat()))
+    assert counts.acks == {"SUCCESS": 5, "LIMIT_BYTES": 1, "INVALID_ARGUMENT": 1, "LIMIT_MESSAGES": 1,
+                           "STORAGE_FAILURE": 4}
+    assert counts.pushes == 1 + 3 + 100 + 20
+    assert (counts.puts, counts.confirms) == (9, 12)
+    assert counts.frames == {"ack": 1, "ack_columns": 2, "push": 1, "push_columns": 2, "heartbeat": 1}
+
+
+@pytest.mark.unit
+def test_queue_labels_stay_bounded():
+    labels = QueueLabels(max_series=2)
+    assert [labels.label("d", q) for q in ("a", "b", "c", "a", "d", "b")] == ["a", "b", OTHER_QUEUES, "a",
+                                                                             OTHER_QUEUES, "b"]
+    assert labels.label("e", "a") == OTHER_QUEUES          # (domain, queue): another domain's "a" is new
+    assert QueueLabels(0).label("d", "a") == OTHER_QUEUES
+
+
+@pytest.mark.unit
+def test_the_http_server_serves_metrics_and_routes_and_says_what_it_cannot():
+    from prometheus_client.core import GaugeMetricFamily
+
+    def collect_gauge():
+        yield GaugeMetricFamily("taproot_test_gauge", "a test gauge", value=42)
+
+    def broken():
+        raise RuntimeError("the status could not be read")
+
+    server = HttpServer("test", "127.0.0.1", 0, registry_for(collect_gauge),
+                        {"/status.json": lambda: ("application/json", b'{"ok": true}'), "/broken": broken}).start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert "taproot_test_gauge 42.0" in text
+        assert "process_cpu_seconds_total" in text                 # the process's own
+        assert urllib.request.urlopen(f"{base}/status.json", timeout=5).read() == b'{"ok": true}'
+        for path, code, says in (("/nope", 404, "try /metrics"), ("/broken", 500, "the status could not be read")):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{base}{path}", timeout=5)
+            assert err.value.code == code and says in err.value.read().decode()
+        # The server survived both.
+        assert "taproot_test_gauge" in urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+
+        with pytest.raises(SystemExit, match=f"node n1: cannot serve metrics on 127.0.0.1:{server.port}: .*http_port"):
+            HttpServer("node n1", "127.0.0.1", server.port, CollectorRegistry())
+    finally:
+        server.stop()
+
+
+@pytest.mark.unit
+def test_the_http_ports_of_the_config():
+    config = conf.parse_cluster({"nodes": [{"name": "a", "port": 40000}, {"name": "b", "port": 0},
+                                           {"name": "c", "http_port": -1}, {"name": "d", "http_port": 0}],
+                                 "proxies": [{"name": "p", "port": 40001, "http_port": 40099}],
+                                 "metrics": {"max_queue_series": 5}}, {})
+    ports = [conf.http_port_of(n.http_port, n.port) for n in config.nodes]
+    assert ports == [40010, 0, None, 0]                 # the gRPC port + 10; any free; none; any free
+    assert conf.http_port_of(config.proxies[0].http_port, config.proxies[0].port) == 40099
+    assert config.metrics.max_queue_series == 5 and config.pipeline.http_port == 30126
+    for raw, says in (({"nodes": [{"name": "a", "http_port": -2}]}, "nodes[0].http_port: must be between -1 and 65535"),
+                      ({"pipeline": {"http_port": 70000}}, "pipeline.http_port: must be between -1 and 65535"),
+                      ({"metrics": {"max_series": 5}}, "metrics.max_series: unknown field"),
+                      ({"metrics": {"max_queue_series": "many"}}, "metrics.max_queue_series: expected int")):
+        with pytest.raises(conf.ConfigError, match=says.replace("[", r"\[").replace("]", r"\]")):
+            conf.parse_cluster(raw, {})
+
+
+@pytest.mark.unit
+def test_a_bad_http_port_on_the_command_line_is_a_usage_error(capsys):
+    from taproot_ops.cli import main
+    for bad in ("70000", "http"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["node", "--http-port", bad])
+        assert exit_.value.code == 2
+        assert "--http-port" in capsys.readouterr().err
+
+
+# -- a live cluster --------------------------------------------------------------------------------
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.integration
+def test_metrics_after_known_traffic_count_it_exactly(cluster):
+    from taproot import Session
+
+    queue_name = f"metrics-{uuid.uuid4().hex[:8]}"
+    uri = f"taproot://demo/{queue_name}"
+    node, proxy = cluster.metrics_url("node1"), cluster.metrics_url("proxy1")
+    q = dict(domain="demo", queue=queue_name)
+    node_before, proxy_before = scrape(node), scrape(proxy)
+    with Session([cluster.proxy_address]) as session:
+        reader = session.open_queue(uri, read=True)
+        writer = session.open_queue(uri, write=True)
+        singles = [writer.post(f"m{i}".encode()) for i in range(37)]
+        bulk = writer.post_columns(pa.table({"payload": pa.array([b"x" * 10] * 50, pa.binary())}))
+        for f in singles:
+            f.result(30)
+        assert len(bulk.result(30)) == 50
+        got = collect(reader, 87, timeout_s=60)
+        assert len(got) == 87
+
+        during = scrape(node)
+        assert value(during, "taproot_queue_consumers", **q) == 1
+        assert value(during, "taproot_queue_producers", **q) == 1
+        # Confirms travel and commit on their own schedule (100 ms linger).
+        wait_until(lambda: value(scrape(node), "taproot_queue_confirms_total", **q, app="") == 87, 30,
+                   what="87 confirms counted")
+    after = scrape(node)
+    assert value(after, "taproot_queue_puts_total", **q) == 87
+    assert value(after, "taproot_queue_pushes_total", **q, app="") == 87
+    assert value(after, "taproot_queue_redeliveries_total", **q, app="") == 0
+    assert value(after, "taproot_queue_depth_messages", **q, app="") == 0
+    assert value(after, "taproot_queue_unconfirmed_messages", **q, app="") == 0
+    assert value(after, "taproot_queue_consumers", **q) == 0
+
+    def delta(samples, before, name, **labels):
+        return value(samples, name, **labels) - value(before, name, **labels)
+
+    # Node-wide counts move by exactly this traffic (the tests run one at a time).
+    assert delta(after, node_before, "taproot_acks_sent_total", code="SUCCESS") == 87
+    assert delta(after, node_before, "taproot_puts_received_total") == 87
+    assert delta(after, node_before, "taproot_confirms_received_total") == 87
+    assert delta(after, node_before, "taproot_pushes_sent_total") == 87
+    assert delta(after, node_before, "taproot_put_ack_seconds_count") == 87
+    assert delta(after, node_before, "taproot_put_push_seconds_count") == 87
+    assert value(after, "taproot_put_ack_seconds_bucket", le="+Inf") == value(after, "taproot_put_ack_seconds_count")
+    assert delta(after, node_before, "taproot_group_commit_messages_sum", partition="0", log="puts") == 87
+    assert value(after, "taproot_group_commit_seconds_count", partition="0", log="puts") >= 1
+    assert value(after, "taproot_partition_epoch", partition="0") >= 1
+    assert value(after, "taproot_partitions_taken_total") >= 1
+    assert value(after, "taproot_retransmission_buffer_messages") == 0
+    assert value(after, "process_resident_memory_bytes") > 0
+
+    proxy_after = scrape(proxy)
+    assert delta(proxy_after, proxy_before, "taproot_acks_sent_total", code="SUCCESS") == 87
+    assert delta(proxy_after, proxy_before, "taproot_puts_received_total") == 87
+    assert delta(proxy_after, proxy_before, "taproot_pushes_sent_total") == 87
+    assert delta(proxy_after, proxy_before, "taproot_confirms_received_total") == 87
+    assert value(proxy_after, "taproot_retransmission_buffer_messages") == 0
+    assert value(proxy_after, "taproot_upstream_connected") == 1
+
+    # The pipeline judges these rows in its next micro-batches.
+    pipeline = cluster.metrics_url("pipeline")
+    wait_until(lambda: value(scrape(node), "taproot_authority_lag_seconds", partition="0") == 0, 60,
+               what="the pipeline caught up")
+    query = "taproot-dedup-000"
+    # The pipeline reads its queries' progress twice a second.
+    samples = wait_until(lambda: (lambda s: s if value(s, "taproot_pipeline_input_rows_total", query=query) >= 87
+                                  else None)(scrape(pipeline)), 10, what="the pipeline's batches counted")
+    assert value(samples, "taproot_pipeline_query_active", query=query) == 1
+    assert value(samples, "taproot_pipeline_batches_total", query=query) >= 1
+    assert value(samples, "taproot_pipeline_batch_seconds_count", query=query) == \
+        value(samples, "taproot_pipeline_batches_total", query=query)
+
+
+@pytest.mark.integration
+def test_a_refused_put_is_counted_by_its_code(cluster):
+    from taproot import AckError, Session
+
+    queue_name = f"metrics-{uuid.uuid4().hex[:8]}"
+    node = cluster.metrics_url("node1")
+    before = scrape(node)
+    with Session([cluster.proxy_address]) as session:
+        writer = session.open_queue(f"taproot://demo/{queue_name}", write=True)
+        too_big = b"x" * (writer.max_payload_bytes + 1)
+        writer._record.max_payload_bytes = 0   # past the SDK's own check: the node refuses it
+        with pytest.raises(AckError):
+            writer.post(too_big).result(30)
+    after = scrape(node)
+    assert value(after, "taproot_acks_sent_total", code="INVALID_ARGUMENT") - \
+        value(before, "taproot_acks_sent_total", code="INVALID_ARGUMENT") == 1
+    assert value(after, "taproot_queue_puts_total", domain="demo", queue=queue_name) == 0
