@@ -40,9 +40,10 @@ test: setup $(BROWSER_STAMP)
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
+# The unit tier on both cores (pytest-xdist): 33 s in one process on this machine, 21 s in two.
 test-fast: $(STAMP)
 	$(BIN)/python -m ruff check --quiet .
-	$(BIN)/python -m pytest -m unit
+	$(BIN)/python -m pytest -m unit -n 2
 
 # The long tiers (about 25 minutes): the fuzz tier and the property tests 100 times longer and
 # from a fresh seed (printed; rerun with TAPROOT_FUZZ_SEED=N), every start-up

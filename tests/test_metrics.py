@@ -75,7 +75,7 @@ def test_queue_labels_stay_bounded():
     assert QueueLabels(0).label("d", "a") == OTHER_QUEUES
 
 
-@pytest.mark.unit
+@pytest.mark.integration   # a server on a loopback port
 def test_the_http_server_serves_metrics_and_routes_and_says_what_it_cannot():
     from prometheus_client.core import GaugeMetricFamily
 
