@@ -23,13 +23,16 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import tomllib
 
 from protocol import limits
 from protocol.retransmit import RetransmissionLimits
 from protocol.uri import CLUSTER_RE, DOMAIN_RE
+
+if TYPE_CHECKING:
+    from protocol.tls import ClientTls, ServerTls
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CLUSTER_FILE = PACKAGE_DIR / "cluster.toml"
@@ -145,6 +148,28 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    # TLS on every gRPC link (docs/operations.md). One certificate serves
+    # every role; its names must cover every node and proxy host.
+    enabled: bool = False
+    # Without files given: a throwaway CA and certificate under
+    # <data_dir>/tls/, made by the embedded cluster (`make run`) when missing.
+    auto: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    client_certs: bool = False        # mutual TLS: servers require a client certificate signed by ca_file
+
+    def files(self, data_dir: str) -> tuple[str, str, str]:
+        """(CA, certificate, key) paths: the configured ones, or with `auto`
+        those under <data_dir>/tls/."""
+        if self.auto and not self.ca_file:
+            base = Path(data_dir) / "tls"
+            return str(base / "ca.pem"), str(base / "cluster.pem"), str(base / "cluster-key.pem")
+        return self.ca_file, self.cert_file, self.key_file
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     # Each queue is a label value of the queue metrics; past this many
     # queues a role reports the rest as queue="_other" (summed).
@@ -229,6 +254,7 @@ class ClusterConfig:
     maintenance: MaintenanceConfig = MaintenanceConfig()
     ha: HaConfig = HaConfig()
     metrics: MetricsConfig = MetricsConfig()
+    tls: TlsConfig = TlsConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
     links: tuple[LinkConfig, ...] = ()
 
@@ -473,13 +499,15 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     maintenance_raw = raw.pop("maintenance", {})
     ha_raw = raw.pop("ha", {})
     metrics_raw = raw.pop("metrics", {})
+    tls_raw = raw.pop("tls", {})
     links_raw = _array_of_tables(raw.pop("links", None), "links")
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, links)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, tls, links)")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
-                    maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), domains={})
+                    maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), tls=TlsConfig(),
+                    domains={})
     base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
     if not CLUSTER_RE.match(base.name):
         raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
@@ -504,12 +532,19 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
         raise ConfigError(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
                           f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
     links = parse_links(links_raw or [], base.name, domains)
+    tls = _build(TlsConfig, tls_raw, "tls")
+    if tls.enabled and not tls.auto:
+        unset = [f"tls.{f}" for f in ("ca_file", "cert_file", "key_file") if not getattr(tls, f)]
+        if unset:
+            raise ConfigError(f"{unset[0]}: TLS is enabled without auto: set {', '.join(unset)}")
+    if tls.client_certs and not tls.enabled:
+        raise ConfigError("tls.client_certs: mutual TLS needs tls.enabled = true")
     return ClusterConfig(
         **top, nodes=nodes, proxies=proxies,
         primary=primary,
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), domains=dict(domains), links=links,
+        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), tls=tls, domains=dict(domains), links=links,
     )
 
 
@@ -613,3 +648,30 @@ def load(path: str | Path | None = None, *, data_dir: str | None = None) -> Clus
     if data_dir is not None:
         config = dataclasses.replace(config, data_dir=data_dir)
     return config
+
+
+def server_tls(config: ClusterConfig) -> "ServerTls | None":
+    """A serving role's TLS (None: plaintext); a file that cannot be used is
+    a ConfigError naming it."""
+    from protocol.tls import ServerTls, TlsError
+    if not config.tls.enabled:
+        return None
+    ca, cert, key = config.tls.files(config.data_dir)
+    try:
+        return ServerTls.from_files(ca, cert, key, config.tls.client_certs)
+    except TlsError as exc:
+        hint = " (the embedded cluster makes them: `taproot run`, or `taproot tls init`)" if config.tls.auto else ""
+        raise ConfigError(f"tls: {exc}{hint}") from None
+
+
+def client_tls(config: ClusterConfig) -> "ClientTls | None":
+    """What a client of this cluster presents (None: plaintext): the CA and,
+    with mutual TLS, the cluster's certificate."""
+    from protocol.tls import ClientTls, TlsError
+    if not config.tls.enabled:
+        return None
+    ca, cert, key = config.tls.files(config.data_dir)
+    try:
+        return ClientTls.from_files(ca, cert, key) if config.tls.client_certs else ClientTls.from_files(ca)
+    except TlsError as exc:
+        raise ConfigError(f"tls: {exc}") from None

@@ -22,6 +22,8 @@ from pipelines.retention import maintain
 from protocol import pb, pb_grpc
 from protocol.metrics import LATENCY_BUCKETS, HttpServer, WeightedHistogram, registry_for
 from protocol.stream import write_ready_file
+from protocol.tls import ClientTls
+from protocol.tls import channel as tls_channel
 from storage import deltars, tables
 from storage import spark as spark_factory
 from storage.leases import LeaseTable
@@ -42,9 +44,10 @@ class DeliveryNotifier:
 
     LEASE_REFRESH_S = 1.0
 
-    def __init__(self, data_dir: str | None, fallback: str | None):
+    def __init__(self, data_dir: str | None, fallback: str | None, tls: ClientTls | None = None):
         self._data_dir = data_dir
         self._fallback = fallback
+        self._tls = tls
         self._stubs: dict[str, pb_grpc.BrokerStub] = {}
         self._leases: dict[int, tuple[float, str | None]] = {}
         self._lease_tables: dict[int, "LeaseTable"] = {}  # one handle each: a refresh reads only new commits
@@ -72,7 +75,7 @@ class DeliveryNotifier:
             return
         stub = self._stubs.get(address)
         if stub is None:
-            stub = self._stubs[address] = pb_grpc.BrokerStub(grpc.insecure_channel(address))
+            stub = self._stubs[address] = pb_grpc.BrokerStub(tls_channel(address, self._tls))
         try:
             stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0)
         except grpc.RpcError as exc:
@@ -245,7 +248,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
 def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats, node_address: str | None,
          ready_file: str | None, cluster_file: str | None, warm: bool, http_port: int | None) -> int:
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
-    notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address)
+    notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address, conf.client_tls(config))
     window = config.history_window_ms
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     if warm:

@@ -110,7 +110,8 @@ class Node:
         self._watcher = threading.Thread(target=self._watch_domains, name="domain-watcher", daemon=True)
         self.leadership = Leadership(config, name, serve=self._serve, stepped_down=self._stepped_down,
                                      changed=self._resume_parked)
-        self.forwarding = Forwarding(self.leadership.leader_addresses, name, config.ha.retransmission)
+        self.forwarding = Forwarding(self.leadership.leader_addresses, name, config.ha.retransmission,
+                                     conf.client_tls(config))
         self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
         self.metrics = NodeMetrics(config.metrics.max_queue_series)
 

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+import conf
 from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
 from primary.dispatcher import (
@@ -566,11 +567,13 @@ class Partition:
             from primary.links import LinkForwarder, PullLinks
             # A link that never ran starts here: what is committed from now on.
             start_at = (self._puts.table.version(), self._next_seq - 1)
+            # TLS as this cluster's clients use it: a remote cluster must trust the same CA.
+            tls = conf.client_tls(config)
             self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains,
-                                        start_at=start_at)
+                                        start_at=start_at, tls=tls)
                           for link in config.links if link.direction == "push"]
             pulls = [link for link in config.links if link.direction == "pull"]
-            self.pulls = PullLinks(pulls, config.name, index, local_address) if pulls else None
+            self.pulls = PullLinks(pulls, config.name, index, local_address, tls) if pulls else None
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:

@@ -50,6 +50,7 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
     None: the config's."""
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     node_conf = config.node(node_name)
+    tls = conf.server_tls(config)   # a file that cannot be used ends the start here, saying which
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)
     grpc_port = node_conf.port if port is None else port
@@ -78,7 +79,7 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
         serve_broker(BrokerServicer(node), f"node {node_name}", node_conf.host, grpc_port,
                      ready_file=ready_file, stop_event=stop_event, on_started=started, before_stop=graceful,
                      ready_info={"http_port": http.port if http else None},
-                     admin=AdminServicer(f"node {node_name}", admin.handlers()))
+                     admin=AdminServicer(f"node {node_name}", admin.handlers()), tls=tls)
     finally:
         node.stop(graceful=False)
         pid_file.unlink(missing_ok=True)

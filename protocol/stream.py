@@ -31,6 +31,7 @@ import grpc
 from protocol import gc_tuning
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
+from protocol.tls import ServerTls, add_port
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -294,7 +295,8 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
                  stop_event: threading.Event | None = None,
                  on_started: Callable[[int], None] | None = None,
                  before_stop: Callable[[], None] | None = None,
-                 ready_info: Mapping[str, object] | None = None, admin: object | None = None) -> None:
+                 ready_info: Mapping[str, object] | None = None, admin: object | None = None,
+                 tls: ServerTls | None = None) -> None:
     """Serve `servicer` (a BrokerServicer whose methods are coroutines) on
     host:port until SIGINT/SIGTERM or `stop_event`; write the ready file (with
     the bound port) once serving. `on_started(port)` runs once bound, before
@@ -302,7 +304,8 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     graceful drain). Returns after the server has stopped; the caller then
     stops its role. The server runs on an event loop in a thread of its own.
     `ready_info` goes into the ready file too (the HTTP port); `admin`, an
-    AdminServicer, is served on the same port (`protocol.admin`)."""
+    AdminServicer, is served on the same port (`protocol.admin`); with `tls`
+    the port takes TLS only (`protocol.tls`)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name=f"grpc-{role}", daemon=True)
     thread.start()
@@ -312,7 +315,7 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
         pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         if admin is not None:
             pb_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = add_port(server, f"{host}:{port}", tls)
         if bound:
             await server.start()
         return server, bound

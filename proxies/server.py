@@ -25,6 +25,7 @@ from protocol.admin import AdminServicer
 from protocol.metrics import HttpServer, registry_for
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
+from protocol.tls import ClientTls, ServerTls
 from replicas.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,10 @@ log = logging.getLogger(__name__)
 
 class Proxy(Upstream):
     def __init__(self, upstream_addresses: str | Sequence[str], limits: RetransmissionLimits | None = None,
-                 reconnect_interval_s: float = 0.2):
+                 reconnect_interval_s: float = 0.2, tls: ClientTls | None = None):
         addresses = [upstream_addresses] if isinstance(upstream_addresses, str) else list(upstream_addresses)
-        super().__init__(lambda: addresses, name="proxy", limits=limits, reconnect_interval_s=reconnect_interval_s)
+        super().__init__(lambda: addresses, name="proxy", limits=limits, reconnect_interval_s=reconnect_interval_s,
+                         tls=tls)
         self.upstream_addresses = addresses
 
 
@@ -70,10 +72,13 @@ class ProxyServicer(pb_grpc.BrokerServicer):
 def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, ready_file: str | None = None,
           stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
           stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None,
-          http_port: int | None = None) -> None:
-    """`http_port`: metrics served there (0: any free port), None: none."""
+          http_port: int | None = None, tls: ServerTls | None = None,
+          upstream_tls: ClientTls | None = None) -> None:
+    """`http_port`: metrics served there (0: any free port), None: none.
+    `tls`: clients connect with TLS; `upstream_tls`: how the proxy connects to
+    its nodes (None: plaintext)."""
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
-    proxy = Proxy(upstream_addresses, limits)
+    proxy = Proxy(upstream_addresses, limits, tls=upstream_tls)
     started = time.time()
 
     def status(_: pb.AdminRequest | None = None) -> dict[str, Any]:
@@ -100,7 +105,7 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
     try:
         serve_broker(ProxyServicer(proxy, max_outbound_bytes), "proxy", host, port, ready_file=ready_file,
                      stop_event=stop_event, before_stop=drain, ready_info={"http_port": http.port if http else None},
-                     admin=AdminServicer("proxy", {"status": status, "stop": stop}))
+                     admin=AdminServicer("proxy", {"status": status, "stop": stop}), tls=tls)
     finally:
         proxy.stop()
         if http is not None:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from protocol import pb, seqs
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import Link
+from protocol.tls import ClientTls
 from replicas.upstream import Upstream
 
 # Frames that name one of a link's queues (the rest concern the link itself).
@@ -25,8 +26,10 @@ QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "confirm_columns", "c
 
 
 class Forwarding:
-    def __init__(self, leaders: Callable[[int], list[str]], name: str, limits: RetransmissionLimits):
+    def __init__(self, leaders: Callable[[int], list[str]], name: str, limits: RetransmissionLimits,
+                 tls: ClientTls | None = None):
         self._leaders = leaders
+        self._tls = tls
         self._name = name
         self._limits = limits
         self._lock = threading.Lock()
@@ -39,7 +42,7 @@ class Forwarding:
             if upstream is None:
                 upstream = self._upstreams[partition] = Upstream(
                     functools.partial(self._leaders, partition), name=f"{self._name}-p{partition}",
-                    limits=self._limits)
+                    limits=self._limits, tls=self._tls)
                 upstream.start()
             return upstream
 

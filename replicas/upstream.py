@@ -28,6 +28,8 @@ from protocol.liveness import Due, Liveness, heartbeat
 from protocol.metrics import FrameCounts
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
+from protocol.tls import ClientTls
+from protocol.tls import channel as tls_channel
 from replicas.relay import UPSTREAM, Out, Relay
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,9 @@ EXPIRE_INTERVAL_S = 0.5
 class Upstream:
     def __init__(self, hosts: Callable[[], list[str]], *, name: str = "proxy",
                  limits: RetransmissionLimits | None = None, reconnect_interval_s: float = 0.2,
-                 connect_timeout_s: float = 1.0):
+                 connect_timeout_s: float = 1.0, tls: ClientTls | None = None):
         self.hosts = hosts
+        self.tls = tls                     # TLS to the nodes above (`protocol.tls`); None: plaintext
         self.name = name
         self.reconnect_interval_s = reconnect_interval_s
         self.connect_timeout_s = connect_timeout_s
@@ -152,7 +155,7 @@ class Upstream:
         addresses = self.hosts()
         for i in range(len(addresses)):
             address = addresses[(self._next_host + i) % len(addresses)]
-            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = tls_channel(address, self.tls, GRPC_OPTIONS)
             try:
                 grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
             except grpc.FutureTimeoutError:

@@ -33,16 +33,18 @@ from taproot.errors import (
 )
 
 if TYPE_CHECKING:
+    from protocol.tls import ClientTls
     from taproot.mirror import MirroredQueue, MirroredSession
     from taproot.session import Ack, Message, Queue, Session
 
 __all__ = [
     "Session", "Queue", "Message", "Ack", "MirroredSession", "MirroredQueue", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
-    "TimeoutError", "PostError", "AckError",
+    "TimeoutError", "PostError", "AckError", "ClientTls",
 ]
 _LAZY = {"Session": "taproot.session", "Queue": "taproot.session", "Message": "taproot.session",
-         "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror"}
+         "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror",
+         "ClientTls": "protocol.tls"}
 
 
 def __getattr__(name: str) -> Any:

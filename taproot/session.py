@@ -57,6 +57,8 @@ from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
 from protocol.stream import GRPC_OPTIONS, drain
+from protocol.tls import ClientTls
+from protocol.tls import channel as tls_channel
 from taproot import errors, events
 from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
@@ -432,10 +434,14 @@ class Session:
                  max_pending_bytes: int = RetransmissionLimits.max_bytes,
                  retransmission_timeout_s: float = RetransmissionLimits.timeout_ms / 1000, reconnect: bool = True,
                  reconnect_interval_s: float = 0.2,
-                 on_event: Callable[[events.SessionEvent], None] | None = None, clock: Clock | None = None):
+                 on_event: Callable[[events.SessionEvent], None] | None = None, clock: Clock | None = None,
+                 tls: ClientTls | None = None):
         if not hosts:
             raise ValueError("hosts must name at least one host:port")
         self.hosts = list(hosts)
+        # A cluster with TLS on: `ClientTls.from_files(ca_file[, cert_file, key_file])`; without it, the
+        # TAPROOT_TLS_* environment variables say (`ClientTls.from_env`), else plaintext.
+        self.tls = tls if tls is not None else ClientTls.from_env()
         self.batch_policy = batch or BatchPolicy()
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -522,7 +528,7 @@ class Session:
     def _dial(self, timeout_s: float) -> tuple[grpc.Channel, str] | None:
         for i in range(len(self.hosts)):
             host = self.hosts[(self._next_host + i) % len(self.hosts)]
-            channel = grpc.insecure_channel(host, options=GRPC_OPTIONS)
+            channel = tls_channel(host, self.tls, GRPC_OPTIONS)
             try:
                 grpc.channel_ready_future(channel).result(timeout=timeout_s)
             except grpc.FutureTimeoutError:

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 import conf
 from protocol import pb
 from protocol.codes import ResultCode
+from protocol.tls import ClientTls
+from protocol.tls import channel as tls_channel
 
 TIMEOUT_S = 30.0
 
@@ -30,14 +32,15 @@ class Answer:
         return self.code == ResultCode.SUCCESS
 
 
-def call(host: str, command: str, fields: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> Answer:
+def call(host: str, command: str, fields: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S,
+         tls: ClientTls | None = None) -> Answer:
     """One admin command on one node or proxy (`fields`: domain, uri, app)."""
     import grpc
 
     from protocol import pb_grpc
     try:
         request = pb.AdminRequest(command=command, **(fields or {}))
-        with grpc.insecure_channel(host) as channel:
+        with tls_channel(host, tls) as channel:
             reply = pb_grpc.AdminStub(channel).Command(request, timeout=timeout_s)
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else None
@@ -67,7 +70,12 @@ def _targets(args: argparse.Namespace, with_proxies: bool = False) -> list[tuple
 
 
 def _config(args: argparse.Namespace) -> conf.ClusterConfig:
-    return conf.load(args.config)
+    return conf.load(args.config, data_dir=args.data_dir)
+
+
+def _tls(args: argparse.Namespace) -> ClientTls | None:
+    """TLS as the cluster's config says (its CA; with mutual TLS its certificate)."""
+    return conf.client_tls(_config(args))
 
 
 def _fail(answer: Answer, name: str) -> str:
@@ -75,7 +83,8 @@ def _fail(answer: Answer, name: str) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
-    answers = [(name, call(host, "status")) for name, host in _targets(args, with_proxies=True)]
+    tls = _tls(args)
+    answers = [(name, call(host, "status", tls=tls)) for name, host in _targets(args, with_proxies=True)]
     if args.json:
         _print_json({name: a.data if a.ok else {"error": a.code.name, "message": a.message} for name, a in answers})
         return 0 if all(a.ok for _, a in answers) else 1
@@ -121,7 +130,8 @@ def _partitions(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def domains(args: argparse.Namespace) -> int:
-    answers = [(name, call(host, "domains")) for name, host in _targets(args)]
+    tls = _tls(args)
+    answers = [(name, call(host, "domains", tls=tls)) for name, host in _targets(args)]
     if args.json:
         _print_json({name: a.data if a.ok else {"error": a.code.name, "message": a.message} for name, a in answers})
         return 0 if all(a.ok for _, a in answers) else 1
@@ -148,7 +158,8 @@ def domains(args: argparse.Namespace) -> int:
 
 def queues(args: argparse.Namespace) -> int:
     fields = {"domain": args.domain} if args.domain else {}
-    answers = [(name, call(host, "queues", fields)) for name, host in _targets(args)]
+    tls = _tls(args)
+    answers = [(name, call(host, "queues", fields, tls=tls)) for name, host in _targets(args)]
     failed = [(name, a) for name, a in answers if not a.ok]
     rows = sorted((q for _, a in answers if a.ok and a.data for q in a.data["queues"]),
                   key=lambda q: (q["domain"], q["queue"]))
@@ -175,15 +186,17 @@ def queues(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _on_leader(args: argparse.Namespace, command: str, fields: Mapping[str, str]) -> tuple[str, Answer] | None:
+def _on_leader(args: argparse.Namespace, command: str,
+               fields: Mapping[str, str]) -> tuple[str, dict[str, Any]] | None:
     """Ask the nodes in turn until the one leading the queue's partition
-    answers (the others say NOT_READY: led elsewhere). Prints the refusal
-    and returns None if none does."""
+    answers (the others say NOT_READY: led elsewhere): its name and answer.
+    Prints the refusal and returns None if none does."""
     last: tuple[str, Answer] | None = None
+    tls = _tls(args)
     for name, host in _targets(args):
-        answer = call(host, command, fields)
+        answer = call(host, command, fields, tls=tls)
         if answer.ok:
-            return name, answer
+            return name, answer.data or {}
         if answer.code != ResultCode.NOT_READY or last is None or last[1].code == ResultCode.NOT_CONNECTED:
             last = (name, answer)
         if answer.code not in (ResultCode.NOT_READY, ResultCode.NOT_CONNECTED):
@@ -197,8 +210,7 @@ def queue(args: argparse.Namespace) -> int:
     found = _on_leader(args, "queue", {"uri": args.uri})
     if found is None:
         return 1
-    name, answer = found
-    data = answer.data or {}
+    name, data = found
     if args.json:
         _print_json(data)
         return 0
@@ -228,8 +240,7 @@ def purge(args: argparse.Namespace) -> int:
     found = _on_leader(args, "purge", {"uri": args.uri, "app": args.app or ""})
     if found is None:
         return 1
-    name, answer = found
-    data = answer.data or {}
+    name, data = found
     if args.json:
         _print_json(data)
     else:
@@ -248,7 +259,7 @@ def stop(args: argparse.Namespace) -> int:
                   "or give its host:port", file=sys.stderr)
             return 2
         host = roles[host]
-    answer = call(host, "stop")
+    answer = call(host, "stop", tls=_tls(args))
     if not answer.ok:
         print(_fail(answer, args.target), file=sys.stderr)
         return 1
@@ -265,7 +276,9 @@ def _print_json(data: Any) -> None:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("admin", help="ask the running cluster: status, domains, queues, queue, purge, stop")
-    p.add_argument("--config", help="cluster.toml: its nodes (and proxies) are asked (default: the shipped one)")
+    p.add_argument("--config", help="cluster.toml: its nodes (and proxies) are asked, with its [tls] "
+                                    "(default: the shipped one)")
+    p.add_argument("--data-dir", help="override cluster.data_dir (where [tls] auto keeps the CA)")
     p.add_argument("--host", dest="hosts", action="append", metavar="HOST:PORT",
                    help="ask this node or proxy instead (repeat for more)")
     p.add_argument("--json", action="store_true", help="print the answers as JSON")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import conf
@@ -87,8 +89,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     ha = config.ha
     port = proxy.port if args.port is None else args.port
     http_port = conf.http_port_of(proxy.http_port if args.http_port is None else args.http_port, port)
+    tls = conf.server_tls(config)
     serve(proxy.host, port, upstream, ready_file=args.ready_file, limits=ha.retransmission,
-          stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes, http_port=http_port)
+          stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes, http_port=http_port,
+          tls=tls, upstream_tls=conf.client_tls(config))
     return 0
 
 
@@ -112,12 +116,22 @@ def _parse_properties(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _client_tls(args: argparse.Namespace) -> Any:
+    """A client's TLS, as the cluster's config says ([tls])."""
+    return conf.client_tls(conf.load(args.config, data_dir=args.data_dir))
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="the cluster's cluster.toml, for its [tls] (default: the shipped one)")
+    p.add_argument("--data-dir", help="override cluster.data_dir (where [tls] auto keeps the CA)")
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     properties = _parse_properties(args.property)
     payload = args.message.encode() if args.message is not None else None
     try:
-        with Session(args.hosts) as session, session.open_queue(args.uri, write=True) as queue:
+        with Session(args.hosts, tls=_client_tls(args)) as session, session.open_queue(args.uri, write=True) as queue:
             futures = []
             for i in range(args.count):
                 body = payload if payload is not None else f"message {i}".encode()
@@ -141,7 +155,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     received = 0
     try:
-        with Session(args.hosts) as session, session.open_queue(
+        with Session(args.hosts, tls=_client_tls(args)) as session, session.open_queue(
                 args.uri, read=True, subscription=args.subscription, consumer_priority=args.priority,
                 max_unconfirmed_messages=args.max_unconfirmed) as queue:
             for message in queue.messages(timeout_s=args.timeout):
@@ -177,7 +191,37 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 extras.append(f"{key} {getattr(d, key)}")
         mode = d.mode if d.delivery == "express" or d.mode == "broadcast" else f"{d.mode}, delivery = pipeline"
         print(f"  domain {name} ({mode})" + "".join(f"\n    {e}" for e in extras))
+    tls = config.tls
+    if not tls.enabled:
+        print("  tls: off (plaintext on every link)")
+    else:
+        ca, cert, key = tls.files(config.data_dir)
+        mutual = ", mutual (client certificates required)" if tls.client_certs else ""
+        if tls.auto and not tls.ca_file and not os.path.exists(ca):
+            print(f"  tls: on{mutual}; a throwaway CA is made in {os.path.dirname(ca)} when the cluster starts")
+        else:
+            conf.server_tls(config)   # each file read and checked: a ConfigError names the one that is not usable
+            print(f"  tls: on{mutual}; CA {ca}, certificate {cert}, key {key}")
     print("configuration OK")
+    return 0
+
+
+def cmd_tls(args: argparse.Namespace) -> int:
+    """`taproot tls init`: a throwaway CA and the cluster's certificate, for
+    a cluster with `[tls] auto` (the embedded cluster makes them itself)."""
+    from taproot_ops import tls_init
+
+    config = _config(args)
+    if not (config.tls.enabled and config.tls.auto) or config.tls.ca_file:
+        print("tls init: this cluster's [tls] does not use auto files (enabled = true, auto = true, no ca_file)",
+              file=sys.stderr)
+        return 2
+    ca, cert, key = config.tls.files(config.data_dir)
+    if os.path.exists(ca) and not args.force:
+        print(f"tls init: {ca} exists; --force makes new ones (every client must then get the new CA)")
+        return 0
+    tls_init.make(Path(ca).parent, tls_init.host_names(config), config.name)
+    print(f"made {ca} (the CA clients trust), {cert} and {key} (every role's certificate and key)")
     return 0
 
 
@@ -241,7 +285,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
                         since=args.since, until=args.until, version=args.version, where=args.where,
-                        rate=args.rate, original_rate=args.original_rate, progress=print_progress)
+                        rate=args.rate, original_rate=args.original_rate, progress=print_progress,
+                        tls=conf.client_tls(config))
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -304,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="post messages")
     p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    _client_args(p)
     p.add_argument("--uri", default="taproot://demo/orders")
     p.add_argument("-n", "--count", type=int, default=1)
     p.add_argument("-m", "--message", help="payload text (default 'message <i>')")
@@ -314,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consume", help="print and confirm messages")
     p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    _client_args(p)
     p.add_argument("--uri", default="taproot://demo/orders")
     p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (0: no limit)")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
@@ -358,6 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
     from taproot_ops import admin
     admin.add_parser(sub)
 
+    p = sub.add_parser("tls", help="`tls init`: a throwaway CA and certificate for [tls] auto")
+    p.add_argument("action", choices=["init"])
+    p.add_argument("--config", help="cluster.toml (default: the shipped one)")
+    p.add_argument("--data-dir", help="override cluster.data_dir (the files go in <data_dir>/tls)")
+    p.add_argument("--force", action="store_true", help="replace existing files")
+    p.set_defaults(func=cmd_tls)
+
     p = sub.add_parser("check-config", help="validate cluster.toml and the domain files")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.set_defaults(func=cmd_check_config)
@@ -393,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "loopback if needed) and print Taproot/peer ratios")
     p.add_argument("--hosts", nargs="+", help="a running Taproot cluster (default: start an embedded one)")
     p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
+    p.add_argument("--tls", action="store_true",
+                   help="the embedded cluster with TLS on every link, as shipped (default: plaintext, as the "
+                        "figures in docs/benchmarks.md before 2026-11-24 were measured)")
     p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
     p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")

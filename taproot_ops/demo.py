@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -133,6 +134,11 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
         _say(f"error: {exc}")
         cluster.stop()
         return 1
+    # This process's clients (the demo's sessions) find the cluster's CA here.
+    os.environ.update(cluster.client_env())
+    if cluster.config.tls.enabled:
+        _say(f"   TLS on every link (CA {cluster.client_env().get('TAPROOT_TLS_CA_FILE')}"
+             + (", mutual" if cluster.config.tls.client_certs else "") + ")")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -142,10 +148,14 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
             run_fanout_demo(cluster.client_address)
             show_tables(cluster.data_dir)
         _say("\n== serving; from another terminal try:")
-        _say(f"   .venv/bin/taproot produce --hosts {cluster.client_address} --uri {DEMO_URI} -n 5 -p region=US")
-        _say(f"   .venv/bin/taproot consume --hosts {cluster.client_address} --uri {DEMO_URI} --timeout 10")
+        where = "" if os.path.abspath(cluster.config.data_dir) == cluster.data_dir else f" --data-dir {data_dir}"
+        if config_file:
+            where += f" --config {config_file}"
+        _say(f"   .venv/bin/taproot produce --hosts {cluster.client_address}{where} --uri {DEMO_URI} -n 5 "
+             "-p region=US")
+        _say(f"   .venv/bin/taproot consume --hosts {cluster.client_address}{where} --uri {DEMO_URI} --timeout 10")
         hosts = " ".join(f"--host {a}" for a in cluster.node_addresses.values())
-        _say(f"   .venv/bin/taproot admin {hosts} status      (and: queues, queue URI, domains, purge, stop)")
+        _say(f"   .venv/bin/taproot admin{where} {hosts} status   (and: queues, queue URI, domains, purge, stop)")
         _say("Ctrl-C stops the cluster.")
         while not stop.is_set():
             for role, process in cluster.processes.items():

@@ -9,6 +9,7 @@ its configured upstream first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import conf
+from taproot_ops import tls_init
 
 
 class ClusterStartError(RuntimeError):
@@ -124,11 +126,35 @@ class EmbeddedCluster:
     def client_address(self) -> str:
         return self.proxy_address or self.node_address
 
+    @property
+    def client_tls(self) -> Any:
+        """What a client of this cluster needs (`protocol.tls.ClientTls`), None without TLS."""
+        return conf.client_tls(self._config_for_roles)
+
+    def client_env(self) -> dict[str, str]:
+        """The TAPROOT_TLS_* variables a client process of this cluster needs
+        (`protocol.tls.ClientTls.from_env`); empty without TLS."""
+        from protocol.tls import ENV_CA, ENV_CERT, ENV_KEY
+        if not self.config.tls.enabled:
+            return {}
+        ca, cert, key = self.config.tls.files(self.data_dir)
+        env = {ENV_CA: os.path.abspath(ca)}
+        if self.config.tls.client_certs:
+            env.update({ENV_CERT: os.path.abspath(cert), ENV_KEY: os.path.abspath(key)})
+        return env
+
+    @property
+    def _config_for_roles(self) -> conf.ClusterConfig:
+        return dataclasses.replace(self.config, data_dir=self.data_dir)
+
     def _spawn(self, role: str, args: list[str], name: str | None = None) -> Process:
         name = name or role
         logs = Path(self.data_dir) / "logs"
         try:
             logs.mkdir(parents=True, exist_ok=True)
+            # `[tls] auto`: a throwaway CA and certificate for this cluster, once.
+            if tls_init.ensure(self._config_for_roles):
+                print(f"TLS on: a throwaway CA and certificate made in {self.data_dir}/tls", flush=True)
         except OSError as exc:   # a file where the directory should be, no permission, a full disk
             raise ClusterStartError(f"data directory {self.data_dir} cannot be used: cannot create "
                                     f"{exc.filename}: {exc.strerror}") from None

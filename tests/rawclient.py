@@ -8,13 +8,17 @@ import threading
 import grpc
 
 from protocol import pb, pb_grpc
+from protocol.tls import ClientTls
+from protocol.tls import channel as tls_channel
 
 _CLOSE = object()
 
 
 class RawSession:
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address)
+    """With `tls` (or, without, the TAPROOT_TLS_* environment: `ClientTls.from_env`) over TLS."""
+
+    def __init__(self, address: str, tls: ClientTls | None = None):
+        self.channel = tls_channel(address, tls or ClientTls.from_env())
         grpc.channel_ready_future(self.channel).result(timeout=10)
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -60,7 +64,7 @@ class RawSession:
 
 def send_garbage(address: str, payload: bytes) -> grpc.RpcError | None:
     """Open a Session stream and send bytes that are not a Frame."""
-    channel = grpc.insecure_channel(address)
+    channel = tls_channel(address, ClientTls.from_env())
     call = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=None,
                                  response_deserializer=None)
     try:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 def run_admin(cluster, capsys, *args: str, hosts: list[str] | None = None) -> tuple[int, str, str]:
-    code = main(["admin", *(f"--host={h}" for h in hosts or [cluster.node_address]), *args])
+    code = main(["admin", "--config", str(cluster.config_path),
+                 *(f"--host={h}" for h in hosts or [cluster.node_address]), *args])
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -3,12 +3,14 @@ tables on a temp dir; no Spark (PUT -> ACK path and bad input)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pyarrow.compute as pc
 import pytest
 
+import conf
 from protocol import ResultCode, pb
 from storage import deltars
 from storage.tables import PartitionPaths
@@ -23,9 +25,29 @@ URI = "taproot://demo/it"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    """The shipped configuration, as `make run` runs it: TLS on every link,
+    with a throwaway CA. The module's clients find it in the environment
+    (`ClientTls.from_env`)."""
+    from protocol.tls import ENV_CA
+
     with EmbeddedCluster(data_dir=str(tmp_path_factory.mktemp("data")), ephemeral_ports=True,
                          with_pipeline=False) as c:
-        yield c
+        assert c.config.tls.enabled and c.config.tls.auto
+        os.environ[ENV_CA] = c.config.tls.files(c.data_dir)[0]
+        try:
+            yield c
+        finally:
+            del os.environ[ENV_CA]
+
+
+def aio_channel(address: str):
+    """An asyncio gRPC channel to the module's cluster (TLS)."""
+    import grpc
+
+    from protocol.tls import ClientTls
+    tls = ClientTls.from_env()
+    assert tls is not None
+    return grpc.aio.secure_channel(address, tls.credentials())
 
 
 def committed_guids(cluster) -> set[bytes]:
@@ -433,7 +455,7 @@ def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cl
     from protocol.stream import Link
     from proxies.server import Proxy
 
-    proxy = Proxy([cluster.node_address])
+    proxy = Proxy([cluster.node_address], tls=cluster.client_tls)
     proxy.start(connect_timeout_s=10)
     original = proxy.relay.from_upstream
     failures = [1]
@@ -475,12 +497,11 @@ def test_a_node_and_a_proxy_each_serve_two_thousand_sessions_at_once(cluster):
     cancel some of them, against any server.)"""
     import asyncio
 
-    import grpc
 
     sessions, per_connection = 2_000, 100
 
     async def hold_many(address: str) -> list[int]:
-        channels = [grpc.aio.insecure_channel(address) for _ in range(sessions // per_connection)]
+        channels = [aio_channel(address) for _ in range(sessions // per_connection)]
         try:
             calls = [c.stream_stream("/taproot.v1.Broker/Session", request_serializer=pb.Frame.SerializeToString,
                                      response_deserializer=pb.Frame.FromString) for c in channels]
@@ -525,14 +546,16 @@ def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another
     stop = threading.Event()
     ready = tmp_path / "proxy.ready"
     server = threading.Thread(target=serve, args=("127.0.0.1", 0, [cluster.node_address]), daemon=True,
-                              kwargs=dict(ready_file=str(ready), stop_event=stop, max_outbound_bytes=2 << 20))
+                              kwargs=dict(ready_file=str(ready), stop_event=stop, max_outbound_bytes=2 << 20,
+                                          upstream_tls=cluster.client_tls,
+                                          tls=conf.server_tls(cluster._config_for_roles)))
     server.start()
     wait_until(ready.exists, 30, what="the test proxy")
     proxy = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
     uri, count = "taproot://demo/stalled", 20_000
 
     async def stalled_consumer(opened: threading.Event, checked: threading.Event) -> object:
-        async with grpc.aio.insecure_channel(proxy) as channel:
+        async with aio_channel(proxy) as channel:
             stream = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=pb.Frame.SerializeToString,
                                            response_deserializer=pb.Frame.FromString)()
             await stream.write(pb.Frame(open_queue=pb.OpenQueue(

@@ -53,10 +53,14 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
     return [known[n].with_(**overrides) for n in names]
 
 
+SHIPPED_TLS = "[tls]                                  # TLS on every gRPC link (docs/operations.md)\nenabled = true\n"
+
+
 def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
-                       extra: str = "") -> Path:
+                       extra: str = "", tls: bool = False) -> Path:
     """The shipped cluster.toml plus the domains the scenarios need; with
-    `name`, the cluster's name, and `extra` (TOML sections) appended."""
+    `name`, the cluster's name, and `extra` (TOML sections) appended. TLS as
+    shipped with `tls`, else off (plaintext, as the older figures were)."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
@@ -67,6 +71,9 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
         shipped = 'name = "local"'
         assert shipped in text, "the shipped cluster.toml names its cluster"
         text = text.replace(shipped, f'name = "{name}"', 1)
+    assert SHIPPED_TLS in text, "the shipped cluster.toml turns TLS on"
+    if not tls:
+        text = text.replace(SHIPPED_TLS, SHIPPED_TLS.replace("enabled = true", "enabled = false"), 1)
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
@@ -201,12 +208,15 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
-    config = write_bench_config(work / "conf", scenarios)
+    config = write_bench_config(work / "conf", scenarios, tls=getattr(args, "tls", False))
     data_dir = args.data_dir or str(work / "data")
-    print(f"starting an embedded cluster in {data_dir} ...", flush=True)
+    print(f"starting an embedded cluster in {data_dir}" + (" with TLS" if getattr(args, "tls", False) else "")
+          + " ...", flush=True)
     results: list[dict[str, Any]] = []
     try:
         with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
+            # The load generator's processes find the CA here (`ClientTls.from_env`).
+            os.environ.update(cluster.client_env())
             _warm_up(cluster.client_address, scenarios, args)
             from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
 
@@ -225,7 +235,11 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
                    out_dir: Path | None) -> list[dict[str, Any]]:
     """Two embedded clusters, each with its node, proxy and pipeline: "paris"
     (the consumers connect there) first, then "london" (the producers),
-    whose push link carries the scenarios' domains to paris."""
+    whose push link carries the scenarios' domains to paris. Plaintext: each
+    embedded cluster would make a CA of its own, and a link trusts its own
+    cluster's CA only."""
+    if getattr(args, "tls", False):
+        raise SystemExit("error: the federation scenarios run without --tls (two throwaway CAs)")
     from taproot_ops.bench.taproot_driver import domain_name
     from taproot_ops.embedded import EmbeddedCluster
 
