@@ -266,7 +266,10 @@ def stop(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(answer.data)
     else:
-        print(f"{args.target}: stopping (draining: StopRequest to its peers, then its partitions handed over)")
+        what = ("StopRequest to its clients, then it goes; they move to their next host"
+                if (answer.data or {}).get("role") == "proxy"
+                else "StopRequest to its peers, drained, then its partitions handed over")
+        print(f"{args.target}: stopping ({what})")
     return 0
 
 

@@ -192,6 +192,11 @@ def test_stop_drains_a_proxy_and_it_exits(cluster, capsys):
     process = cluster.start_proxy(name="admin-proxy", hosts=[cluster.node_address])
     address = cluster.proxy_addresses.pop("admin-proxy")
     cluster.processes.pop("admin-proxy")
-    code, out, _ = run_admin(cluster, capsys, "stop", address)
-    assert code == 0 and "stopping" in out
-    assert process.popen.wait(30) == 0
+    try:
+        code, out, _ = run_admin(cluster, capsys, "stop", address)
+        assert code == 0 and "stopping (StopRequest to its clients" in out
+        assert process.popen.wait(30) == 0
+    finally:
+        if process.popen.poll() is None:   # the test failed: leave no proxy behind
+            process.popen.kill()
+            process.popen.wait(10)
