@@ -237,3 +237,40 @@ def test_a_refused_put_is_counted_by_its_code(cluster):
     assert value(after, "taproot_acks_sent_total", code="INVALID_ARGUMENT") - \
         value(before, "taproot_acks_sent_total", code="INVALID_ARGUMENT") == 1
     assert value(after, "taproot_queue_puts_total", domain="demo", queue=queue_name) == 0
+
+
+@pytest.mark.integration   # a node in this process: leases and tables on a temp dir, no sockets
+def test_a_nodes_queue_series_stay_bounded_and_the_rest_are_summed(tmp_path):
+    from conf import ClusterConfig, HaConfig, MetricsConfig, NodeConfig, parse_domain
+    from primary import metrics as node_metrics
+    from primary.node import Node
+    from protocol.stream import Link
+    from tests.test_spanning_frames import next_of
+
+    config = ClusterConfig(data_dir=str(tmp_path), partitions=1, nodes=(NodeConfig("node1", port=1),),
+                           ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
+                           metrics=MetricsConfig(max_queue_series=2), domains={"d": parse_domain("d", {})})
+    node = Node(config, "node1")
+    node.start("127.0.0.1:1")
+    try:
+        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving the partition")
+        link = Link("client")
+        node.open_link(link)
+        names = ["q1", "q2", "q3", "q4"]
+        for qid, name in enumerate(names, start=1):
+            node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=qid, queue_id=qid,
+                                                                 uri=f"taproot://d/{name}", write=True)))
+            assert next_of(link, "open_queue_response").open_queue_response.status.code == ResultCode.SUCCESS
+            count = qid   # q1 gets 1 message, q4 gets 4
+            node.on_frame(link, pb.Frame(put=pb.PutBatch(messages=[
+                pb.PutMessage(queue_id=qid, guid=bytes([qid, i]) * 8, payload=b"x") for i in range(count)])))
+            acked = 0
+            while acked < count:
+                acked += len(next_of(link, "ack").ack.messages)
+        registry = registry_for(lambda: node_metrics.collect(node))
+        puts = {s.labels["queue"]: s.value for family in registry.collect() for s in family.samples
+                if s.name == "taproot_queue_puts_total"}
+        # The first two queues reported keep their names; the others are one series.
+        assert puts == {"q1": 1, "q2": 2, OTHER_QUEUES: 3 + 4}
+    finally:
+        node.stop(graceful=False)
