@@ -14,13 +14,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import signal
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from primary.metrics import authority_lag_s
-from protocol.admin import AdminError
+from protocol.admin import AdminError, stop_after_answer
 from protocol.codes import ResultCode
 from protocol.uri import parse_queue_uri, partition_of
 
@@ -42,7 +41,7 @@ class NodeAdmin:
         self.node = node
         self.started = time.time()
         self._samples_lock = threading.Lock()
-        self._sample: tuple[float, dict[tuple[str, str, str], tuple[int, int, int]]] | None = None
+        self._sample: tuple[float, dict[tuple[str, str], tuple[int, int, int]]] | None = None
 
     # -- status -----------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -82,25 +81,8 @@ class NodeAdmin:
         its own out from successive answers)."""
         if domain and domain not in self.node.config.domains:
             raise AdminError(ResultCode.INVALID_ARGUMENT, f"no domain {domain!r} on node {self.node.name}")
-        rates_now = self._rates() if rates else {}
-        out = []
-        for (p, state) in self._states(domain):
-            apps = []
-            for app, d in sorted(state.dispatchers.items()):
-                key = (state.uri.domain, state.uri.queue, app)
-                held = d.unconfirmed_count
-                apps.append({"app": app, "depth": d.pending_count + held, "unconfirmed": held,
-                             "pushed": d.pushed, "confirmed": d.confirmed, "redelivered": d.redelivered,
-                             "dead_lettered": sum(d.dropped.values()), "purged": d.purged,
-                             "pushes_per_s": rates_now.get(key, (0.0, 0.0, 0.0))[1],
-                             "confirms_per_s": rates_now.get(key, (0.0, 0.0, 0.0))[2]})
-            puts_rate = rates_now.get((state.uri.domain, state.uri.queue, "*"), (0.0, 0.0, 0.0))[0]
-            out.append({"uri": state.uri.canonical, "domain": state.uri.domain, "queue": state.uri.queue,
-                        "partition": p, "mode": state.domain.mode, "consumers": state.consumers,
-                        "producers": state.producers, "puts": state.puts + sum(d.broadcasts for d in
-                                                                               state.dispatchers.values()),
-                        "puts_per_s": puts_rate, "apps": apps})
-        return {"name": self.node.name, "queues": out}
+        rows = self._with_rates(self._queue_rows()) if rates else self._queue_rows()
+        return {"name": self.node.name, "queues": [r for r in rows if not domain or r["domain"] == domain]}
 
     def queue(self, uri_text: str) -> dict[str, Any]:
         partition, state = self._find(uri_text)
@@ -142,9 +124,9 @@ class NodeAdmin:
                 "total": sum(purged.values())}
 
     def stop(self) -> dict[str, Any]:
-        """The graceful stop of `taproot node stop` (SIGTERM: drain, hand the
+        """The graceful stop of `taproot node stop` (drain, hand the
         partitions over), begun after this answer is sent."""
-        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        stop_after_answer()
         return {"name": self.node.name, "stopping": True}
 
     def page_data(self) -> dict[str, Any]:
@@ -158,14 +140,23 @@ class NodeAdmin:
                 "purge": lambda r: self.purge(r.uri, r.app), "stop": lambda r: self.stop()}
 
     # -- helpers -------------------------------------------------------------------
-    def _states(self, domain: str = "") -> list[tuple[int, "QueueState"]]:
-        found = []
+    def _queue_rows(self) -> list[dict[str, Any]]:
+        """Every queue led here with its counts, each partition's read under
+        its lock (a dispatcher's state changes under it)."""
+        rows = []
         for p, partition in sorted(self.node.partitions.items()):
             with partition.lock:
                 for state in partition.queues.values():
-                    if not domain or state.uri.domain == domain:
-                        found.append((p, state))
-        return sorted(found, key=lambda ps: (ps[1].uri.domain, ps[1].uri.queue))
+                    apps = []
+                    for app, d in sorted(state.dispatchers.items()):
+                        held = d.unconfirmed_count
+                        apps.append({"app": app, "depth": d.pending_count + held, "unconfirmed": held,
+                                     "pushed": d.pushed, "confirmed": d.confirmed, "redelivered": d.redelivered,
+                                     "dead_lettered": sum(d.dropped.values()), "purged": d.purged})
+                    rows.append({"uri": state.uri.canonical, "domain": state.uri.domain, "queue": state.uri.queue,
+                                 "partition": p, "mode": state.domain.mode, "consumers": state.consumers,
+                                 "producers": state.producers, "puts": state.accepted, "apps": apps})
+        return sorted(rows, key=lambda r: (r["domain"], r["queue"]))
 
     def _find(self, uri_text: str) -> tuple["Partition", "QueueState"]:
         uri = parse_queue_uri(uri_text)
@@ -184,36 +175,42 @@ class NodeAdmin:
                                                           "(never opened since this node took the partition)")
         return partition, state
 
-    def _counts(self) -> dict[tuple[str, str, str], tuple[int, int, int]]:
-        """(puts, pushes, confirms) of every queue ("*") and app."""
-        counts: dict[tuple[str, str, str], tuple[int, int, int]] = {}
-        for _, state in self._states():
-            d, q = state.uri.domain, state.uri.queue
-            counts[(d, q, "*")] = (state.puts + sum(x.broadcasts for x in state.dispatchers.values()), 0, 0)
-            for app, x in state.dispatchers.items():
-                counts[(d, q, app)] = (0, x.pushed, x.confirmed)
-        return counts
-
-    def _rates(self) -> dict[tuple[str, str, str], tuple[float, float, float]]:
-        """(puts, pushes, confirms) a second since the previous call's sample;
-        without a recent one, over the next RATE_WINDOW_S (the call waits)."""
+    def _with_rates(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows` with puts, pushes and confirms a second since the previous
+        call's sample; without a recent one, over the next RATE_WINDOW_S (the
+        call waits, and answers with the rows read then)."""
         with self._samples_lock:
-            now, counts = time.monotonic(), self._counts()
+            now = time.monotonic()
             previous = self._sample
             if previous is None or now - previous[0] > RATE_STALE_S:
                 time.sleep(RATE_WINDOW_S)
-                previous = (now, counts)
-                now, counts = time.monotonic(), self._counts()
+                previous = (now, _counts(rows))
+                now, rows = time.monotonic(), self._queue_rows()
+            counts = _counts(rows)
             if now - previous[0] >= RATE_WINDOW_S:
                 self._sample = (now, counts)
         start, before = previous
         elapsed = max(now - start, 1e-9)
-        rates: dict[tuple[str, str, str], tuple[float, float, float]] = {}
-        for key, (puts, pushes, confirms) in counts.items():
-            b = before.get(key, (0, 0, 0))
-            rates[key] = (round(max(0, puts - b[0]) / elapsed, 1), round(max(0, pushes - b[1]) / elapsed, 1),
-                          round(max(0, confirms - b[2]) / elapsed, 1))
-        return rates
+
+        def rate(key: tuple[str, str], field: int) -> float:
+            return round(max(0, counts[key][field] - before.get(key, (0, 0, 0))[field]) / elapsed, 1)
+
+        for row in rows:
+            row["puts_per_s"] = rate((row["uri"], "*"), 0)
+            for app in row["apps"]:
+                app["pushes_per_s"] = rate((row["uri"], app["app"]), 1)
+                app["confirms_per_s"] = rate((row["uri"], app["app"]), 2)
+        return rows
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(puts, pushes, confirms) of every queue (app "*") and app of `rows`."""
+    counts: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for row in rows:
+        counts[(row["uri"], "*")] = (row["puts"], 0, 0)
+        for app in row["apps"]:
+            counts[(row["uri"], app["app"])] = (0, app["pushed"], app["confirmed"])
+    return counts
 
 
 def domain_dict(domain: Any) -> dict[str, Any]:

@@ -57,9 +57,8 @@ def _queue_families(node: "Node") -> Iterator[Metric]:
         with partition.lock:
             for state in list(partition.queues.values()):
                 domain = state.uri.domain
-                queue = labels.label(domain, state.uri.queue if not state.uri.cluster
-                                     else f"{state.uri.queue}@{state.uri.cluster}")
-                puts.add((domain, queue), state.puts + sum(d.broadcasts for d in state.dispatchers.values()))
+                queue = labels.label(domain, state.uri.queue)   # a routed queue's name is queue@cluster
+                puts.add((domain, queue), state.accepted)
                 consumers.add((domain, queue), state.consumers)
                 producers.add((domain, queue), state.producers)
                 for app, d in state.dispatchers.items():

@@ -95,6 +95,11 @@ class QueueState:
     puts: int = 0          # messages committed (the commit thread counts them)
     _rules: tuple[DomainConfig, AppRules] | None = None
 
+    @property
+    def accepted(self) -> int:
+        """Messages this queue took: committed, or broadcast (never stored)."""
+        return self.puts + sum(d.broadcasts for d in self.dispatchers.values())
+
     def dispatcher(self, app: str = "") -> QueueDispatcher:
         d = self.dispatchers.get(app)
         if d is None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import threading
 from typing import Any, Callable, Mapping
 
 import grpc
@@ -31,6 +34,12 @@ class AdminError(Exception):
 
 
 Handler = Callable[[pb.AdminRequest], Mapping[str, Any]]
+
+
+def stop_after_answer(delay_s: float = 0.2) -> None:
+    """`stop`: the role's graceful stop (its SIGTERM handler: drain, then go),
+    begun once the command's answer is on its way."""
+    threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
 
 def answer(handlers: Mapping[str, Handler], role: str, request: pb.AdminRequest) -> pb.AdminReply:

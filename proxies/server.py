@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Any, AsyncIterator, Iterator, Sequence
@@ -21,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
-from protocol.admin import AdminServicer
+from protocol.admin import AdminServicer, stop_after_answer
 from protocol.metrics import HttpServer, registry_for
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
@@ -89,8 +88,8 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
                 "sessions": proxy.session_count, "failovers": max(0, proxy.connects - 1),
                 "retransmission_buffer": {"messages": messages, "bytes": nbytes}}
 
-    def stop(_: pb.AdminRequest) -> dict[str, Any]:   # the SIGTERM drain, after this answer
-        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    def stop(_: pb.AdminRequest) -> dict[str, Any]:
+        stop_after_answer()
         return {"role": "proxy", "stopping": True}
 
     http = None if http_port is None else HttpServer(
