@@ -86,7 +86,7 @@ def status(args: argparse.Namespace) -> int:
     tls = _tls(args)
     answers = [(name, call(host, "status", tls=tls)) for name, host in _targets(args, with_proxies=True)]
     if args.json:
-        _print_json({name: a.data if a.ok else {"error": a.code.name, "message": a.message} for name, a in answers})
+        _print_json(_by_name(answers))
         return 0 if all(a.ok for _, a in answers) else 1
     nodes = [(name, a) for name, a in answers if a.ok and a.data and a.data.get("role") == "node"]
     print(f"cluster {nodes[0][1].data['cluster'] if nodes and nodes[0][1].data else '?'}")
@@ -133,7 +133,7 @@ def domains(args: argparse.Namespace) -> int:
     tls = _tls(args)
     answers = [(name, call(host, "domains", tls=tls)) for name, host in _targets(args)]
     if args.json:
-        _print_json({name: a.data if a.ok else {"error": a.code.name, "message": a.message} for name, a in answers})
+        _print_json(_by_name(answers))
         return 0 if all(a.ok for _, a in answers) else 1
     good = [(name, a) for name, a in answers if a.ok and a.data]
     for name, a in answers:
@@ -271,6 +271,11 @@ def stop(args: argparse.Namespace) -> int:
                 else "StopRequest to its peers, drained, then its partitions handed over")
         print(f"{args.target}: stopping ({what})")
     return 0
+
+
+def _by_name(answers: list[tuple[str, Answer]]) -> dict[str, Any]:
+    """Each role's answer, or its refusal, by its name (`--json`)."""
+    return {name: a.data if a.ok else {"error": a.code.name, "message": a.message} for name, a in answers}
 
 
 def _print_json(data: Any) -> None:

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.integration
 LEASE_MS = 6000   # the absent node2 is partition 1's preferred primary: node1 waits half a lease for it
 
 
-def uri_on(partition: int, partitions: int = 2) -> str:
+def uri_on(partition: int, partitions: int = 2, domain: str = "d") -> str:
+    """A queue of `domain` whose URI maps to `partition`."""
     for i in range(100):
-        uri = f"taproot://d/q{i}"
+        uri = f"taproot://{domain}/q{i}"
         parsed = parse_queue_uri(uri)
         assert not isinstance(parsed, str)
         if partition_of(parsed, partitions) == partition:

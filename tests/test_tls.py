@@ -17,8 +17,8 @@ import conf
 from protocol import pb, pb_grpc
 from protocol.tls import ClientTls, TlsError
 from protocol.tls import channel as tls_channel
-from protocol.uri import parse_queue_uri, partition_of
 from taproot_ops import admin, tls_init
+from tests.test_node_parking import uri_on
 
 # -- the configuration -----------------------------------------------------------------------------
 
@@ -103,14 +103,8 @@ def tree(tmp_path_factory):
         yield cluster
 
 
-def queue_on(partition: int, partitions: int = 2) -> str:
-    for i in range(1000):
-        uri = f"taproot://demo/tls-{i}"
-        parsed = parse_queue_uri(uri)
-        assert not isinstance(parsed, str)
-        if partition_of(parsed, partitions) == partition:
-            return uri
-    raise AssertionError("no queue name found")
+def queue_on(partition: int) -> str:
+    return uri_on(partition, 2, domain="demo")
 
 
 @pytest.mark.integration
