@@ -20,6 +20,7 @@ Never: pyspark, delta, deltalake, grpc.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from protocol.retransmit import RetransmissionLimits
 from protocol.uri import CLUSTER_RE, DOMAIN_RE
 
 if TYPE_CHECKING:
+    from protocol.auth import Authenticator
     from protocol.tls import ClientTls, ServerTls
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -170,6 +172,31 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    # Token auth (docs/operations.md): clients present a token; the role that
+    # accepts them checks its rights per domain (produce, consume, admin).
+    enabled: bool = False
+    # Without files given: <data_dir>/auth/tokens.toml and the cluster token
+    # <data_dir>/auth/cluster.token, plus local.token (every right, for the
+    # tools on this machine), made by the embedded cluster (`make run`) or
+    # `taproot auth init` when missing.
+    auto: bool = False
+    tokens_file: str = ""             # [[tokens]]: name, sha256, rights, expires (`taproot auth add` writes it)
+    cluster_token_file: str = ""      # the token roles present to each other (every right)
+
+    def files(self, data_dir: str) -> tuple[str, str]:
+        """(tokens file, cluster token file): the configured ones, or with
+        `auto` those under <data_dir>/auth/."""
+        base = Path(data_dir) / "auth"
+        return (self.tokens_file or (str(base / "tokens.toml") if self.auto else ""),
+                self.cluster_token_file or (str(base / "cluster.token") if self.auto else ""))
+
+    def local_token_file(self, data_dir: str) -> str | None:
+        """With `auto`: the every-right token for this machine's tools."""
+        return str(Path(data_dir) / "auth" / "local.token") if self.auto else None
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     # Each queue is a label value of the queue metrics; past this many
     # queues a role reports the rest as queue="_other" (summed).
@@ -240,6 +267,7 @@ class LinkConfig:
     forward: str = "all"
     batch_messages: int = 5000        # rows read and posted per round
     retry_interval_ms: int = 1000     # after a failed round (the remote down, a refusal)
+    token_file: str = ""              # the token the other cluster gave this one ([auth] there); "": none
 
 
 @dataclass(frozen=True)
@@ -255,6 +283,7 @@ class ClusterConfig:
     ha: HaConfig = HaConfig()
     metrics: MetricsConfig = MetricsConfig()
     tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
     links: tuple[LinkConfig, ...] = ()
 
@@ -500,14 +529,16 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     ha_raw = raw.pop("ha", {})
     metrics_raw = raw.pop("metrics", {})
     tls_raw = raw.pop("tls", {})
+    auth_raw = raw.pop("auth", {})
     links_raw = _array_of_tables(raw.pop("links", None), "links")
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, tls, links)")
+                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, tls, auth, "
+                          "links)")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
                     maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), tls=TlsConfig(),
-                    domains={})
+                    auth=AuthConfig(), domains={})
     base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
     if not CLUSTER_RE.match(base.name):
         raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
@@ -539,12 +570,18 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
             raise ConfigError(f"{unset[0]}: TLS is enabled without auto: set {', '.join(unset)}")
     if tls.client_certs and not tls.enabled:
         raise ConfigError("tls.client_certs: mutual TLS needs tls.enabled = true")
+    auth = _build(AuthConfig, auth_raw, "auth")
+    if auth.enabled and not auth.auto:
+        unset = [f"auth.{f}" for f in ("tokens_file", "cluster_token_file") if not getattr(auth, f)]
+        if unset:
+            raise ConfigError(f"{unset[0]}: auth is enabled without auto: set {', '.join(unset)}")
     return ClusterConfig(
         **top, nodes=nodes, proxies=proxies,
         primary=primary,
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), tls=tls, domains=dict(domains), links=links,
+        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), tls=tls, auth=auth, domains=dict(domains),
+        links=links,
     )
 
 
@@ -675,3 +712,63 @@ def client_tls(config: ClusterConfig) -> "ClientTls | None":
         return ClientTls.from_files(ca, cert, key) if config.tls.client_certs else ClientTls.from_files(ca)
     except TlsError as exc:
         raise ConfigError(f"tls: {exc}") from None
+
+
+def authenticator(config: ClusterConfig) -> "Authenticator | None":
+    """What a serving role checks tokens with (None: [auth] off); a tokens
+    or cluster token file that cannot be used is a ConfigError naming it."""
+    from protocol.auth import Authenticator, AuthError, TokenStore, token_hash
+    if not config.auth.enabled:
+        return None
+    tokens, _ = config.auth.files(config.data_dir)
+    try:
+        return Authenticator(TokenStore(tokens, token_hash(_cluster_token(config))))
+    except AuthError as exc:
+        raise ConfigError(f"auth: {exc}{_AUTO_HINT if config.auth.auto else ''}") from None
+
+
+_AUTO_HINT = " (the embedded cluster makes them: `taproot run`, or `taproot auth init`)"
+
+
+def _cluster_token(config: ClusterConfig) -> str:
+    from protocol.auth import read_token_file
+    return read_token_file(config.auth.files(config.data_dir)[1])
+
+
+def cluster_token(config: ClusterConfig) -> str | None:
+    """The token this cluster's roles present to each other (None: [auth] off)."""
+    from protocol.auth import AuthError
+    if not config.auth.enabled:
+        return None
+    try:
+        return _cluster_token(config)
+    except AuthError as exc:
+        raise ConfigError(f"auth: {exc}{_AUTO_HINT if config.auth.auto else ''}") from None
+
+
+def client_token(config: ClusterConfig) -> str | None:
+    """The token a tool run by hand presents: TAPROOT_TOKEN (or the file
+    TAPROOT_TOKEN_FILE names); else, with [auth] auto, this machine's
+    local.token when it exists; else none (a cluster with [auth] on then
+    refuses, saying a token is needed)."""
+    from protocol.auth import AuthError, read_token_file, token_from_env
+    try:
+        token = token_from_env()
+        local = config.auth.local_token_file(config.data_dir) if config.auth.enabled else None
+        if token is None and local and os.path.exists(local):
+            token = read_token_file(local)
+    except AuthError as exc:
+        raise ConfigError(f"auth: {exc}") from None
+    return token
+
+
+def link_tokens(config: ClusterConfig) -> dict[str, str | None]:
+    """What each federation link's session presents, by link name: its
+    `token_file`'s token (issued by the other cluster) or none; and under ""
+    this cluster's own token, for the sessions a node opens to itself."""
+    from protocol.auth import AuthError, read_token_file
+    try:
+        tokens = {link.name: read_token_file(link.token_file) if link.token_file else None for link in config.links}
+    except AuthError as exc:
+        raise ConfigError(f"links: {exc}") from None
+    return {"": cluster_token(config), **tokens}

@@ -151,7 +151,8 @@ def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[st
            since: str | None = None, until: str | None = None, version: int | None = None,
            where: str | None = None, rate: float = 0.0, original_rate: bool = False,
            bulk_rows: int = BULK_ROWS, stage_file_bytes: int = STAGE_FILE_BYTES,
-           progress: Callable[[ReplayResult], None] | None = None, tls: ClientTls | None = None) -> ReplayResult:
+           progress: Callable[[ReplayResult], None] | None = None, tls: ClientTls | None = None,
+           token: str | None = None) -> ReplayResult:
     target_uri = parse_queue_uri(target)
     if isinstance(target_uri, str):
         raise ReplayError(f"--to {target!r}: {target_uri}")
@@ -166,7 +167,7 @@ def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[st
             return result
         started = time.monotonic()
         pacer = _Pacer(rate, original_rate)
-        with Session(hosts, tls=tls) as session, session.open_queue(target, write=True) as queue:
+        with Session(hosts, tls=tls, token=token) as session, session.open_queue(target, write=True) as queue:
             futures: list[tuple[AckFuture, int]] = []
             last_report = 0.0
             for chunk in stage.read():

@@ -20,6 +20,7 @@ from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
 from pipelines.retention import maintain
 from protocol import pb, pb_grpc
+from protocol.auth import metadata as auth_metadata
 from protocol.metrics import LATENCY_BUCKETS, HttpServer, WeightedHistogram, registry_for
 from protocol.stream import write_ready_file
 from protocol.tls import ClientTls
@@ -44,10 +45,12 @@ class DeliveryNotifier:
 
     LEASE_REFRESH_S = 1.0
 
-    def __init__(self, data_dir: str | None, fallback: str | None, tls: ClientTls | None = None):
+    def __init__(self, data_dir: str | None, fallback: str | None, tls: ClientTls | None = None,
+                 token: str | None = None):
         self._data_dir = data_dir
         self._fallback = fallback
         self._tls = tls
+        self._metadata = auth_metadata(token)   # the cluster token, with [auth] on
         self._stubs: dict[str, pb_grpc.BrokerStub] = {}
         self._leases: dict[int, tuple[float, str | None]] = {}
         self._lease_tables: dict[int, "LeaseTable"] = {}  # one handle each: a refresh reads only new commits
@@ -77,7 +80,7 @@ class DeliveryNotifier:
         if stub is None:
             stub = self._stubs[address] = pb_grpc.BrokerStub(tls_channel(address, self._tls))
         try:
-            stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0)
+            stub.NotifyDelivery(pb.DeliveryNotice(partition=partition), timeout=1.0, metadata=self._metadata)
         except grpc.RpcError as exc:
             self._leases.pop(partition, None)  # perhaps a failover: look the primary up again
             log.debug("delivery notice for partition %d not delivered: %s", partition, exc.code())
@@ -248,7 +251,8 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
 def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats, node_address: str | None,
          ready_file: str | None, cluster_file: str | None, warm: bool, http_port: int | None) -> int:
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions)
-    notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address, conf.client_tls(config))
+    notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address, conf.client_tls(config),
+                                conf.cluster_token(config))
     window = config.history_window_ms
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     if warm:

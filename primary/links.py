@@ -109,7 +109,7 @@ class LinkForwarder:
     def __init__(self, link: LinkConfig, local_cluster: str, partition: int, data_dir: str,
                  domains: Callable[[], Mapping[str, DomainConfig]],
                  session_factory: Callable[[list[str]], Session] | None = None,
-                 start_at: tuple[int, int] = (-1, -1), tls: ClientTls | None = None):
+                 start_at: tuple[int, int] = (-1, -1), tls: ClientTls | None = None, token: str | None = None):
         """`start_at`: (PUT-log version, seq) a link that has never run starts
         after: a link added to a running cluster carries what is committed
         from then on, not the history before it."""
@@ -119,7 +119,8 @@ class LinkForwarder:
         self.paths = tables.PartitionPaths(data_dir, partition)
         self.progress = Progress(progress_path(data_dir, partition, link.name))
         self.domains = domains
-        self._session_factory = session_factory or (lambda hosts: Session(hosts, connect_timeout_s=2.0, tls=tls))
+        self._session_factory = session_factory or (lambda hosts: Session(hosts, connect_timeout_s=2.0, tls=tls,
+                                                                          token=token))
         self._session: Session | None = None
         self._queues: dict[tuple[str, str], Queue] = {}
         self._wake = threading.Event()
@@ -383,9 +384,13 @@ class PullLinks:
     one thread, so the node's frame handlers never wait on the network."""
 
     def __init__(self, links: list[LinkConfig], local_cluster: str, partition: int,
-                 local_address: Callable[[], str], tls: ClientTls | None = None):
+                 local_address: Callable[[], str], tls: ClientTls | None = None,
+                 tokens: Mapping[str, str | None] | None = None):
+        """`tokens`: what each link's session presents, by link name ("": the
+        session to this node itself: the cluster token)."""
         self.links = links
         self.tls = tls
+        self.tokens = dict(tokens or {})
         self.local_cluster = local_cluster
         self.partition = partition
         self.local_address = local_address
@@ -477,7 +482,8 @@ class PullLinks:
                 raise errors.ConnectionError("the pull links are stopping")
             session = self._sessions.get(name)
             if session is None or session._core.state.final:
-                session = self._sessions[name] = Session(hosts, connect_timeout_s=2.0, tls=self.tls)
+                session = self._sessions[name] = Session(hosts, connect_timeout_s=2.0, tls=self.tls,
+                                                         token=self.tokens.get(name))
                 session.start()
             return session
 

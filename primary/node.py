@@ -111,7 +111,7 @@ class Node:
         self.leadership = Leadership(config, name, serve=self._serve, stepped_down=self._stepped_down,
                                      changed=self._resume_parked)
         self.forwarding = Forwarding(self.leadership.leader_addresses, name, config.ha.retransmission,
-                                     conf.client_tls(config))
+                                     conf.client_tls(config), conf.cluster_token(config))
         self._stopped_links: set[Link] = set()              # peers that answered our StopRequest
         self.metrics = NodeMetrics(config.metrics.max_queue_series)
 

@@ -574,11 +574,12 @@ class Partition:
             start_at = (self._puts.table.version(), self._next_seq - 1)
             # TLS as this cluster's clients use it: a remote cluster must trust the same CA.
             tls = conf.client_tls(config)
+            tokens = conf.link_tokens(config)   # what each link presents there ([[links]] token_file)
             self.links = [LinkForwarder(link, config.name, index, config.data_dir, lambda: self.config.domains,
-                                        start_at=start_at, tls=tls)
+                                        start_at=start_at, tls=tls, token=tokens[link.name])
                           for link in config.links if link.direction == "push"]
             pulls = [link for link in config.links if link.direction == "pull"]
-            self.pulls = PullLinks(pulls, config.name, index, local_address, tls) if pulls else None
+            self.pulls = PullLinks(pulls, config.name, index, local_address, tls, tokens) if pulls else None
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:

@@ -20,6 +20,7 @@ from primary.node import Node
 from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.admin import AdminServicer
+from protocol.auth import Authenticator, Denied, presented
 from protocol.metrics import HttpServer, registry_for
 from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
@@ -28,17 +29,23 @@ log = logging.getLogger(__name__)
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, auth: Authenticator | None = None):
         self.node = node
+        self.auth = auth
 
     async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
         async for frame in serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
-                                         self.node.close_link, self.node.config.ha.link_outbound_max_bytes):
+                                         self.node.close_link, self.node.config.ha.link_outbound_max_bytes,
+                                         auth=self.auth):
             yield frame
 
     async def NotifyDelivery(self, request: pb.DeliveryNotice,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> pb.NoticeAck:
+        if self.auth is not None:   # only the cluster's own pipeline sends these
+            entry = self.auth.entry(presented(context.invocation_metadata()))
+            if isinstance(entry, Denied) or not entry.cluster:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "NotifyDelivery takes the cluster token only")
         self.node.notify_delivery(request.partition)
         return pb.NoticeAck()
 
@@ -51,6 +58,7 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
     node_conf = config.node(node_name)
     tls = conf.server_tls(config)   # a file that cannot be used ends the start here, saying which
+    auth = conf.authenticator(config)
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)
     grpc_port = node_conf.port if port is None else port
@@ -76,10 +84,10 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
         node.stop(graceful=False)  # drained: release the leases, stop the partitions
 
     try:
-        serve_broker(BrokerServicer(node), f"node {node_name}", node_conf.host, grpc_port,
+        serve_broker(BrokerServicer(node, auth), f"node {node_name}", node_conf.host, grpc_port,
                      ready_file=ready_file, stop_event=stop_event, on_started=started, before_stop=graceful,
                      ready_info={"http_port": http.port if http else None},
-                     admin=AdminServicer(f"node {node_name}", admin.handlers()), tls=tls)
+                     admin=AdminServicer(f"node {node_name}", admin.handlers(), auth), tls=tls)
     finally:
         node.stop(graceful=False)
         pid_file.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ import grpc
 
 from protocol import pb
 from protocol import taproot_pb2_grpc as pb_grpc
+from protocol.auth import Authenticator, Denied, admin_scope, presented
 from protocol.codes import ResultCode, wire
 
 log = logging.getLogger(__name__)
@@ -60,12 +61,18 @@ def answer(handlers: Mapping[str, Handler], role: str, request: pb.AdminRequest)
 
 class AdminServicer(pb_grpc.AdminServicer):
     """Commands run on a worker thread: a purge waits for its commit, the
-    rates for their window."""
+    rates for their window. With `auth` each command needs the admin right
+    on its domain, or cluster-wide (`protocol.auth.admin_scope`)."""
 
-    def __init__(self, role: str, handlers: Mapping[str, Handler]):
+    def __init__(self, role: str, handlers: Mapping[str, Handler], auth: Authenticator | None = None):
         self.role = role
         self.handlers = handlers
+        self.auth = auth
 
     async def Command(self, request: pb.AdminRequest,  # noqa: N802 (gRPC naming)
                       context: grpc.aio.ServicerContext) -> pb.AdminReply:
+        if self.auth is not None:
+            verdict = self.auth.check(presented(context.invocation_metadata()), ("admin",), admin_scope(request))
+            if isinstance(verdict, Denied):
+                return pb.AdminReply(code=wire(verdict.code), message=f"{self.role}: {verdict.message}")
         return await asyncio.get_running_loop().run_in_executor(None, answer, self.handlers, self.role, request)

@@ -12,6 +12,8 @@
 | INVALID_ARGUMENT | malformed frame, bad queue URI, bad GUID, oversized payload, bad option |
 | NOT_READY | the peer or partition is starting and cannot take the request yet |
 | NO_ROUTE | `queue@cluster`: no federation link here carries the domain to that cluster (docs/federation.md) |
+| UNAUTHENTICATED | `[auth]`: no token, or a token that is unknown, revoked or expired (docs/operations.md) |
+| NOT_AUTHORIZED | `[auth]`: the token lacks the right the request needs; the message names it and the domain |
 | LIMIT_MESSAGES | a message quota or buffer bound was reached |
 | LIMIT_BYTES | a byte quota or buffer bound was reached |
 | STORAGE_FAILURE | the Delta commit failed; the PUT was not persisted |
@@ -38,6 +40,8 @@ class ResultCode(enum.IntEnum):
     INVALID_ARGUMENT = pb.INVALID_ARGUMENT
     NOT_READY = pb.NOT_READY
     NO_ROUTE = pb.NO_ROUTE
+    UNAUTHENTICATED = pb.UNAUTHENTICATED
+    NOT_AUTHORIZED = pb.NOT_AUTHORIZED
     LIMIT_MESSAGES = pb.LIMIT_MESSAGES
     LIMIT_BYTES = pb.LIMIT_BYTES
     STORAGE_FAILURE = pb.STORAGE_FAILURE

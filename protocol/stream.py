@@ -31,6 +31,7 @@ import grpc
 from protocol import gc_tuning
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
+from protocol.auth import Authenticator, LinkAuth, admit, presented
 from protocol.tls import ServerTls, add_port
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class Link:
         self.outbound_bytes = 0             # queued by `send`, not yet taken by the writer
         self._bytes_lock = threading.Lock()  # `send` runs on many threads, the writer on the loop's
         self.dropped: str | None = None     # why the link was dropped, if it was
+        self.dropped_code = grpc.StatusCode.RESOURCE_EXHAUSTED
         self._abort: Callable[[], object] | None = None   # ends the stream now (set by `serve_session`)
         # Sees every frame queued for the peer (a role's metrics: `protocol.metrics.FrameCounts`).
         self.observer: Callable[[pb.Frame], None] | None = None
@@ -128,15 +130,17 @@ class Link:
         if self.observer is not None:
             self.observer(frame)
 
-    def drop(self, reason: str) -> None:
-        """Give up on a peer that does not read: what is queued for it is
-        discarded, no more frames are taken from it, and the close handler
-        runs now (its consumers' unconfirmed messages go to others). gRPC
-        cannot end a stream whose write waits on the peer's flow control, so
-        the peer learns why (RESOURCE_EXHAUSTED) when it reads again."""
+    def drop(self, reason: str, code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED) -> None:
+        """Give up on a peer that does not read (or whose token is no longer
+        good, `code` UNAUTHENTICATED): what is queued for it is discarded, no
+        more frames are taken from it, and the close handler runs now (its
+        consumers' unconfirmed messages go to others). gRPC cannot end a
+        stream whose write waits on the peer's flow control, so the peer
+        learns why (`code`) when it reads again."""
         if self.dropped is not None:
             return
         self.dropped = reason
+        self.dropped_code = code
         log.warning("%r: dropped: %s", self, reason)
         try:
             while True:
@@ -214,18 +218,29 @@ def frame_pool() -> futures.ThreadPoolExecutor:
 async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                         on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
                         on_close: Callable[[Link], None],
-                        max_outbound_bytes: int | None = None, inline: bool = False) -> AsyncIterator[pb.Frame]:
+                        max_outbound_bytes: int | None = None, inline: bool = False,
+                        auth: Authenticator | None = None) -> AsyncIterator[pb.Frame]:
     """One client stream: each frame goes to `on_frame` in order, the
     frames the link is sent go back. Handlers run on the frame pool's
     threads, or, `inline`, on the event loop's own thread: for handlers that
     never block (a relay's header rewrite and a queue put), which then save
-    two thread hand-offs per frame."""
+    two thread hand-offs per frame. With `auth` the stream's token is
+    checked at each OpenQueue (`protocol.auth.admit`) before the role sees it."""
     pool = frame_pool()
     link = Link(context.peer(), max_outbound_bytes)
     last: list["futures.Future[None]"] = []
+    token = LinkAuth(presented(context.invocation_metadata())) if auth is not None else None
 
     def handle(frame: pb.Frame) -> None:
         try:
+            if auth is not None and token is not None:
+                verdict = admit(auth, token, frame)
+                if isinstance(verdict, str):
+                    link.drop(f"token: {verdict}", grpc.StatusCode.UNAUTHENTICATED)
+                    return
+                if verdict is not None:
+                    link.send(verdict)
+                    return
             on_frame(link, frame)
         except Exception as exc:
             # A bug in a handler must not take the server down or leave the
@@ -286,7 +301,7 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
         if not reader.done():
             reader.cancel()
     if link.dropped is not None:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, link.dropped)
+        await context.abort(link.dropped_code, link.dropped)
     if failed:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, failed[0])
 

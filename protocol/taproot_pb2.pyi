@@ -19,6 +19,8 @@ class ResultCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_ARGUMENT: _ClassVar[ResultCode]
     NOT_READY: _ClassVar[ResultCode]
     NO_ROUTE: _ClassVar[ResultCode]
+    UNAUTHENTICATED: _ClassVar[ResultCode]
+    NOT_AUTHORIZED: _ClassVar[ResultCode]
     LIMIT_MESSAGES: _ClassVar[ResultCode]
     LIMIT_BYTES: _ClassVar[ResultCode]
     STORAGE_FAILURE: _ClassVar[ResultCode]
@@ -38,6 +40,8 @@ REFUSED: ResultCode
 INVALID_ARGUMENT: ResultCode
 NOT_READY: ResultCode
 NO_ROUTE: ResultCode
+UNAUTHENTICATED: ResultCode
+NOT_AUTHORIZED: ResultCode
 LIMIT_MESSAGES: ResultCode
 LIMIT_BYTES: ResultCode
 STORAGE_FAILURE: ResultCode

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.admin import AdminServicer, stop_after_answer
+from protocol.auth import Authenticator
 from protocol.metrics import HttpServer, registry_for
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
@@ -32,10 +33,10 @@ log = logging.getLogger(__name__)
 
 class Proxy(Upstream):
     def __init__(self, upstream_addresses: str | Sequence[str], limits: RetransmissionLimits | None = None,
-                 reconnect_interval_s: float = 0.2, tls: ClientTls | None = None):
+                 reconnect_interval_s: float = 0.2, tls: ClientTls | None = None, token: str | None = None):
         addresses = [upstream_addresses] if isinstance(upstream_addresses, str) else list(upstream_addresses)
         super().__init__(lambda: addresses, name="proxy", limits=limits, reconnect_interval_s=reconnect_interval_s,
-                         tls=tls)
+                         tls=tls, token=token)
         self.upstream_addresses = addresses
 
 
@@ -55,16 +56,18 @@ def collect(proxy: Proxy) -> Iterator[Metric]:
 
 
 class ProxyServicer(pb_grpc.BrokerServicer):
-    def __init__(self, proxy: Proxy, max_outbound_bytes: int | None = None):
+    def __init__(self, proxy: Proxy, max_outbound_bytes: int | None = None, auth: Authenticator | None = None):
         self.proxy = proxy
         self.max_outbound_bytes = max_outbound_bytes
+        self.auth = auth
 
     async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
         # Inline: a proxy's handlers take its lock, rewrite headers and queue
         # frames; they never wait on a peer.
         async for frame in serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
-                                         self.proxy.close_link, self.max_outbound_bytes, inline=True):
+                                         self.proxy.close_link, self.max_outbound_bytes, inline=True,
+                                         auth=self.auth):
             yield frame
 
 
@@ -72,12 +75,15 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
           stop_event: threading.Event | None = None, limits: RetransmissionLimits | None = None,
           stop_timeout_ms: int = 10_000, max_outbound_bytes: int | None = None,
           http_port: int | None = None, tls: ServerTls | None = None,
-          upstream_tls: ClientTls | None = None) -> None:
+          upstream_tls: ClientTls | None = None, auth: Authenticator | None = None,
+          upstream_token: str | None = None) -> None:
     """`http_port`: metrics served there (0: any free port), None: none.
     `tls`: clients connect with TLS; `upstream_tls`: how the proxy connects to
-    its nodes (None: plaintext)."""
+    its nodes (None: plaintext). `auth`: clients' tokens are checked here
+    (`protocol.auth`); `upstream_token`: the cluster token the proxy presents
+    to its nodes."""
     columns.warm_up()   # pyarrow's first-call import, before any frame waits on it
-    proxy = Proxy(upstream_addresses, limits, tls=upstream_tls)
+    proxy = Proxy(upstream_addresses, limits, tls=upstream_tls, token=upstream_token)
     started = time.time()
 
     def status(_: pb.AdminRequest | None = None) -> dict[str, Any]:
@@ -102,9 +108,9 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
         proxy.drain(stop_timeout_ms / 1000)
 
     try:
-        serve_broker(ProxyServicer(proxy, max_outbound_bytes), "proxy", host, port, ready_file=ready_file,
+        serve_broker(ProxyServicer(proxy, max_outbound_bytes, auth), "proxy", host, port, ready_file=ready_file,
                      stop_event=stop_event, before_stop=drain, ready_info={"http_port": http.port if http else None},
-                     admin=AdminServicer("proxy", {"status": status, "stop": stop}), tls=tls)
+                     admin=AdminServicer("proxy", {"status": status, "stop": stop}, auth), tls=tls)
     finally:
         proxy.stop()
         if http is not None:

@@ -27,9 +27,10 @@ QUEUE_FRAMES = frozenset({"put", "put_columns", "confirm", "confirm_columns", "c
 
 class Forwarding:
     def __init__(self, leaders: Callable[[int], list[str]], name: str, limits: RetransmissionLimits,
-                 tls: ClientTls | None = None):
+                 tls: ClientTls | None = None, token: str | None = None):
         self._leaders = leaders
         self._tls = tls
+        self._token = token
         self._name = name
         self._limits = limits
         self._lock = threading.Lock()
@@ -42,7 +43,7 @@ class Forwarding:
             if upstream is None:
                 upstream = self._upstreams[partition] = Upstream(
                     functools.partial(self._leaders, partition), name=f"{self._name}-p{partition}",
-                    limits=self._limits, tls=self._tls)
+                    limits=self._limits, tls=self._tls, token=self._token)
                 upstream.start()
             return upstream
 

@@ -23,6 +23,7 @@ from typing import Callable
 import grpc
 
 from protocol import pb, pb_grpc
+from protocol.auth import metadata as auth_metadata
 from protocol.clock import wall_time_us
 from protocol.liveness import Due, Liveness, heartbeat
 from protocol.metrics import FrameCounts
@@ -39,9 +40,10 @@ EXPIRE_INTERVAL_S = 0.5
 class Upstream:
     def __init__(self, hosts: Callable[[], list[str]], *, name: str = "proxy",
                  limits: RetransmissionLimits | None = None, reconnect_interval_s: float = 0.2,
-                 connect_timeout_s: float = 1.0, tls: ClientTls | None = None):
+                 connect_timeout_s: float = 1.0, tls: ClientTls | None = None, token: str | None = None):
         self.hosts = hosts
         self.tls = tls                     # TLS to the nodes above (`protocol.tls`); None: plaintext
+        self._metadata = auth_metadata(token)   # the cluster token with [auth] on (`protocol.auth`)
         self.name = name
         self.reconnect_interval_s = reconnect_interval_s
         self.connect_timeout_s = connect_timeout_s
@@ -192,7 +194,7 @@ class Upstream:
             self._liveness.connected(time.monotonic() * 1000)
             self._send(self.relay.upstream_restored())
             up_out = self._up_out
-        responses = pb_grpc.BrokerStub(channel).Session(drain(up_out))
+        responses = pb_grpc.BrokerStub(channel).Session(drain(up_out), metadata=self._metadata)
         self.connects += 1
         log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
                  self.relay.route_count, self.relay.unacked_count)

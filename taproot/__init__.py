@@ -25,11 +25,13 @@ from taproot.errors import (
     AckError,
     ConnectionError,
     InvalidArgumentError,
+    NotAuthorizedError,
     PostError,
     RefusedError,
     RequestError,
     TaprootError,
     TimeoutError,
+    UnauthenticatedError,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Session", "Queue", "Message", "Ack", "MirroredSession", "MirroredQueue", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
-    "TimeoutError", "PostError", "AckError", "ClientTls",
+    "TimeoutError", "UnauthenticatedError", "NotAuthorizedError", "PostError", "AckError", "ClientTls",
 ]
 _LAZY = {"Session": "taproot.session", "Queue": "taproot.session", "Message": "taproot.session",
          "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror",

@@ -5,6 +5,8 @@
     ├── RequestError             the broker answered a request with a failure status
     │   ├── InvalidArgumentError     INVALID_ARGUMENT (bad URI, bad option, ...)
     │   ├── RefusedError             REFUSED (unknown domain, wrong access, ...)
+    │   ├── UnauthenticatedError     UNAUTHENTICATED ([auth]: no token, a wrong, revoked or expired one)
+    │   ├── NotAuthorizedError       NOT_AUTHORIZED (the token lacks the right; the message names it)
     │   └── TimeoutError             no answer within the deadline
     ├── PostError                a PUT was not accepted (raised locally before sending)
     └── AckError                 a PUT's ACK carried a failure code (see .code)
@@ -38,6 +40,14 @@ class RefusedError(RequestError):
     pass
 
 
+class UnauthenticatedError(RequestError):
+    pass
+
+
+class NotAuthorizedError(RequestError):
+    pass
+
+
 class TimeoutError(RequestError):  # noqa: A001
     pass
 
@@ -57,5 +67,6 @@ class AckError(TaprootError):
 def request_error(code: int, message: str) -> RequestError:
     result = ResultCode.of(code)
     cls = {ResultCode.INVALID_ARGUMENT: InvalidArgumentError, ResultCode.REFUSED: RefusedError,
-           ResultCode.TIMEOUT: TimeoutError}.get(result, RequestError)
+           ResultCode.TIMEOUT: TimeoutError, ResultCode.UNAUTHENTICATED: UnauthenticatedError,
+           ResultCode.NOT_AUTHORIZED: NotAuthorizedError}.get(result, RequestError)
     return cls(result, message)

@@ -43,6 +43,8 @@ import grpc
 import pyarrow as pa
 
 from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
+from protocol.auth import metadata as auth_metadata
+from protocol.auth import token_from_env
 from protocol.clock import Clock, MonotonicClock, wall_time_us
 from protocol.expression import ExpressionError, compile_expression
 from protocol.limits import (
@@ -435,13 +437,16 @@ class Session:
                  retransmission_timeout_s: float = RetransmissionLimits.timeout_ms / 1000, reconnect: bool = True,
                  reconnect_interval_s: float = 0.2,
                  on_event: Callable[[events.SessionEvent], None] | None = None, clock: Clock | None = None,
-                 tls: ClientTls | None = None):
+                 tls: ClientTls | None = None, token: str | None = None):
         if not hosts:
             raise ValueError("hosts must name at least one host:port")
         self.hosts = list(hosts)
         # A cluster with TLS on: `ClientTls.from_files(ca_file[, cert_file, key_file])`; without it, the
         # TAPROOT_TLS_* environment variables say (`ClientTls.from_env`), else plaintext.
         self.tls = tls if tls is not None else ClientTls.from_env()
+        # A cluster with [auth] on: the token it gave this client; without it, TAPROOT_TOKEN (or the file
+        # TAPROOT_TOKEN_FILE names). Sent in each stream's metadata, never logged.
+        self._metadata = auth_metadata(token if token is not None else token_from_env())
         self.batch_policy = batch or BatchPolicy()
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -565,7 +570,7 @@ class Session:
         self._out = _queue.SimpleQueue()
         self._liveness.connected(self._now_ms())
         self._core.connected(host, self._now_ms())
-        responses = pb_grpc.BrokerStub(channel).Session(drain(self._out))
+        responses = pb_grpc.BrokerStub(channel).Session(drain(self._out), metadata=self._metadata)
         thread = threading.Thread(target=self._receive, args=(responses, self._out, channel),
                                   name="taproot-receiver", daemon=True)
         thread.start()

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import conf
 from protocol import pb
+from protocol.auth import metadata as auth_metadata
 from protocol.codes import ResultCode
 from protocol.tls import ClientTls
 from protocol.tls import channel as tls_channel
@@ -33,15 +34,16 @@ class Answer:
 
 
 def call(host: str, command: str, fields: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S,
-         tls: ClientTls | None = None) -> Answer:
-    """One admin command on one node or proxy (`fields`: domain, uri, app)."""
+         tls: ClientTls | None = None, token: str | None = None) -> Answer:
+    """One admin command on one node or proxy (`fields`: domain, uri, app),
+    over TLS with `tls`, presenting `token` ([auth])."""
     import grpc
 
     from protocol import pb_grpc
     try:
         request = pb.AdminRequest(command=command, **(fields or {}))
         with tls_channel(host, tls) as channel:
-            reply = pb_grpc.AdminStub(channel).Command(request, timeout=timeout_s)
+            reply = pb_grpc.AdminStub(channel).Command(request, timeout=timeout_s, metadata=auth_metadata(token))
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -73,9 +75,11 @@ def _config(args: argparse.Namespace) -> conf.ClusterConfig:
     return conf.load(args.config, data_dir=args.data_dir)
 
 
-def _tls(args: argparse.Namespace) -> ClientTls | None:
-    """TLS as the cluster's config says (its CA; with mutual TLS its certificate)."""
-    return conf.client_tls(_config(args))
+def _access(args: argparse.Namespace) -> dict[str, Any]:
+    """`call`'s tls and token: TLS as the cluster's config says (its CA; with
+    mutual TLS its certificate), the token as `conf.client_token` finds it."""
+    config = _config(args)
+    return {"tls": conf.client_tls(config), "token": conf.client_token(config)}
 
 
 def _fail(answer: Answer, name: str) -> str:
@@ -83,8 +87,8 @@ def _fail(answer: Answer, name: str) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
-    tls = _tls(args)
-    answers = [(name, call(host, "status", tls=tls)) for name, host in _targets(args, with_proxies=True)]
+    access = _access(args)
+    answers = [(name, call(host, "status", **access)) for name, host in _targets(args, with_proxies=True)]
     if args.json:
         _print_json(_by_name(answers))
         return 0 if all(a.ok for _, a in answers) else 1
@@ -130,8 +134,8 @@ def _partitions(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def domains(args: argparse.Namespace) -> int:
-    tls = _tls(args)
-    answers = [(name, call(host, "domains", tls=tls)) for name, host in _targets(args)]
+    access = _access(args)
+    answers = [(name, call(host, "domains", **access)) for name, host in _targets(args)]
     if args.json:
         _print_json(_by_name(answers))
         return 0 if all(a.ok for _, a in answers) else 1
@@ -158,8 +162,8 @@ def domains(args: argparse.Namespace) -> int:
 
 def queues(args: argparse.Namespace) -> int:
     fields = {"domain": args.domain} if args.domain else {}
-    tls = _tls(args)
-    answers = [(name, call(host, "queues", fields, tls=tls)) for name, host in _targets(args)]
+    access = _access(args)
+    answers = [(name, call(host, "queues", fields, **access)) for name, host in _targets(args)]
     failed = [(name, a) for name, a in answers if not a.ok]
     rows = sorted((q for _, a in answers if a.ok and a.data for q in a.data["queues"]),
                   key=lambda q: (q["domain"], q["queue"]))
@@ -192,9 +196,9 @@ def _on_leader(args: argparse.Namespace, command: str,
     answers (the others say NOT_READY: led elsewhere): its name and answer.
     Prints the refusal and returns None if none does."""
     last: tuple[str, Answer] | None = None
-    tls = _tls(args)
+    access = _access(args)
     for name, host in _targets(args):
-        answer = call(host, command, fields, tls=tls)
+        answer = call(host, command, fields, **access)
         if answer.ok:
             return name, answer.data or {}
         if answer.code != ResultCode.NOT_READY or last is None or last[1].code == ResultCode.NOT_CONNECTED:
@@ -259,7 +263,7 @@ def stop(args: argparse.Namespace) -> int:
                   "or give its host:port", file=sys.stderr)
             return 2
         host = roles[host]
-    answer = call(host, "stop", tls=_tls(args))
+    answer = call(host, "stop", **_access(args))
     if not answer.ok:
         print(_fail(answer, args.target), file=sys.stderr)
         return 1

@@ -92,7 +92,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     tls = conf.server_tls(config)
     serve(proxy.host, port, upstream, ready_file=args.ready_file, limits=ha.retransmission,
           stop_timeout_ms=ha.stop_timeout_ms, max_outbound_bytes=ha.link_outbound_max_bytes, http_port=http_port,
-          tls=tls, upstream_tls=conf.client_tls(config))
+          tls=tls, upstream_tls=conf.client_tls(config), auth=conf.authenticator(config),
+          upstream_token=conf.cluster_token(config))
     return 0
 
 
@@ -116,14 +117,17 @@ def _parse_properties(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _client_tls(args: argparse.Namespace) -> Any:
-    """A client's TLS, as the cluster's config says ([tls])."""
-    return conf.client_tls(conf.load(args.config, data_dir=args.data_dir))
+def _client_access(args: argparse.Namespace) -> dict[str, Any]:
+    """A client's TLS and token, as the cluster's config says ([tls], [auth])."""
+    config = conf.load(args.config, data_dir=args.data_dir)
+    return {"tls": conf.client_tls(config), "token": conf.client_token(config)}
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="the cluster's cluster.toml, for its [tls] (default: the shipped one)")
-    p.add_argument("--data-dir", help="override cluster.data_dir (where [tls] auto keeps the CA)")
+    p.add_argument("--config", help="the cluster's cluster.toml, for its [tls] and [auth] "
+                                    "(default: the shipped one)")
+    p.add_argument("--data-dir", help="override cluster.data_dir (where [tls] auto keeps the CA, [auth] auto "
+                                      "the local token); a token in TAPROOT_TOKEN or TAPROOT_TOKEN_FILE goes first")
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -131,7 +135,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     properties = _parse_properties(args.property)
     payload = args.message.encode() if args.message is not None else None
     try:
-        with Session(args.hosts, tls=_client_tls(args)) as session, session.open_queue(args.uri, write=True) as queue:
+        with Session(args.hosts, **_client_access(args)) as session, session.open_queue(args.uri, write=True) as queue:
             futures = []
             for i in range(args.count):
                 body = payload if payload is not None else f"message {i}".encode()
@@ -155,7 +159,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     received = 0
     try:
-        with Session(args.hosts, tls=_client_tls(args)) as session, session.open_queue(
+        with Session(args.hosts, **_client_access(args)) as session, session.open_queue(
                 args.uri, read=True, subscription=args.subscription, consumer_priority=args.priority,
                 max_unconfirmed_messages=args.max_unconfirmed) as queue:
             for message in queue.messages(timeout_s=args.timeout):
@@ -286,7 +290,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
                         since=args.since, until=args.until, version=args.version, where=args.where,
                         rate=args.rate, original_rate=args.original_rate, progress=print_progress,
-                        tls=conf.client_tls(config))
+                        tls=conf.client_tls(config), token=conf.client_token(config))
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -402,8 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(func=cmd_maintain)
 
-    from taproot_ops import admin
+    from taproot_ops import admin, tokens
     admin.add_parser(sub)
+    tokens.add_parser(sub)
 
     p = sub.add_parser("tls", help="`tls init`: a throwaway CA and certificate for [tls] auto")
     p.add_argument("action", choices=["init"])

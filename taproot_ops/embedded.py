@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import conf
-from taproot_ops import tls_init
+from taproot_ops import tls_init, tokens
 
 
 class ClusterStartError(RuntimeError):
@@ -131,14 +131,26 @@ class EmbeddedCluster:
         """What a client of this cluster needs (`protocol.tls.ClientTls`), None without TLS."""
         return conf.client_tls(self._config_for_roles)
 
+    @property
+    def client_token(self) -> str | None:
+        """With `[auth] auto`: the `local` token (every right) for this
+        machine's clients; else what TAPROOT_TOKEN(_FILE) says, or None."""
+        return conf.client_token(self._config_for_roles)
+
     def client_env(self) -> dict[str, str]:
         """The TAPROOT_TLS_* variables a client process of this cluster needs
-        (`protocol.tls.ClientTls.from_env`); empty without TLS."""
+        (`protocol.tls.ClientTls.from_env`), and with `[auth] auto`
+        TAPROOT_TOKEN_FILE naming the local token; empty without either."""
+        from protocol.auth import ENV_TOKEN_FILE
         from protocol.tls import ENV_CA, ENV_CERT, ENV_KEY
+        env = {}
+        local = self.config.auth.local_token_file(self.data_dir) if self.config.auth.enabled else None
+        if local:
+            env[ENV_TOKEN_FILE] = os.path.abspath(local)
         if not self.config.tls.enabled:
-            return {}
+            return env
         ca, cert, key = self.config.tls.files(self.data_dir)
-        env = {ENV_CA: os.path.abspath(ca)}
+        env[ENV_CA] = os.path.abspath(ca)
         if self.config.tls.client_certs:
             env.update({ENV_CERT: os.path.abspath(cert), ENV_KEY: os.path.abspath(key)})
         return env
@@ -155,6 +167,9 @@ class EmbeddedCluster:
             # `[tls] auto`: a throwaway CA and certificate for this cluster, once.
             if tls_init.ensure(self._config_for_roles):
                 print(f"TLS on: a throwaway CA and certificate made in {self.data_dir}/tls", flush=True)
+            # `[auth] auto`: the cluster token and a local token with every right, once.
+            if tokens.init(self._config_for_roles):
+                print(f"auth on: the cluster token and a local token made in {self.data_dir}/auth", flush=True)
         except OSError as exc:   # a file where the directory should be, no permission, a full disk
             raise ClusterStartError(f"data directory {self.data_dir} cannot be used: cannot create "
                                     f"{exc.filename}: {exc.strerror}") from None

@@ -8,6 +8,8 @@ import threading
 import grpc
 
 from protocol import pb, pb_grpc
+from protocol.auth import metadata as auth_metadata
+from protocol.auth import token_from_env
 from protocol.tls import ClientTls
 from protocol.tls import channel as tls_channel
 
@@ -15,7 +17,8 @@ _CLOSE = object()
 
 
 class RawSession:
-    """With `tls` (or, without, the TAPROOT_TLS_* environment: `ClientTls.from_env`) over TLS."""
+    """With `tls` (or, without, the TAPROOT_TLS_* environment: `ClientTls.from_env`) over TLS; presenting
+    the token of TAPROOT_TOKEN(_FILE) if set (`protocol.auth`)."""
 
     def __init__(self, address: str, tls: ClientTls | None = None):
         self.channel = tls_channel(address, tls or ClientTls.from_env())
@@ -23,7 +26,7 @@ class RawSession:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.error: grpc.RpcError | None = None
-        responses = pb_grpc.BrokerStub(self.channel).Session(self._frames())
+        responses = pb_grpc.BrokerStub(self.channel).Session(self._frames(), metadata=auth_metadata(token_from_env()))
         threading.Thread(target=self._read, args=(responses,), daemon=True).start()
 
     def _frames(self):

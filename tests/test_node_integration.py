@@ -12,6 +12,8 @@ import pytest
 
 import conf
 from protocol import ResultCode, pb
+from protocol.auth import metadata as auth_metadata
+from protocol.auth import token_from_env
 from storage import deltars
 from storage.tables import PartitionPaths
 from taproot import AckError, InvalidArgumentError, Message, PostError, RefusedError, Session
@@ -26,18 +28,20 @@ URI = "taproot://demo/it"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The shipped configuration, as `make run` runs it: TLS on every link,
-    with a throwaway CA. The module's clients find it in the environment
-    (`ClientTls.from_env`)."""
-    from protocol.tls import ENV_CA
-
+    with a throwaway CA, and token auth. The module's clients find the CA and
+    the local token in the environment (`ClientTls.from_env`,
+    `protocol.auth.token_from_env`)."""
     with EmbeddedCluster(data_dir=str(tmp_path_factory.mktemp("data")), ephemeral_ports=True,
                          with_pipeline=False) as c:
-        assert c.config.tls.enabled and c.config.tls.auto
-        os.environ[ENV_CA] = c.config.tls.files(c.data_dir)[0]
+        assert c.config.tls.enabled and c.config.tls.auto and c.config.auth.enabled and c.config.auth.auto
+        env = c.client_env()
+        assert set(env) == {"TAPROOT_TLS_CA_FILE", "TAPROOT_TOKEN_FILE"}
+        os.environ.update(env)
         try:
             yield c
         finally:
-            del os.environ[ENV_CA]
+            for name in env:
+                del os.environ[name]
 
 
 def aio_channel(address: str):
@@ -557,7 +561,8 @@ def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another
     async def stalled_consumer(opened: threading.Event, checked: threading.Event) -> object:
         async with aio_channel(proxy) as channel:
             stream = channel.stream_stream("/taproot.v1.Broker/Session", request_serializer=pb.Frame.SerializeToString,
-                                           response_deserializer=pb.Frame.FromString)()
+                                           response_deserializer=pb.Frame.FromString)(
+                metadata=auth_metadata(token_from_env()))
             await stream.write(pb.Frame(open_queue=pb.OpenQueue(
                 request_id=1, queue_id=1, uri=uri, read=True,
                 options=pb.QueueOptions(max_unconfirmed_messages=count, max_unconfirmed_bytes=1 << 30))))
