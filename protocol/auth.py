@@ -247,6 +247,10 @@ class TokenStore:
             except AuthError as exc:
                 log.warning("auth: %s; keeping the %d tokens read before", exc, len(self._entries))
 
+    @property
+    def entries(self) -> list[TokenEntry]:
+        return list(self._entries.values())
+
     def lookup(self, digest: str | None) -> TokenEntry | None:
         if digest is None:
             return None

@@ -206,6 +206,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         else:
             conf.server_tls(config)   # each file read and checked: a ConfigError names the one that is not usable
             print(f"  tls: on{mutual}; CA {ca}, certificate {cert}, key {key}")
+    auth = config.auth
+    if not auth.enabled:
+        print("  auth: off (no tokens: any client may produce, consume and run admin commands)")
+    else:
+        tokens_file, cluster_file = auth.files(config.data_dir)
+        if auth.auto and not (os.path.exists(tokens_file) and os.path.exists(cluster_file)):
+            print(f"  auth: on; the cluster token and a local token are made in {os.path.dirname(tokens_file)} "
+                  "when the cluster starts")
+        else:
+            checked = conf.authenticator(config)   # both files read and checked: a ConfigError names the bad one
+            count = len(checked.store.entries) if checked is not None else 0
+            print(f"  auth: on; {count} tokens in {tokens_file}, cluster token {cluster_file}")
     print("configuration OK")
     return 0
 
@@ -455,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="the embedded cluster with TLS on every link, as shipped (default: plaintext, as the "
                         "figures in docs/benchmarks.md before 2026-11-24 were measured)")
+    p.add_argument("--auth", action="store_true",
+                   help="the embedded cluster with token auth, as shipped (its clients present the local token; "
+                        "default: no tokens)")
     p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
     p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")

@@ -54,13 +54,16 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
 
 
 SHIPPED_TLS = "[tls]                                  # TLS on every gRPC link (docs/operations.md)\nenabled = true\n"
+SHIPPED_AUTH = ("[auth]                                 # tokens with rights per domain: produce, consume, admin "
+                "(docs/operations.md)\nenabled = true\n")
 
 
 def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
-                       extra: str = "", tls: bool = False) -> Path:
+                       extra: str = "", tls: bool = False, auth: bool = False) -> Path:
     """The shipped cluster.toml plus the domains the scenarios need; with
     `name`, the cluster's name, and `extra` (TOML sections) appended. TLS as
-    shipped with `tls`, else off (plaintext, as the older figures were)."""
+    shipped with `tls`, token auth as shipped with `auth`, else off
+    (plaintext and no tokens, as the older figures were measured)."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
@@ -72,8 +75,11 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
         assert shipped in text, "the shipped cluster.toml names its cluster"
         text = text.replace(shipped, f'name = "{name}"', 1)
     assert SHIPPED_TLS in text, "the shipped cluster.toml turns TLS on"
+    assert SHIPPED_AUTH in text, "the shipped cluster.toml turns token auth on"
     if not tls:
         text = text.replace(SHIPPED_TLS, SHIPPED_TLS.replace("enabled = true", "enabled = false"), 1)
+    if not auth:
+        text = text.replace(SHIPPED_AUTH, SHIPPED_AUTH.replace("enabled = true", "enabled = false"), 1)
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
@@ -208,14 +214,17 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
-    config = write_bench_config(work / "conf", scenarios, tls=getattr(args, "tls", False))
+    tls, auth = getattr(args, "tls", False), getattr(args, "auth", False)
+    config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth)
     data_dir = args.data_dir or str(work / "data")
-    print(f"starting an embedded cluster in {data_dir}" + (" with TLS" if getattr(args, "tls", False) else "")
-          + " ...", flush=True)
+    security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth)) if on)
+    print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
+          flush=True)
     results: list[dict[str, Any]] = []
     try:
         with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
-            # The load generator's processes find the CA here (`ClientTls.from_env`).
+            # The load generator's processes find the CA and the token here
+            # (`ClientTls.from_env`, `protocol.auth.token_from_env`).
             os.environ.update(cluster.client_env())
             _warm_up(cluster.client_address, scenarios, args)
             from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
@@ -238,8 +247,9 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
     whose push link carries the scenarios' domains to paris. Plaintext: each
     embedded cluster would make a CA of its own, and a link trusts its own
     cluster's CA only."""
-    if getattr(args, "tls", False):
-        raise SystemExit("error: the federation scenarios run without --tls (two throwaway CAs)")
+    if getattr(args, "tls", False) or getattr(args, "auth", False):
+        raise SystemExit("error: the federation scenarios run without --tls and --auth (two throwaway CAs, "
+                         "two clusters' tokens)")
     from taproot_ops.bench.taproot_driver import domain_name
     from taproot_ops.embedded import EmbeddedCluster
 
