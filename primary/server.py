@@ -65,7 +65,7 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
     metrics_port = conf.http_port_of(node_conf.http_port if http_port is None else http_port, grpc_port)
     admin = NodeAdmin(node)
     http = None if metrics_port is None else HttpServer(
-        f"node {node_name}", node_conf.host, metrics_port, registry_for(lambda: node_metrics.collect(node)),
+        f"node {node_name}", node_conf.host, metrics_port, registry_for(lambda: node_metrics.collect(node), auth),
         status_page.routes(admin.page_data)).start()
 
     pid_file = pid_path(config, node_name)

@@ -270,9 +270,20 @@ class Authenticator:
     def __init__(self, store: TokenStore, clock: Any = time.time):
         self.store = store
         self.clock = clock
+        self.refusals: dict[str, int] = {}      # by code name: the role's taproot_auth_refusals_total
+        self._count_lock = threading.Lock()
+
+    def _refused(self, denied: Denied) -> Denied:
+        with self._count_lock:
+            self.refusals[denied.code.name] = self.refusals.get(denied.code.name, 0) + 1
+        return denied
 
     def entry(self, digest: str | None) -> TokenEntry | Denied:
         """The token's entry, or why it is refused (UNAUTHENTICATED)."""
+        verdict = self._entry(digest)
+        return self._refused(verdict) if isinstance(verdict, Denied) else verdict
+
+    def _entry(self, digest: str | None) -> TokenEntry | Denied:
         if digest is None:
             return Denied(ResultCode.UNAUTHENTICATED, "this cluster requires a token (Session(token=...) or "
                                                       f"{ENV_TOKEN}/{ENV_TOKEN_FILE}) and none was presented")
@@ -293,7 +304,8 @@ class Authenticator:
         for right in rights:
             if not entry.allows(right, domain):
                 where = "cluster-wide (admin on \"*\")" if domain == ALL else f"on domain {domain!r}"
-                return Denied(ResultCode.NOT_AUTHORIZED, f"token {entry.name!r} lacks the {right} right {where}")
+                return self._refused(Denied(ResultCode.NOT_AUTHORIZED,
+                                            f"token {entry.name!r} lacks the {right} right {where}"))
         return entry
 
 

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from protocol import pb
+from protocol.auth import Authenticator
 from protocol.codes import ResultCode
 
 log = logging.getLogger(__name__)
@@ -228,15 +229,26 @@ class FunctionCollector(Collector):
         return self._collect()
 
 
-def registry_for(collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
+def registry_for(collect: Callable[[], Iterable[Metric]], auth: Authenticator | None = None) -> CollectorRegistry:
     """A registry of the role's collector and the process's own metrics
-    (CPU, memory, file descriptors: `process_*`)."""
+    (CPU, memory, file descriptors: `process_*`); with `auth`, its refusals."""
     from prometheus_client.process_collector import ProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     registry.register(FunctionCollector(collect))
+    if auth is not None:
+        registry.register(FunctionCollector(lambda: [_refusals(auth)]))
     return registry
+
+
+def _refusals(auth: Authenticator) -> Metric:
+    family = CounterMetricFamily("taproot_auth_refusals", "opens, admin commands and sessions refused for their "
+                                 "token (UNAUTHENTICATED: none, unknown, revoked, expired; NOT_AUTHORIZED: a right "
+                                 "missing)", labels=["code"])
+    for code in ("UNAUTHENTICATED", "NOT_AUTHORIZED"):
+        family.add_metric([code], auth.refusals.get(code, 0))
+    return family
 
 
 Route = Callable[[], tuple[str, bytes]]   # -> (content type, body)

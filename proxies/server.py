@@ -99,7 +99,7 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
         return {"role": "proxy", "stopping": True}
 
     http = None if http_port is None else HttpServer(
-        "proxy", host, http_port, registry_for(lambda: collect(proxy)),
+        "proxy", host, http_port, registry_for(lambda: collect(proxy), auth),
         status_page.routes(lambda: {"time": time.time(), "status": status()})).start()
     proxy.start(connect_timeout_s=30.0)
     log.info("proxy: upstream hosts %s", ", ".join(proxy.upstream_addresses))

@@ -134,11 +134,15 @@ def run_embedded(config_file: str | None, data_dir: str, demo_messages: int = 20
         _say(f"error: {exc}")
         cluster.stop()
         return 1
-    # This process's clients (the demo's sessions) find the cluster's CA here.
-    os.environ.update(cluster.client_env())
+    # This process's clients (the demo's sessions) find the cluster's CA and token here.
+    env = cluster.client_env()
+    os.environ.update(env)
     if cluster.config.tls.enabled:
-        _say(f"   TLS on every link (CA {cluster.client_env().get('TAPROOT_TLS_CA_FILE')}"
+        _say(f"   TLS on every link (CA {env.get('TAPROOT_TLS_CA_FILE')}"
              + (", mutual" if cluster.config.tls.client_certs else "") + ")")
+    if cluster.config.auth.enabled:
+        _say(f"   token auth on (this machine's token, every right: {env.get('TAPROOT_TOKEN_FILE')}; "
+             "`taproot auth add NAME --produce D` makes narrower ones)")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -137,6 +137,12 @@ class EmbeddedCluster:
         machine's clients; else what TAPROOT_TOKEN(_FILE) says, or None."""
         return conf.client_token(self._config_for_roles)
 
+    @property
+    def cluster_token(self) -> str | None:
+        """The token the roles present to each other (every right), for a
+        role run in this process (a test's proxy); None with [auth] off."""
+        return conf.cluster_token(self._config_for_roles)
+
     def client_env(self) -> dict[str, str]:
         """The TAPROOT_TLS_* variables a client process of this cluster needs
         (`protocol.tls.ClientTls.from_env`), and with `[auth] auto`

@@ -459,7 +459,7 @@ def test_a_relay_that_fails_on_an_upstream_frame_reconnects_and_loses_nothing(cl
     from protocol.stream import Link
     from proxies.server import Proxy
 
-    proxy = Proxy([cluster.node_address], tls=cluster.client_tls)
+    proxy = Proxy([cluster.node_address], tls=cluster.client_tls, token=cluster.cluster_token)
     proxy.start(connect_timeout_s=10)
     original = proxy.relay.from_upstream
     failures = [1]
@@ -552,7 +552,9 @@ def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another
     server = threading.Thread(target=serve, args=("127.0.0.1", 0, [cluster.node_address]), daemon=True,
                               kwargs=dict(ready_file=str(ready), stop_event=stop, max_outbound_bytes=2 << 20,
                                           upstream_tls=cluster.client_tls,
-                                          tls=conf.server_tls(cluster._config_for_roles)))
+                                          tls=conf.server_tls(cluster._config_for_roles),
+                                          auth=conf.authenticator(cluster._config_for_roles),
+                                          upstream_token=cluster.cluster_token))
     server.start()
     wait_until(ready.exists, 30, what="the test proxy")
     proxy = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
