@@ -762,13 +762,17 @@ def client_token(config: ClusterConfig) -> str | None:
     return token
 
 
-def link_tokens(config: ClusterConfig) -> dict[str, str | None]:
-    """What each federation link's session presents, by link name: its
-    `token_file`'s token (issued by the other cluster) or none; and under ""
-    this cluster's own token, for the sessions a node opens to itself."""
+def link_token(link: LinkConfig) -> str | None:
+    """The token a federation link presents: its `token_file`'s (issued by
+    the other cluster), or none; a file that cannot be read is a ConfigError."""
     from protocol.auth import AuthError, read_token_file
     try:
-        tokens = {link.name: read_token_file(link.token_file) if link.token_file else None for link in config.links}
+        return read_token_file(link.token_file) if link.token_file else None
     except AuthError as exc:
-        raise ConfigError(f"links: {exc}") from None
-    return {"": cluster_token(config), **tokens}
+        raise ConfigError(f"links {link.name!r}: {exc}") from None
+
+
+def link_tokens(config: ClusterConfig) -> dict[str, str | None]:
+    """What each federation link's session presents, by link name, and under
+    "" this cluster's own token, for the sessions a node opens to itself."""
+    return {"": cluster_token(config), **{link.name: link_token(link) for link in config.links}}

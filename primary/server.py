@@ -59,6 +59,7 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
     node_conf = config.node(node_name)
     tls = conf.server_tls(config)   # a file that cannot be used ends the start here, saying which
     auth = conf.authenticator(config)
+    conf.link_tokens(config)        # a federation link's token file that cannot be read, too
     node = Node(config, node_name, domains_dir=conf.domains_dir(cluster_file))
     log.info("node %s: data in %s", node_name, config.data_dir)
     grpc_port = node_conf.port if port is None else port

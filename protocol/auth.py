@@ -44,6 +44,7 @@ METADATA_KEY = "authorization"
 ENV_TOKEN, ENV_TOKEN_FILE = "TAPROOT_TOKEN", "TAPROOT_TOKEN_FILE"
 TOKEN_PREFIX = "tpk_"
 RECHECK_S = 1.0                             # how often a link's token is looked up again (revocation)
+MALFORMED = "malformed"                     # `presented`: an authorization value that is not "Bearer <token>"
 
 
 class AuthError(ValueError):
@@ -61,8 +62,14 @@ def token_hash(token: str) -> str:
 
 
 def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata that presents `token` (none without one)."""
-    return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
+    """The call metadata that presents `token` (none without one). A token
+    gRPC cannot carry (not printable ASCII, or with spaces) is refused here,
+    not on a thread of the stream."""
+    if not token:
+        return ()
+    if not token.isascii() or not token.isprintable() or " " in token:
+        raise AuthError("a token is printable ASCII without spaces (`taproot auth add` makes them)")
+    return ((METADATA_KEY, f"Bearer {token}"),)
 
 
 def read_token_file(path: str | Path) -> str:
@@ -92,7 +99,7 @@ def presented(call_metadata: Iterable[tuple[str, Any]] | None) -> str | None:
         if key == METADATA_KEY:
             text = value.decode() if isinstance(value, bytes) else str(value)
             scheme, _, token = text.partition(" ")
-            return token_hash(token.strip()) if scheme.lower() == "bearer" and token.strip() else "malformed"
+            return token_hash(token.strip()) if scheme.lower() == "bearer" and token.strip() else MALFORMED
     return None
 
 
@@ -287,7 +294,7 @@ class Authenticator:
         if digest is None:
             return Denied(ResultCode.UNAUTHENTICATED, "this cluster requires a token (Session(token=...) or "
                                                       f"{ENV_TOKEN}/{ENV_TOKEN_FILE}) and none was presented")
-        if digest == "malformed":
+        if digest == MALFORMED:
             return Denied(ResultCode.UNAUTHENTICATED, f"the {METADATA_KEY} metadata must be 'Bearer <token>'")
         entry = self.store.lookup(digest)
         if entry is None:

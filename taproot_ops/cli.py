@@ -206,6 +206,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         else:
             conf.server_tls(config)   # each file read and checked: a ConfigError names the one that is not usable
             print(f"  tls: on{mutual}; CA {ca}, certificate {cert}, key {key}")
+    for link in config.links:
+        conf.link_token(link)   # its token file read: a ConfigError names it
+        print(f"  link {link.name} -> {link.cluster} ({link.direction}, {', '.join(link.domains)}): "
+              + (f"token from {link.token_file}" if link.token_file else "no token"))
     auth = config.auth
     if not auth.enabled:
         print("  auth: off (no tokens: any client may produce, consume and run admin commands)")

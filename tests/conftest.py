@@ -90,16 +90,20 @@ def cluster(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def cluster_from(conf_name: str, tmp_path_factory, warm_up: bool = True):
+def cluster_from(conf_name: str, tmp_path_factory, warm_up: bool = True, extra: str = "",
+                 with_pipeline: bool = True):
     """An embedded cluster (node, proxy, pipeline processes) on a copy of
-    tests/<conf_name>, so a test may edit its domain files. `cluster.config_path`
-    is the copied cluster.toml."""
+    tests/<conf_name>, so a test may edit its domain files; `extra` (TOML
+    sections) appended to its cluster.toml. `cluster.config_path` is the
+    copied cluster.toml."""
     from taproot_ops.embedded import EmbeddedCluster
 
     conf_dir = tmp_path_factory.mktemp("conf")
     shutil.copytree(Path(__file__).resolve().parent / conf_name, conf_dir, dirs_exist_ok=True)
-    with EmbeddedCluster(str(conf_dir / "cluster.toml"), data_dir=str(tmp_path_factory.mktemp("data")),
-                         ephemeral_ports=True, warm_up=warm_up) as cluster:
+    cluster_file = conf_dir / "cluster.toml"
+    cluster_file.write_text(cluster_file.read_text() + extra)
+    with EmbeddedCluster(str(cluster_file), data_dir=str(tmp_path_factory.mktemp("data")),
+                         ephemeral_ports=True, warm_up=warm_up, with_pipeline=with_pipeline) as cluster:
         cluster.config_path = conf_dir / "cluster.toml"  # type: ignore[attr-defined]
         yield cluster
 

@@ -613,3 +613,14 @@ def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another
         checked.set()
         stop.set()
         server.join(30)
+
+
+def test_no_log_line_holds_the_clusters_tokens(cluster):
+    """Last in the module: the shipped configuration's tokens (the local one
+    every client here presented, the cluster's own) in no role's log."""
+    from tests.test_auth import role_logs
+
+    text = role_logs(cluster)
+    assert "serving on" in text
+    for secret in (cluster.client_token, cluster.cluster_token):
+        assert secret and secret.startswith("tpk_") and secret not in text

@@ -18,6 +18,7 @@ from protocol import pb, pb_grpc
 from protocol.tls import ClientTls, TlsError
 from protocol.tls import channel as tls_channel
 from taproot_ops import admin, tls_init
+from tests.conftest import cluster_from
 from tests.test_node_parking import uri_on
 
 # -- the configuration -----------------------------------------------------------------------------
@@ -91,15 +92,8 @@ def test_the_throwaway_certificate_names_every_host_and_its_key_is_private(tmp_p
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    from taproot_ops.embedded import EmbeddedCluster
-
-    directory = tmp_path_factory.mktemp("conf")
-    shutil.copytree(Path(__file__).resolve().parent / "ha_conf", directory, dirs_exist_ok=True)
-    cluster_file = directory / "cluster.toml"
-    cluster_file.write_text(cluster_file.read_text() + "\n[tls]\nenabled = true\nauto = true\nclient_certs = true\n")
-    with EmbeddedCluster(str(cluster_file), data_dir=str(tmp_path_factory.mktemp("data")), ephemeral_ports=True,
-                         with_pipeline=False) as cluster:
-        cluster.cluster_file = cluster_file   # type: ignore[attr-defined]
+    with cluster_from("ha_conf", tmp_path_factory, extra="\n[tls]\nenabled = true\nauto = true\nclient_certs = true\n",
+                      with_pipeline=False) as cluster:
         yield cluster
 
 
@@ -153,7 +147,7 @@ def test_admin_and_the_pipelines_notice_go_over_tls_too(tree, capsys):
     assert admin.call(node1, "status").code.name == "NOT_CONNECTED"                  # plaintext
     answer = admin.call(node1, "status", tls=tree.client_tls)
     assert answer.ok and answer.data is not None and answer.data["name"] == "node1"
-    code = main(["admin", "--config", str(tree.cluster_file), "--data-dir", tree.data_dir, f"--host={node1}",
+    code = main(["admin", "--config", str(tree.config_path), "--data-dir", tree.data_dir, f"--host={node1}",
                  "--json", "status"])
     assert code == 0 and '"name": "node1"' in capsys.readouterr().out
 
