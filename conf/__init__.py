@@ -147,6 +147,27 @@ class PipelineConfig:
     max_files_per_trigger: int = 1000
     http_port: int = 30126            # metrics; -1 none, 0 any free port
     http_host: str = "127.0.0.1"
+    # Where the pipeline's Spark runs (and `taproot sql`, `replay`,
+    # `maintain`): "local[*]" in the process itself; "spark://host:7077" a
+    # standalone cluster (docs/deploy.md). Under spark-submit its --master
+    # and --conf win over these.
+    spark_master: str = "local[*]"
+    driver_host: str = "127.0.0.1"    # the address a cluster's executors reach the driver at (bound too)
+    executor_memory: str = ""         # e.g. "2g"; "": Spark's default (1g)
+    executor_cores: int = 0           # 0: Spark's default (standalone: every core of a worker)
+    # Cores the application takes from the cluster in all (spark.cores.max);
+    # 0: Spark's default, which on a standalone cluster is every free core,
+    # leaving none for `taproot sql` or a second pipeline while it runs.
+    max_cores: int = 0
+
+    def spark_options(self) -> dict[str, Any]:
+        """`storage.spark.session`'s keyword arguments for these settings."""
+        extra = {"spark.executor.memory": self.executor_memory} if self.executor_memory else {}
+        if self.executor_cores:
+            extra["spark.executor.cores"] = str(self.executor_cores)
+        if self.max_cores:
+            extra["spark.cores.max"] = str(self.max_cores)
+        return {"master": self.spark_master, "driver_host": self.driver_host, "extra_conf": extra}
 
 
 @dataclass(frozen=True)

@@ -54,20 +54,36 @@ def _artifact(jar_name: str) -> str:
     return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
 
 
-def session(app_name: str = "taproot", *, master: str = "local[2]",
+def submitted() -> bool:
+    """Launched by spark-submit (its JVM started this Python and says where
+    to reach it): its --master, --conf and --packages are in force."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host: str = "127.0.0.1",
             shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None) -> "SparkSession":
     """Return a SparkSession with Delta Lake enabled.
+
+    `master`: "local[*]", or a cluster's ("spark://host:7077"), whose
+    executors reach this driver at `driver_host` (`[pipeline]` in
+    cluster.toml: `PipelineConfig.spark_options`). Under spark-submit
+    neither is set here: its own settings are in force.
 
     `shuffle_partitions` is fixed per streaming checkpoint (Spark refuses to change
     it once a checkpoint exists), so pipelines pass the value from the cluster conf.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, unless told otherwise
+    os.environ.setdefault("SPARK_LOCAL_IP", driver_host)  # loopback only, unless told otherwise
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if not submitted():
+        builder = (builder.master(master)
+                   .config("spark.driver.bindAddress", driver_host)
+                   .config("spark.driver.host", driver_host))
     builder = (
-        SparkSession.builder.master(master)
+        builder
         .appName(app_name)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -76,8 +92,6 @@ def session(app_name: str = "taproot", *, master: str = "local[2]",
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         # Timestamps as Parquet INT64 microseconds, not INT96 (nanoseconds to
         # pyarrow and duckdb, which overflow outside 1677-2262): every reader

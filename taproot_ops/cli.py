@@ -245,13 +245,14 @@ def cmd_tls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spark(app_name: str) -> Any:
+def _spark(app_name: str, config: conf.ClusterConfig) -> Any:
+    """A Spark session where `[pipeline] spark_master` says (local by default)."""
     """A local Spark session for a one-shot command."""
     from storage import spark as spark_factory
 
     # PySpark logs every failed query's whole plan as one JSON line; callers print the error.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    return spark_factory.session(app_name)
+    return spark_factory.session(app_name, **config.pipeline.spark_options())
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -259,7 +260,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from storage.views import register_views
 
     config = _config(args)
-    spark = _spark("taproot-sql")
+    spark = _spark("taproot-sql", config)
     try:
         register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
         if args.query.strip().lower() in ("views", "show views"):
@@ -287,7 +288,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from pipelines.retention import maintain
 
     config = _config(args)
-    spark = _spark("taproot-maintain")
+    spark = _spark("taproot-maintain", config)
     try:
         report = maintain(spark, config, vacuum_retention_hours=args.vacuum_retention_hours)
     finally:
@@ -301,7 +302,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from pipelines.replay import ReplayError, print_progress, replay
 
     config = _config(args)
-    spark = _spark("taproot-replay")
+    spark = _spark("taproot-replay", config)
     try:
         result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
                         since=args.since, until=args.until, version=args.version, where=args.where,
