@@ -36,6 +36,7 @@ $(BROWSER_STAMP):
 	mkdir -p .cache && touch $@
 
 test: setup $(BROWSER_STAMP)
+	$(BIN)/python -m taproot_ops.object_store
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest

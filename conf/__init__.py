@@ -218,6 +218,63 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    # An S3-compatible object store, for data_dir = "s3://bucket/prefix"
+    # (docs/deploy.md). delta-rs (the nodes) and Spark (the pipeline, over
+    # hadoop-aws's s3a) both reach it with these. Credentials: the
+    # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment variables.
+    endpoint: str = ""                # e.g. "http://10.0.0.9:8333"; "": AWS S3 itself
+    region: str = "us-east-1"
+    allow_http: bool = False          # an http:// endpoint (a test server, a private network)
+    path_style: bool = True           # the bucket in the path, not the host name (most S3-compatible servers)
+
+    def delta_rs_env(self) -> dict[str, str]:
+        """The AWS_* variables delta-rs reads for these settings."""
+        env = {"AWS_REGION": self.region, "AWS_ALLOW_HTTP": str(self.allow_http).lower(),
+               "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not self.path_style).lower()}
+        if self.endpoint:
+            env["AWS_ENDPOINT_URL"] = self.endpoint
+        return env
+
+    def spark_conf(self) -> dict[str, str]:
+        """Spark's s3a settings for the same store; `s3://` URIs go to s3a too,
+        so both engines read one data_dir."""
+        conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+                "spark.hadoop.fs.s3a.path.style.access": str(self.path_style).lower(),
+                "spark.hadoop.fs.s3a.endpoint.region": self.region,
+                "spark.hadoop.fs.s3a.aws.credentials.provider":
+                    "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"}
+        if self.endpoint:
+            conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
+            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https")).lower()
+        return conf
+
+
+OBJECT_STORE_SCHEMES = ("s3://", "s3a://")
+
+
+def on_object_store(data_dir: str) -> bool:
+    return data_dir.startswith(OBJECT_STORE_SCHEMES)
+
+
+def use_storage(config: "ClusterConfig") -> None:
+    """Give this process's delta-rs the object store's settings (environment
+    variables, which every table handle reads); nothing for a local data_dir."""
+    if on_object_store(config.data_dir):
+        os.environ.update(config.storage.delta_rs_env())
+
+
+def spark_options(config: "ClusterConfig") -> dict[str, Any]:
+    """`storage.spark.session`'s keyword arguments: `[pipeline]`'s Spark
+    settings, and for an object store s3a's settings and hadoop-aws."""
+    options = config.pipeline.spark_options()
+    if on_object_store(config.data_dir):
+        options["extra_conf"] = {**config.storage.spark_conf(), **options["extra_conf"]}
+        options["object_store"] = True
+    return options
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     # Each queue is a label value of the queue metrics; past this many
     # queues a role reports the rest as queue="_other" (summed).
@@ -305,6 +362,7 @@ class ClusterConfig:
     metrics: MetricsConfig = MetricsConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    storage: StorageConfig = StorageConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
     links: tuple[LinkConfig, ...] = ()
 
@@ -551,15 +609,16 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
     metrics_raw = raw.pop("metrics", {})
     tls_raw = raw.pop("tls", {})
     auth_raw = raw.pop("auth", {})
+    storage_raw = raw.pop("storage", {})
     links_raw = _array_of_tables(raw.pop("links", None), "links")
     if raw:
         raise ConfigError(f"{next(iter(raw))}: unknown section "
                           "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, tls, auth, "
-                          "links)")
+                          "storage, links)")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
                     maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), tls=TlsConfig(),
-                    auth=AuthConfig(), domains={})
+                    auth=AuthConfig(), storage=StorageConfig(), domains={})
     base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
     if not CLUSTER_RE.match(base.name):
         raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
@@ -602,7 +661,7 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
         pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
         maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
         ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), tls=tls, auth=auth, domains=dict(domains),
-        links=links,
+        storage=_build(StorageConfig, storage_raw, "storage"), links=links,
     )
 
 

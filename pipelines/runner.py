@@ -251,7 +251,7 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
 def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats, node_address: str | None,
          ready_file: str | None, cluster_file: str | None, warm: bool, http_port: int | None) -> int:
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions,
-                                  **config.pipeline.spark_options())
+                                  **conf.spark_options(config))
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address, conf.client_tls(config),
                                 conf.cluster_token(config))
     window = config.history_window_ms

@@ -30,8 +30,26 @@ def cache_dir() -> Path:
     return path
 
 
-def _cached_jars() -> list[Path]:
-    jars_dir = cache_dir() / "ivy" / "jars"
+def hadoop_version() -> str:
+    """The Hadoop client pyspark ships (hadoop-aws must match it)."""
+    import pyspark
+    [api] = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    return api.name[len("hadoop-client-api-"):-len(".jar")]
+
+
+def _ivy_dir(object_store: bool) -> Path:
+    """Delta's jars; with an object store, Delta's and hadoop-aws's (with the
+    AWS SDK bundle, about 690 MB), in a cache of their own so local sessions
+    never load them."""
+    return cache_dir() / ("ivy-s3" if object_store else "ivy")
+
+
+def _packages(object_store: bool) -> list[str]:
+    return [DELTA_PACKAGE] + ([f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"] if object_store else [])
+
+
+def _cached_jars(object_store: bool = False) -> list[Path]:
+    jars_dir = _ivy_dir(object_store) / "jars"
     if not jars_dir.is_dir():
         return []
     jars = sorted(jars_dir.glob("*.jar"))
@@ -39,6 +57,8 @@ def _cached_jars() -> list[Path]:
     # The resolver puts delta-spark and its runtime dependencies here; anything
     # less means an interrupted download: resolve again.
     if f"delta-spark_4.2_2.13-{DELTA_SPARK_VERSION}.jar" not in names or "delta-storage" not in names:
+        return []
+    if object_store and not ("hadoop-aws-" in names and "bundle-" in names):
         return []
     # Ivy also resolves older copies of libraries that Spark ships newer
     # (hadoop-client, parquet, log4j, jackson...). Loading both invites
@@ -61,13 +81,17 @@ def submitted() -> bool:
 
 
 def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host: str = "127.0.0.1",
-            shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None) -> "SparkSession":
+            shuffle_partitions: int = 2, extra_conf: dict[str, str] | None = None,
+            object_store: bool = False) -> "SparkSession":
     """Return a SparkSession with Delta Lake enabled.
 
     `master`: "local[*]", or a cluster's ("spark://host:7077"), whose
     executors reach this driver at `driver_host` (`[pipeline]` in
     cluster.toml: `PipelineConfig.spark_options`). Under spark-submit
     neither is set here: its own settings are in force.
+
+    `object_store`: the tables are on S3 (`conf.spark_options`): hadoop-aws
+    is loaded too.
 
     `shuffle_partitions` is fixed per streaming checkpoint (Spark refuses to change
     it once a checkpoint exists), so pipelines pass the value from the cluster conf.
@@ -111,12 +135,12 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
         .config("spark.databricks.delta.vacuum.fileListing.parallelism", str(max(2, shuffle_partitions)))
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, shuffle_partitions)))
     )
-    jars = _cached_jars()
+    jars = _cached_jars(object_store)
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     else:
-        builder = builder.config("spark.jars.packages", DELTA_PACKAGE).config(
-            "spark.jars.ivy", str(cache_dir() / "ivy"))
+        builder = builder.config("spark.jars.packages", ",".join(_packages(object_store))).config(
+            "spark.jars.ivy", str(_ivy_dir(object_store)))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

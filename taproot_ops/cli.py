@@ -27,7 +27,11 @@ SERVER_MODULES = frozenset({"deltalake", "pyspark", "delta", "pandas"})
 
 
 def _config(args: argparse.Namespace) -> conf.ClusterConfig:
-    return conf.load(args.config, data_dir=args.data_dir)
+    """The cluster's configuration; on an object store, its settings given
+    to this process's delta-rs (`conf.use_storage`)."""
+    config = conf.load(args.config, data_dir=args.data_dir)
+    conf.use_storage(config)
+    return config
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -252,7 +256,7 @@ def _spark(app_name: str, config: conf.ClusterConfig) -> Any:
 
     # PySpark logs every failed query's whole plan as one JSON line; callers print the error.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    return spark_factory.session(app_name, **config.pipeline.spark_options())
+    return spark_factory.session(app_name, **conf.spark_options(config))
 
 
 def cmd_sql(args: argparse.Namespace) -> int:

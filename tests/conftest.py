@@ -80,6 +80,28 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
 
 
 @pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """An S3-compatible server (SeaweedFS, `taproot_ops.object_store`) with
+    one bucket; this process's delta-rs reaches it (the AWS_* variables
+    `conf.use_storage` sets, and the server's credentials)."""
+    import conf
+    from taproot_ops.object_store import SeaweedFS
+
+    saved = dict(os.environ)
+    with SeaweedFS(tmp_path_factory.mktemp("s3")) as store:
+        config = conf.parse_cluster({"cluster": {"data_dir": f"s3://{store.bucket}/"},
+                                     "storage": {"endpoint": store.endpoint, "allow_http": True}}, {})
+        os.environ.update(store.env)
+        conf.use_storage(config)
+        store.config = config          # type: ignore[attr-defined]
+        try:
+            yield store
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """One embedded cluster for every integration module (starting one costs
     about 50 s on 2 cores). Each test uses queues of its own."""

@@ -3,6 +3,7 @@ commits that back it (a temp directory, no JVM, no sockets)."""
 
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 import pytest
@@ -77,8 +78,19 @@ def test_a_refused_renewal_or_a_fenced_commit_steps_down_and_stop_releases():
     assert m3.observed(None, 10_000) is Action.NONE
 
 
-def test_only_one_of_two_nodes_racing_for_a_lease_wins_and_the_loser_cannot_renew(tmp_path):
-    path = str(tmp_path / "lease")
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def table_root(request, tmp_path) -> str:
+    """Where the race tests put their tables: the local disk, and an
+    S3-compatible object store (SeaweedFS, `object_store`), where
+    put-if-absent is the store's conditional write."""
+    if request.param == "local":
+        return str(tmp_path)
+    store = request.getfixturevalue("object_store")
+    return f"s3://{store.bucket}/{uuid.uuid4().hex[:12]}"
+
+
+def test_only_one_of_two_nodes_racing_for_a_lease_wins_and_the_loser_cannot_renew(table_root):
+    path = f"{table_root}/lease"
     tables = [LeaseTable(path), LeaseTable(path)]
     LeaseTable(path).acquire(1, "n0", "a:0", 1)          # epoch 1 exists; both race for 2
     results: list[bool] = [False, False]
@@ -103,12 +115,12 @@ def test_only_one_of_two_nodes_racing_for_a_lease_wins_and_the_loser_cannot_rene
     assert tables[winner].release(2, "n", "a", 4) is False
 
 
-def test_a_late_renewal_racing_a_takeover_never_both_succeed(tmp_path):
+def test_a_late_renewal_racing_a_takeover_never_both_succeed(table_root):
     """Why a late holder may renew instead of stepping down on its own clock:
     its renewal and a follower's acquire are both conditional commits (the
     acquire on the version the follower saw go quiet), so exactly one wins,
     in whatever order they land."""
-    path = str(tmp_path / "lease")
+    path = f"{table_root}/lease"
     holder, follower = LeaseTable(path), LeaseTable(path)
     holder.acquire(1, "n1", "a:1", 1)
     for epoch in range(1, 6):
@@ -136,8 +148,8 @@ def test_a_late_renewal_racing_a_takeover_never_both_succeed(tmp_path):
         assert LeaseTable(path).read().epoch == epoch + 1
 
 
-def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table(tmp_path):
-    path = str(tmp_path / "puts")
+def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table(table_root):
+    path = f"{table_root}/puts"
     schema = pa.schema([pa.field("x", pa.int64())])
     old = deltars.Appender(path, schema, epoch=1)
     old.append(pa.table({"x": [1]}, schema=schema))

@@ -1,0 +1,168 @@
+"""An S3-compatible object store on this machine: SeaweedFS (Apache 2.0),
+built from the Go module proxy and run as `weed mini` (master, volume,
+filer and S3 gateway in one process), on loopback with free ports. What the
+object-store test tier runs the tables on (docs/deploy.md).
+
+Why SeaweedFS: MinIO is under the AGPL; SeaweedFS builds here from the Go
+module proxy (about 4 minutes on 2 cores the first time) and its S3 gateway
+honours conditional writes (`If-None-Match: *`), which delta-rs's commits
+rely on for put-if-absent on S3."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
+# The release the Go module proxy serves as a pseudo-version (it tags
+# releases without a go.mod-compatible version).
+SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
+ACCESS_KEY, SECRET_KEY = "taproot-test", "taproot-test-secret"
+
+
+class ObjectStoreError(RuntimeError):
+    pass
+
+
+def weed_binary() -> Path:
+    """Where the built `weed` is kept: outside any checkout, so clones share it."""
+    base = Path(os.environ.get("TAPROOT_TOOLS_DIR") or Path.home() / ".cache" / "taproot" / "tools")
+    return base / f"weed-{SEAWEEDFS_VERSION[-12:]}"
+
+
+def build_weed(say: bool = True) -> Path:
+    """Build SeaweedFS's `weed` once (`go mod download`, then `go build` in a
+    copy of the module: its go.mod has replace directives, which `go install
+    module@version` refuses)."""
+    binary = weed_binary()
+    if binary.exists():
+        return binary
+    if shutil.which("go") is None:
+        raise ObjectStoreError("building SeaweedFS needs the Go toolchain (`go`) on the PATH")
+    if say:
+        print(f"building SeaweedFS {SEAWEEDFS_VERSION} (the S3 server of the object-store tests) from the Go "
+              "module proxy: about 4 minutes on 2 cores, once", flush=True)
+    work = binary.parent / "seaweedfs-src"
+    try:
+        out = subprocess.run(["go", "mod", "download", "-json", f"{SEAWEEDFS_MODULE}@{SEAWEEDFS_VERSION}"],
+                             capture_output=True, text=True, check=True, timeout=900)
+        import json
+        source = json.loads(out.stdout)["Dir"]
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(source, work)
+        for path in work.rglob("*"):                 # the module cache is read-only
+            path.chmod(path.stat().st_mode | 0o200)
+        work.chmod(work.stat().st_mode | 0o200)
+        tmp = binary.with_suffix(".tmp")
+        subprocess.run(["go", "build", "-o", str(tmp), "./weed"], cwd=work, check=True, timeout=2400,
+                       capture_output=True, text=True)
+        tmp.replace(binary)
+    except subprocess.CalledProcessError as exc:
+        raise ObjectStoreError(f"building SeaweedFS failed: {(exc.stderr or '')[-2000:]}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SeaweedFS:
+    """`weed mini` with one bucket, credentials ACCESS_KEY/SECRET_KEY (the
+    S3 gateway checks signatures). A context manager; `env` is what a
+    process needs to reach it (the AWS_* variables delta-rs and s3a read)."""
+
+    def __init__(self, directory: str | Path, bucket: str = "taproot"):
+        self.directory = Path(directory)
+        self.bucket = bucket
+        self.s3_port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+    def start(self, timeout_s: float = 60) -> "SeaweedFS":
+        binary = build_weed()
+        data = self.directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        ports = {name: _free_port() for name in ("master.port", "volume.port", "filer.port", "admin.port",
+                                                 "debug.port")}
+        args = [str(binary), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-s3.port={self.s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
+                "-admin.port.legacy=0", "-webdav=false",
+                *(f"-{name}={port}" for name, port in ports.items())]
+        with open(self.directory / "weed.log", "ab") as log:
+            # The credentials in its environment become the store's first identity.
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=dict(os.environ, **self.env), start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ObjectStoreError(f"SeaweedFS exited with {self.process.returncode}; see "
+                                       f"{self.directory / 'weed.log'}")
+            try:
+                self._ensure_bucket()   # signed requests, as delta-rs and s3a make them
+                return self
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise ObjectStoreError(f"SeaweedFS did not serve within {timeout_s:.0f} s; see {self.directory / 'weed.log'}")
+
+    def filesystem(self) -> "pyarrow.fs.S3FileSystem":
+        from pyarrow import fs
+        return fs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1",
+                               endpoint_override=self.endpoint.removeprefix("http://"), scheme="http",
+                               allow_bucket_creation=True)
+
+    def _ensure_bucket(self) -> None:
+        from pyarrow import fs
+        store = self.filesystem()
+        if store.get_file_info(self.bucket).type == fs.FileType.NotFound:
+            store.create_dir(self.bucket)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def __enter__(self) -> "SeaweedFS":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """`python -m taproot_ops.object_store` (`make test`): build SeaweedFS's
+    `weed` if it is not built yet, saying so, and where it is."""
+    try:
+        had = weed_binary().exists()
+        binary = build_weed()
+    except ObjectStoreError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"SeaweedFS for the object-store tests: {binary}" + ("" if had else " (built)"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
