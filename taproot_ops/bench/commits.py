@@ -5,7 +5,11 @@ node does it, with no reader holding the log back), on a temp dir, no other
 load.
 
     .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300 [--durability os]
-        [--no-trim] [--no-checkpoints] [--compact-every 0]
+        [--no-trim] [--no-checkpoints] [--compact-every 0] [--object-store]
+
+`--object-store` puts the table on an S3-compatible server instead (a
+SeaweedFS started for the run, `taproot_ops.object_store`): each commit is
+then HTTP requests, a conditional write for the commit file among them.
 
 Prints, per `--every` commits, the wall and CPU time they took and the files
 in `_delta_log`, then the percentiles of single commits. The node pays this
@@ -19,6 +23,7 @@ show what the node's choices save.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -53,33 +58,54 @@ def main(argv: list[str] | None = None) -> int:
                         help="fsync: each commit on stable storage before it returns (the default); os: not")
     parser.add_argument("--no-trim", action="store_true", help="keep every _delta_log entry")
     parser.add_argument("--no-checkpoints", action="store_true", help="no checkpoint in the commit")
+    parser.add_argument("--object-store", action="store_true",
+                        help="the table on a SeaweedFS S3 server started for the run, not the local disk")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="taproot-commits-") as scratch:
-        path = tables.PartitionPaths(scratch, 0).puts
-        durable = args.durability == "fsync"
-        appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable,
-                                    checkpoints=not args.no_checkpoints)
-        compactor = Compactor(path, args.compact_every, "bench", durable=durable,
-                              log_retention_s=None if args.no_trim else 0)
-        compactor.start()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        single: list[float] = []
-        try:
-            for i in range(1, args.commits + 1):
-                batch = _batch(args.rows, (i - 1) * args.rows, args.size)
-                started = time.perf_counter()
-                appender.append(batch)
-                single.append((time.perf_counter() - started) * 1000)
-                compactor.on_commit()
-                if i % args.every == 0:
-                    cpu, wall = time.process_time(), time.perf_counter()
-                    logs = len(os.listdir(os.path.join(path, "_delta_log")))
-                    print(f"commits {i - args.every + 1:,}-{i:,}: {(wall - wall0) * 1000 / args.every:.1f} ms wall, "
-                          f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included); "
-                          f"{logs:,} files in _delta_log", flush=True)
-                    cpu0, wall0 = cpu, wall
-        finally:
-            compactor.stop()
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="taproot-commits-"))
+        if args.object_store:
+            scratch = _object_store_root(stack, scratch)
+        return _run(args, tables.PartitionPaths(scratch, 0).puts)
+
+
+def _object_store_root(stack: contextlib.ExitStack, scratch: str) -> str:
+    """Start a SeaweedFS for the run; this process's delta-rs reaches it."""
+    import conf
+    from taproot_ops.object_store import SeaweedFS
+
+    store = stack.enter_context(SeaweedFS(os.path.join(scratch, "s3")))
+    os.environ.update(store.env)
+    os.environ.update(conf.StorageConfig(endpoint=store.endpoint, allow_http=True).delta_rs_env())
+    print(f"table on SeaweedFS at {store.endpoint}", flush=True)
+    return f"s3://{store.bucket}/commits"
+
+
+def _run(args: argparse.Namespace, path: str) -> int:
+    local = deltars.local_root(path)
+    durable = args.durability == "fsync"
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable,
+                                checkpoints=not args.no_checkpoints)
+    compactor = Compactor(path, args.compact_every, "bench", durable=durable,
+                          log_retention_s=None if args.no_trim else 0)
+    compactor.start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    single: list[float] = []
+    try:
+        for i in range(1, args.commits + 1):
+            batch = _batch(args.rows, (i - 1) * args.rows, args.size)
+            started = time.perf_counter()
+            appender.append(batch)
+            single.append((time.perf_counter() - started) * 1000)
+            compactor.on_commit()
+            if i % args.every == 0:
+                cpu, wall = time.process_time(), time.perf_counter()
+                logs = f"; {len(os.listdir(os.path.join(local, '_delta_log'))):,} files in _delta_log" if local else ""
+                print(f"commits {i - args.every + 1:,}-{i:,}: {(wall - wall0) * 1000 / args.every:.1f} ms wall, "
+                      f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included)"
+                      f"{logs}", flush=True)
+                cpu0, wall0 = cpu, wall
+    finally:
+        compactor.stop()
     p50, p90, p99, top = np.percentile(single, [50, 90, 99, 100])
     print(f"{args.commits:,} commits of {args.rows} x {args.size} B: p50 {p50:.1f} p90 {p90:.1f} p99 {p99:.1f} "
           f"max {top:.1f} ms; last 10: {' '.join(f'{x:.0f}' for x in single[-10:])} ms")
