@@ -21,6 +21,7 @@ from protocol import columns, pb, status_page
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.admin import AdminServicer
 from protocol.auth import Authenticator, Denied, presented
+from protocol.codes import ResultCode
 from protocol.metrics import HttpServer, registry_for
 from protocol.procstat import stat_fields
 from protocol.stream import serve_broker, serve_session
@@ -44,6 +45,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                              context: grpc.aio.ServicerContext) -> pb.NoticeAck:
         if self.auth is not None:   # only the cluster's own pipeline sends these
             entry = self.auth.entry(presented(context.invocation_metadata()))
+            if not isinstance(entry, Denied) and not entry.cluster:
+                self.auth.refused(Denied(ResultCode.NOT_AUTHORIZED, f"token {entry.name!r} is not the cluster's"))
             if isinstance(entry, Denied) or not entry.cluster:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, "NotifyDelivery takes the cluster token only")
         self.node.notify_delivery(request.partition)

@@ -280,7 +280,8 @@ class Authenticator:
         self.refusals: dict[str, int] = {}      # by code name: the role's taproot_auth_refusals_total
         self._count_lock = threading.Lock()
 
-    def _refused(self, denied: Denied) -> Denied:
+    def refused(self, denied: Denied) -> Denied:
+        """Count a refusal (`taproot_auth_refusals_total`) and return it."""
         with self._count_lock:
             self.refusals[denied.code.name] = self.refusals.get(denied.code.name, 0) + 1
         return denied
@@ -288,7 +289,7 @@ class Authenticator:
     def entry(self, digest: str | None) -> TokenEntry | Denied:
         """The token's entry, or why it is refused (UNAUTHENTICATED)."""
         verdict = self._entry(digest)
-        return self._refused(verdict) if isinstance(verdict, Denied) else verdict
+        return self.refused(verdict) if isinstance(verdict, Denied) else verdict
 
     def _entry(self, digest: str | None) -> TokenEntry | Denied:
         if digest is None:
@@ -311,7 +312,7 @@ class Authenticator:
         for right in rights:
             if not entry.allows(right, domain):
                 where = "cluster-wide (admin on \"*\")" if domain == ALL else f"on domain {domain!r}"
-                return self._refused(Denied(ResultCode.NOT_AUTHORIZED,
+                return self.refused(Denied(ResultCode.NOT_AUTHORIZED,
                                             f"token {entry.name!r} lacks the {right} right {where}"))
         return entry
 

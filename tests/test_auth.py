@@ -366,12 +366,14 @@ def test_admin_commands_are_refused_without_admin(tree, capsys, monkeypatch):
 def test_only_the_cluster_token_may_send_delivery_notices(tree):
     node = tree.node_addresses["node1"]
     admin_token = tree.client_token                      # every right, but not the cluster's own token
+    before = refusals(tree, "node1")
     with grpc.insecure_channel(node) as channel:
         stub = pb_grpc.BrokerStub(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.NotifyDelivery(pb.DeliveryNotice(partition=0), timeout=10,
                                 metadata=auth_mod.metadata(admin_token))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refusals(tree, "node1") == before + 1              # counted as NOT_AUTHORIZED
         stub.NotifyDelivery(pb.DeliveryNotice(partition=0), timeout=10,
                             metadata=auth_mod.metadata(tree.cluster_token))
 
