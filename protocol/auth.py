@@ -11,8 +11,10 @@ are 256 random bits, so a fast hash is enough); a token is never logged.
 Roles talk to each other with the cluster token, which holds every right
 (a proxy checked its client before it relays the open). The tokens file is
 read again when it changes: a revoked token opens nothing more, and a link
-whose token was revoked or has expired is dropped within a second (the
-client's reconnect then meets the refusal, with its code).
+whose token was revoked or has expired is dropped within about two
+seconds (the link looks again each second, and the file is read again at
+most each second); the client's reconnect then meets the refusal, with its
+code.
 
 This module is imported by the SDK too (`token_from_env`, `metadata`)."""
 

@@ -147,7 +147,8 @@ def cmd_auth(args: argparse.Namespace) -> int:
             if not revoke(path, args.name):
                 print(f"auth revoke: no token named {args.name!r} in {path}", file=sys.stderr)
                 return 1
-            print(f"revoked {args.name!r}: running roles refuse it within a second")
+            print(f"revoked {args.name!r}: running roles refuse new opens with it within a second and cut "
+                  "its sessions off within about two")
             return 0
         rows = [e.describe() for e in _read(path)]
         if args.json:
