@@ -69,6 +69,25 @@ def link_frames(link, timeout_s: float) -> Iterator[tuple[float, object]]:
         yield time.monotonic(), frame
 
 
+@contextlib.contextmanager
+def serving_node(config, partitions: tuple[int, ...] = (0,)) -> Iterator[tuple[object, object]]:
+    """A node of `config` (named node1) in this process, serving
+    `partitions`, and a client link opened on it; stopped afterwards."""
+    from primary.node import Node
+    from protocol.stream import Link
+
+    node = Node(config, "node1")
+    node.start("127.0.0.1:1")
+    try:
+        wait_until(lambda: set(partitions) <= set(node.partitions), 30,
+                   what=f"node1 serving partition(s) {', '.join(map(str, partitions))}")
+        link = Link("client")
+        node.open_link(link)
+        yield node, link
+    finally:
+        node.stop(graceful=False)
+
+
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05, what: str = ""):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

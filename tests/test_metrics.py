@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import conf
 from protocol import ResultCode, pb
 from protocol.metrics import OTHER_QUEUES, FrameCounts, HttpServer, QueueLabels, WeightedHistogram, registry_for
-from tests.conftest import collect, wait_until
+from tests.conftest import collect, serving_node, wait_until
 
 # -- the pieces ----------------------------------------------------------------------------------
 
@@ -243,19 +243,12 @@ def test_a_refused_put_is_counted_by_its_code(cluster):
 def test_a_nodes_queue_series_stay_bounded_and_the_rest_are_summed(tmp_path):
     from conf import ClusterConfig, HaConfig, MetricsConfig, NodeConfig, parse_domain
     from primary import metrics as node_metrics
-    from primary.node import Node
-    from protocol.stream import Link
     from tests.test_spanning_frames import next_of
 
     config = ClusterConfig(data_dir=str(tmp_path), partitions=1, nodes=(NodeConfig("node1", port=1),),
                            ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
                            metrics=MetricsConfig(max_queue_series=2), domains={"d": parse_domain("d", {})})
-    node = Node(config, "node1")
-    node.start("127.0.0.1:1")
-    try:
-        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving the partition")
-        link = Link("client")
-        node.open_link(link)
+    with serving_node(config) as (node, link):
         names = ["q1", "q2", "q3", "q4"]
         for qid, name in enumerate(names, start=1):
             node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=qid, queue_id=qid,
@@ -272,5 +265,3 @@ def test_a_nodes_queue_series_stay_bounded_and_the_rest_are_summed(tmp_path):
                 if s.name == "taproot_queue_puts_total"}
         # The first two queues reported keep their names; the others are one series.
         assert puts == {"q1": 1, "q2": 2, OTHER_QUEUES: 3 + 4}
-    finally:
-        node.stop(graceful=False)

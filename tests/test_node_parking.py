@@ -13,7 +13,7 @@ from primary.node import Node
 from protocol import ResultCode, pb
 from protocol.stream import Link
 from protocol.uri import parse_queue_uri, partition_of
-from tests.conftest import link_frames, wait_until
+from tests.conftest import link_frames, serving_node, wait_until
 
 pytestmark = pytest.mark.integration
 LEASE_MS = 6000   # the absent node2 is partition 1's preferred primary: node1 waits half a lease for it
@@ -97,12 +97,7 @@ def test_a_put_reaching_a_stopping_partition_is_refused_as_such(tmp_path):
     """Issue 16, defect 9: a PUT during a node's stop was refused with
     LIMIT_MESSAGES "pending PUT buffer is full"."""
     config = ClusterConfig(data_dir=str(tmp_path), domains={"d": parse_domain("d", {})})
-    node = Node(config, "node1")
-    node.start("127.0.0.1:1")
-    try:
-        wait_until(lambda: 0 in node.partitions, 30, what="node1 serving partition 0")
-        link = Link("client")
-        node.open_link(link)
+    with serving_node(config) as (node, link):
         node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(request_id=1, queue_id=1, uri=uri_on(0, 1),
                                                              write=True)))
         assert link.next_frame(10).open_queue_response.status.code == ResultCode.SUCCESS
@@ -111,8 +106,6 @@ def test_a_put_reaching_a_stopping_partition_is_refused_as_such(tmp_path):
                                                                              payload=b"x")])))
         (ack,) = link.next_frame(10).ack.messages
         assert ack.code == ResultCode.REFUSED and "stopping" in ack.message
-    finally:
-        node.stop(graceful=False)
 
 
 def test_a_columnar_frame_counts_its_rows_against_the_pending_put_bound(tmp_path):

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 
 from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
-from primary.node import Node
 from protocol import ResultCode, columns, pb
 from protocol.stream import Link
 from protocol.uri import QueueUri, parse_queue_uri, partition_of
 from storage import deltars
 from storage.tables import PartitionPaths
-from tests.conftest import link_frames, wait_until
+from tests.conftest import link_frames, serving_node
 from tests.test_node_parking import uri_on
 
 pytestmark = pytest.mark.integration
@@ -47,12 +46,7 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
     config = ClusterConfig(data_dir=str(tmp_path), partitions=2, nodes=(NodeConfig("node1", port=1),),
                            ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
                            domains={"d": parse_domain("d", {}), "b": parse_domain("b", {"mode": "broadcast"})})
-    node = Node(config, "node1")
-    node.start("127.0.0.1:1")
-    try:
-        wait_until(lambda: {0, 1} <= set(node.partitions), 30, what="node1 serving both partitions")
-        link = Link("client")
-        node.open_link(link)
+    with serving_node(config, partitions=(0, 1)) as (node, link):
         first = uri_on(0)
         second = next(u for u in (f"{first}-{n}" for n in range(100)) if partition_of(uri(u), 2) == 0)
         uris = {1: first, 2: second, 3: uri_on(1), 4: "taproot://b/cast", 5: first + "-read"}
@@ -95,5 +89,3 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
         assert nack.code == ResultCode.INVALID_ARGUMENT and "1 queue ids for 2 rows" in nack.message
         assert deltars.try_open(PartitionPaths(str(tmp_path), parts[1]).puts).to_pyarrow_table(
             columns=["guid"]).num_rows == 4
-    finally:
-        node.stop(graceful=False)
