@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,26 @@ from taproot_ops import tls_init, tokens
 
 class ClusterStartError(RuntimeError):
     pass
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server told its port up front)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def stop_popen(popen: "subprocess.Popen[bytes]", timeout_s: float = 30.0) -> int | None:
+    """SIGTERM (a graceful stop), SIGKILL after `timeout_s`; the exit code."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(5)
+    return popen.returncode
 
 
 @dataclass
@@ -51,14 +72,7 @@ class Process:
         raise ClusterStartError(f"{self.role} not ready after {timeout_s}s; log tail:\n{tail(self.log_file)}")
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        return self.popen.returncode
+        return stop_popen(self.popen, timeout_s)
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import conf
+from taproot_ops.embedded import free_port, stop_popen
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -72,12 +74,6 @@ def build_weed(say: bool = True) -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class SeaweedFS:
     """`weed mini` with one bucket, credentials ACCESS_KEY/SECRET_KEY (the
     S3 gateway checks signatures). A context manager; `env` is what a
@@ -86,7 +82,7 @@ class SeaweedFS:
     def __init__(self, directory: str | Path, bucket: str = "taproot"):
         self.directory = Path(directory)
         self.bucket = bucket
-        self.s3_port = _free_port()
+        self.s3_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -97,11 +93,22 @@ class SeaweedFS:
     def env(self) -> dict[str, str]:
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
 
+    @property
+    def storage(self) -> conf.StorageConfig:
+        """`[storage]` for this server."""
+        return conf.StorageConfig(endpoint=self.endpoint, allow_http=True)
+
+    def use_in_this_process(self) -> None:
+        """This process's delta-rs reaches the server: its credentials and
+        `[storage]`'s variables in the environment."""
+        os.environ.update(self.env)
+        os.environ.update(self.storage.delta_rs_env())
+
     def start(self, timeout_s: float = 60) -> "SeaweedFS":
         binary = build_weed()
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
-        ports = {name: _free_port() for name in ("master.port", "volume.port", "filer.port", "admin.port",
+        ports = {name: free_port() for name in ("master.port", "volume.port", "filer.port", "admin.port",
                                                  "debug.port")}
         args = [str(binary), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-s3.port={self.s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
@@ -137,13 +144,8 @@ class SeaweedFS:
             store.create_dir(self.bucket)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            stop_popen(self.process, 15)
         self.process = None
 
     def __enter__(self) -> "SeaweedFS":

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from taproot_ops.embedded import free_port, stop_popen
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -22,12 +23,6 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 def spark_home() -> Path:
     import pyspark
     return Path(pyspark.__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SparkStandaloneError(RuntimeError):
@@ -43,8 +38,8 @@ class SparkStandalone:
                  host: str = "127.0.0.1"):
         self.directory = Path(directory)
         self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
-        self.port = _free_port()
-        self.ui_port = _free_port()
+        self.port = free_port()
+        self.ui_port = free_port()
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -89,7 +84,7 @@ class SparkStandalone:
         for i in range(self.workers):
             self._launch(f"worker-{i + 1}", [WORKER_CLASS, self.master_url, "--host", self.host,
                                              "--cores", str(self.cores), "--memory", self.memory,
-                                             "--webui-port", str(_free_port()),
+                                             "--webui-port", str(free_port()),
                                              "--work-dir", str(self.directory / "work")])
         self._wait(f"{self.workers} Spark worker(s)", lambda: sum(
             w.get("state") == "ALIVE" for w in self.state().get("workers", [])) >= self.workers, timeout_s)
@@ -97,14 +92,7 @@ class SparkStandalone:
 
     def stop(self) -> None:
         for process in reversed(self.processes):   # workers first (they kill their executors), then the master
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+            stop_popen(process, 15)
         self.processes.clear()
 
     def __enter__(self) -> "SparkStandalone":

@@ -101,18 +101,12 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory):
     """An S3-compatible server (SeaweedFS, `taproot_ops.object_store`) with
-    one bucket; this process's delta-rs reaches it (the AWS_* variables
-    `conf.use_storage` sets, and the server's credentials)."""
-    import conf
+    one bucket; this process's delta-rs reaches it (`use_in_this_process`)."""
     from taproot_ops.object_store import SeaweedFS
 
     saved = dict(os.environ)
     with SeaweedFS(tmp_path_factory.mktemp("s3")) as store:
-        config = conf.parse_cluster({"cluster": {"data_dir": f"s3://{store.bucket}/"},
-                                     "storage": {"endpoint": store.endpoint, "allow_http": True}}, {})
-        os.environ.update(store.env)
-        conf.use_storage(config)
-        store.config = config          # type: ignore[attr-defined]
+        store.use_in_this_process()
         try:
             yield store
         finally:

@@ -13,7 +13,6 @@ depends on in at least one place; `pytest --long` runs all 24.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from conftest import wait_until
 
 from storage import tables
+from taproot_ops.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -41,12 +41,6 @@ def pytest_generate_tests(metafunc):
     if "order" in metafunc.fixturenames:
         chosen = orders(metafunc.config)
         metafunc.parametrize("order", chosen, ids=["-".join(o) for o in chosen])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Client:

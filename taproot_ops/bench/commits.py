@@ -70,12 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _object_store_root(stack: contextlib.ExitStack, scratch: str) -> str:
     """Start a SeaweedFS for the run; this process's delta-rs reaches it."""
-    import conf
     from taproot_ops.object_store import SeaweedFS
 
     store = stack.enter_context(SeaweedFS(os.path.join(scratch, "s3")))
-    os.environ.update(store.env)
-    os.environ.update(conf.StorageConfig(endpoint=store.endpoint, allow_http=True).delta_rs_env())
+    store.use_in_this_process()
     print(f"table on SeaweedFS at {store.endpoint}", flush=True)
     return f"s3://{store.bucket}/commits"
 

@@ -22,14 +22,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from taproot_ops.embedded import free_port
+
 PACKAGES = {"rabbitmq": ("rabbitmq-server", "rabbitmq-server"), "nats": ("nats-server", "nats-server")}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ensure_installed(system: str) -> None:
@@ -63,7 +58,7 @@ def server(system: str) -> Iterator[str]:
     """Start `system` on loopback; yield its address."""
     ensure_installed(system)
     work = Path(tempfile.mkdtemp(prefix=f"taproot-bench-{system}-"))
-    port = _free_port()
+    port = free_port()
     log = work / "server.log"
     if system == "nats":
         (work / "nats.conf").write_text(
@@ -77,11 +72,11 @@ def server(system: str) -> Iterator[str]:
         (work / "enabled_plugins").write_text("[].\n")
         env = dict(os.environ, HOME=str(work), RABBITMQ_NODENAME=f"taprootbench{port}@localhost",
                    RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(port),
-                   RABBITMQ_DIST_PORT=str(_free_port()), RABBITMQ_CONFIG_FILE=str(work / "rabbitmq"),
+                   RABBITMQ_DIST_PORT=str(free_port()), RABBITMQ_CONFIG_FILE=str(work / "rabbitmq"),
                    RABBITMQ_ENABLED_PLUGINS_FILE=str(work / "enabled_plugins"),
                    RABBITMQ_MNESIA_BASE=str(work / "mnesia"), RABBITMQ_LOG_BASE=str(work / "log"),
                    RABBITMQ_PID_FILE=str(work / "rabbitmq.pid"), ERL_EPMD_ADDRESS="127.0.0.1",
-                   ERL_EPMD_PORT=str(_free_port()))
+                   ERL_EPMD_PORT=str(free_port()))
         cmd = ["/usr/lib/rabbitmq/bin/rabbitmq-server"]
         started_s = 120.0
     print(f"starting {system} on 127.0.0.1:{port} (data in {work}) ...", flush=True)
