@@ -226,6 +226,7 @@ class TokenStore:
 
     def __post_init__(self) -> None:
         self._entries = load_tokens(self.path)   # at start an unusable file stops the role
+        self._cluster = TokenEntry("cluster", self.cluster_hash or "", cluster=True)
         self._stamp = self._stat()
         self._checked = time.monotonic()
 
@@ -264,13 +265,9 @@ class TokenStore:
         if digest is None:
             return None
         if self.cluster_hash is not None and hmac.compare_digest(digest, self.cluster_hash):
-            return TokenEntry("cluster", digest, cluster=True)
-        self._refresh()
-        entry = self._entries.get(digest)
-        if entry is None:
-            self._refresh(force=True)
-            entry = self._entries.get(digest)
-        return entry
+            return self._cluster
+        self._refresh(force=digest not in self._entries)
+        return self._entries.get(digest)
 
 
 class Authenticator:
