@@ -856,3 +856,9 @@ def link_tokens(config: ClusterConfig) -> dict[str, str | None]:
     """What each federation link's session presents, by link name, and under
     "" this cluster's own token, for the sessions a node opens to itself."""
     return {"": cluster_token(config), **{link.name: link_token(link) for link in config.links}}
+
+
+def client_access(config: ClusterConfig) -> dict[str, Any]:
+    """A client's `tls` and `token` (a `Session`'s, `taproot admin`'s), as
+    `client_tls` and `client_token` find them."""
+    return {"tls": client_tls(config), "token": client_token(config)}

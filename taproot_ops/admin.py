@@ -76,10 +76,8 @@ def _config(args: argparse.Namespace) -> conf.ClusterConfig:
 
 
 def _access(args: argparse.Namespace) -> dict[str, Any]:
-    """`call`'s tls and token: TLS as the cluster's config says (its CA; with
-    mutual TLS its certificate), the token as `conf.client_token` finds it."""
-    config = _config(args)
-    return {"tls": conf.client_tls(config), "token": conf.client_token(config)}
+    """`call`'s tls and token, as the cluster's config says (`conf.client_access`)."""
+    return conf.client_access(_config(args))
 
 
 def _fail(answer: Answer, name: str) -> str:

@@ -123,8 +123,7 @@ def _parse_properties(items: list[str]) -> dict[str, Any]:
 
 def _client_access(args: argparse.Namespace) -> dict[str, Any]:
     """A client's TLS and token, as the cluster's config says ([tls], [auth])."""
-    config = conf.load(args.config, data_dir=args.data_dir)
-    return {"tls": conf.client_tls(config), "token": conf.client_token(config)}
+    return conf.client_access(conf.load(args.config, data_dir=args.data_dir))
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -311,7 +310,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
                         since=args.since, until=args.until, version=args.version, where=args.where,
                         rate=args.rate, original_rate=args.original_rate, progress=print_progress,
-                        tls=conf.client_tls(config), token=conf.client_token(config))
+                        **conf.client_access(config))
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
