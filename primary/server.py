@@ -46,8 +46,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if self.auth is not None:   # only the cluster's own pipeline sends these
             entry = self.auth.entry(presented(context.invocation_metadata()))
             if not isinstance(entry, Denied) and not entry.cluster:
-                self.auth.refused(Denied(ResultCode.NOT_AUTHORIZED, f"token {entry.name!r} is not the cluster's"))
-            if isinstance(entry, Denied) or not entry.cluster:
+                entry = self.auth.refused(Denied(ResultCode.NOT_AUTHORIZED,
+                                                 f"token {entry.name!r} is not the cluster's"))
+            if isinstance(entry, Denied):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, "NotifyDelivery takes the cluster token only")
         self.node.notify_delivery(request.partition)
         return pb.NoticeAck()
