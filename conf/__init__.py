@@ -176,7 +176,7 @@ class TlsConfig:
     # every role; its names must cover every node and proxy host.
     enabled: bool = False
     # Without files given: a throwaway CA and certificate under
-    # <data_dir>/tls/, made by the embedded cluster (`make run`) when missing.
+    # <state_dir>/tls/, made by the embedded cluster (`make run`) when missing.
     auto: bool = False
     ca_file: str = ""
     cert_file: str = ""
@@ -185,7 +185,7 @@ class TlsConfig:
 
     def files(self, data_dir: str) -> tuple[str, str, str]:
         """(CA, certificate, key) paths: the configured ones, or with `auto`
-        those under <data_dir>/tls/."""
+        those under <state_dir>/tls/."""
         if self.auto and not self.ca_file:
             base = Path(data_dir) / "tls"
             return str(base / "ca.pem"), str(base / "cluster.pem"), str(base / "cluster-key.pem")
@@ -197,8 +197,8 @@ class AuthConfig:
     # Token auth (docs/operations.md): clients present a token; the role that
     # accepts them checks its rights per domain (produce, consume, admin).
     enabled: bool = False
-    # Without files given: <data_dir>/auth/tokens.toml and the cluster token
-    # <data_dir>/auth/cluster.token, plus local.token (every right, for the
+    # Without files given: <state_dir>/auth/tokens.toml and the cluster token
+    # <state_dir>/auth/cluster.token, plus local.token (every right, for the
     # tools on this machine), made by the embedded cluster (`make run`) or
     # `taproot auth init` when missing.
     auto: bool = False
@@ -207,7 +207,7 @@ class AuthConfig:
 
     def files(self, data_dir: str) -> tuple[str, str]:
         """(tokens file, cluster token file): the configured ones, or with
-        `auto` those under <data_dir>/auth/."""
+        `auto` those under <state_dir>/auth/."""
         base = Path(data_dir) / "auth"
         return (self.tokens_file or (str(base / "tokens.toml") if self.auto else ""),
                 self.cluster_token_file or (str(base / "cluster.token") if self.auto else ""))
@@ -251,6 +251,8 @@ class StorageConfig:
 
 
 OBJECT_STORE_SCHEMES = ("s3://", "s3a://")
+# `[cluster] state_dir` when unset and the tables are on an object store.
+STATE_DIR_FOR_OBJECT_STORE = "taproot-state"
 
 
 def on_object_store(data_dir: str) -> bool:
@@ -352,6 +354,10 @@ class LinkConfig:
 class ClusterConfig:
     name: str = "local"
     data_dir: str = "data"            # local path or any URI delta-rs and Spark accept
+    # This machine's own files: role logs, pid files and (with `auto`) the TLS
+    # and token files. "": the data directory when it is local; with the
+    # tables on an object store, STATE_DIR_FOR_OBJECT_STORE (docs/deploy.md).
+    state_dir: str = ""
     partitions: int = 1
     nodes: tuple[NodeConfig, ...] = (NodeConfig("node1"),)
     proxies: tuple[ProxyConfig, ...] = (ProxyConfig("proxy1"),)
@@ -365,6 +371,13 @@ class ClusterConfig:
     storage: StorageConfig = StorageConfig()
     domains: Mapping[str, "DomainConfig"] = field(default_factory=dict)
     links: tuple[LinkConfig, ...] = ()
+
+    @property
+    def local_dir(self) -> str:
+        """Where this machine's roles keep their own files (`state_dir`)."""
+        if self.state_dir:
+            return self.state_dir
+        return STATE_DIR_FOR_OBJECT_STORE if on_object_store(self.data_dir) else self.data_dir
 
     def node(self, name: str) -> NodeConfig:
         for node in self.nodes:
@@ -753,8 +766,10 @@ def load_domains(directory: Path) -> dict[str, DomainConfig]:
     return domains
 
 
-def load(path: str | Path | None = None, *, data_dir: str | None = None) -> ClusterConfig:
-    """Load `cluster.toml` and the `domains/*.toml` beside it."""
+def load(path: str | Path | None = None, *, data_dir: str | None = None,
+         state_dir: str | None = None) -> ClusterConfig:
+    """Load `cluster.toml` and the `domains/*.toml` beside it; `data_dir`
+    and `state_dir` override the file's."""
     path = Path(path) if path else DEFAULT_CLUSTER_FILE
     raw = _read_toml(path)
     domains = load_domains(domains_dir(path))
@@ -764,6 +779,8 @@ def load(path: str | Path | None = None, *, data_dir: str | None = None) -> Clus
         raise ConfigError(f"{path}: {exc}") from None
     if data_dir is not None:
         config = dataclasses.replace(config, data_dir=data_dir)
+    if state_dir is not None:
+        config = dataclasses.replace(config, state_dir=state_dir)
     return config
 
 
@@ -773,7 +790,7 @@ def server_tls(config: ClusterConfig) -> "ServerTls | None":
     from protocol.tls import ServerTls, TlsError
     if not config.tls.enabled:
         return None
-    ca, cert, key = config.tls.files(config.data_dir)
+    ca, cert, key = config.tls.files(config.local_dir)
     try:
         return ServerTls.from_files(ca, cert, key, config.tls.client_certs)
     except TlsError as exc:
@@ -787,7 +804,7 @@ def client_tls(config: ClusterConfig) -> "ClientTls | None":
     from protocol.tls import ClientTls, TlsError
     if not config.tls.enabled:
         return None
-    ca, cert, key = config.tls.files(config.data_dir)
+    ca, cert, key = config.tls.files(config.local_dir)
     try:
         return ClientTls.from_files(ca, cert, key) if config.tls.client_certs else ClientTls.from_files(ca)
     except TlsError as exc:
@@ -800,7 +817,7 @@ def authenticator(config: ClusterConfig) -> "Authenticator | None":
     from protocol.auth import Authenticator, AuthError, TokenStore, token_hash
     if not config.auth.enabled:
         return None
-    tokens, _ = config.auth.files(config.data_dir)
+    tokens, _ = config.auth.files(config.local_dir)
     try:
         return Authenticator(TokenStore(tokens, token_hash(_cluster_token(config))))
     except AuthError as exc:
@@ -812,7 +829,7 @@ _AUTO_HINT = " (the embedded cluster makes them: `taproot run`, or `taproot auth
 
 def _cluster_token(config: ClusterConfig) -> str:
     from protocol.auth import read_token_file
-    return read_token_file(config.auth.files(config.data_dir)[1])
+    return read_token_file(config.auth.files(config.local_dir)[1])
 
 
 def cluster_token(config: ClusterConfig) -> str | None:
@@ -834,7 +851,7 @@ def client_token(config: ClusterConfig) -> str | None:
     from protocol.auth import AuthError, read_token_file, token_from_env
     try:
         token = token_from_env()
-        local = config.auth.local_token_file(config.data_dir) if config.auth.enabled else None
+        local = config.auth.local_token_file(config.local_dir) if config.auth.enabled else None
         if token is None and local and os.path.exists(local):
             token = read_token_file(local)
     except AuthError as exc:

@@ -101,8 +101,8 @@ def serve(config: conf.ClusterConfig, node_name: str, *, port: int | None = None
 
 
 def pid_path(config: conf.ClusterConfig, node_name: str) -> Path:
-    """Where a running node says who it is (local data directories only)."""
-    return Path(config.data_dir) / "nodes" / f"{node_name}.json"
+    """Where a running node says who it is: this machine's state directory."""
+    return Path(config.local_dir) / "nodes" / f"{node_name}.json"
 
 
 def _alive(pid: int) -> bool:

@@ -29,7 +29,7 @@ SERVER_MODULES = frozenset({"deltalake", "pyspark", "delta", "pandas"})
 def _config(args: argparse.Namespace) -> conf.ClusterConfig:
     """The cluster's configuration; on an object store, its settings given
     to this process's delta-rs (`conf.use_storage`)."""
-    config = conf.load(args.config, data_dir=args.data_dir)
+    config = conf.load(args.config, data_dir=args.data_dir, state_dir=getattr(args, "state_dir", None))
     conf.use_storage(config)
     return config
 
@@ -37,6 +37,8 @@ def _config(args: argparse.Namespace) -> conf.ClusterConfig:
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="override cluster.data_dir")
+    p.add_argument("--state-dir", help="override cluster.state_dir (this machine's logs, pid files, auto TLS and "
+                                       "token files; default: the data directory when it is local)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
 
@@ -184,7 +186,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Validate cluster.toml and every domain file; print what they define."""
     config = conf.load(args.config)
-    print(f"cluster {config.name!r}: {config.partitions} partition(s), data in {config.data_dir}")
+    print(f"cluster {config.name!r}: {config.partitions} partition(s), data in {config.data_dir}"
+          + (f", this machine's own files in {config.local_dir}" if config.local_dir != config.data_dir else ""))
     for node in config.nodes:
         print(f"  node  {node.name} {node.address}")
     for proxy in config.proxies:
@@ -202,7 +205,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if not tls.enabled:
         print("  tls: off (plaintext on every link)")
     else:
-        ca, cert, key = tls.files(config.data_dir)
+        ca, cert, key = tls.files(config.local_dir)
         mutual = ", mutual (client certificates required)" if tls.client_certs else ""
         if tls.auto and not tls.ca_file and not os.path.exists(ca):
             print(f"  tls: on{mutual}; a throwaway CA is made in {os.path.dirname(ca)} when the cluster starts")
@@ -217,7 +220,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if not auth.enabled:
         print("  auth: off (no tokens: any client may produce, consume and run admin commands)")
     else:
-        tokens_file, cluster_file = auth.files(config.data_dir)
+        tokens_file, cluster_file = auth.files(config.local_dir)
         if auth.auto and not (os.path.exists(tokens_file) and os.path.exists(cluster_file)):
             print(f"  auth: on; the cluster token and a local token are made in {os.path.dirname(tokens_file)} "
                   "when the cluster starts")
@@ -239,7 +242,7 @@ def cmd_tls(args: argparse.Namespace) -> int:
         print("tls init: this cluster's [tls] does not use auto files (enabled = true, auto = true, no ca_file)",
               file=sys.stderr)
         return 2
-    ca, cert, key = config.tls.files(config.data_dir)
+    ca, cert, key = config.tls.files(config.local_dir)
     if os.path.exists(ca) and not args.force:
         print(f"tls init: {ca} exists; --force makes new ones (every client must then get the new CA)")
         return 0

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import conf
 from taproot_ops import tls_init, tokens
@@ -101,10 +101,14 @@ class EmbeddedCluster:
 
     def __init__(self, config_file: str | None = None, data_dir: str | None = None, *,
                  ephemeral_ports: bool = False, with_pipeline: bool = True, with_proxy: bool = True,
-                 warm_up: bool = True):
+                 warm_up: bool = True, state_dir: str | None = None,
+                 launch_prefix: Callable[[str], Sequence[str]] | None = None):
         self.config_file = config_file
-        self.config = conf.load(config_file, data_dir=data_dir)
-        self.data_dir = os.path.abspath(self.config.data_dir)
+        self.config = conf.load(config_file, data_dir=data_dir, state_dir=state_dir)
+        data = self.config.data_dir
+        self.data_dir = data if conf.on_object_store(data) else os.path.abspath(data)
+        # Logs, pid files, auto TLS and token files: local even when the tables are not.
+        self.state_dir = os.path.abspath(self.config.local_dir)
         self.ephemeral_ports = ephemeral_ports
         self.with_pipeline = with_pipeline
         self.with_proxy = with_proxy
@@ -114,6 +118,9 @@ class EmbeddedCluster:
         self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
         self.http_ports: dict[str, int] = {}         # role name -> its metrics port (those that serve one)
         self._run_dir = Path(tempfile.mkdtemp(prefix="taproot-run-"))
+        # A command each role's process runs under, by its name (`ip netns exec
+        # NS`: each role on a host of its own); none by default.
+        self.launch_prefix = launch_prefix or (lambda name: ())
 
     @property
     def node_address(self) -> str:
@@ -164,12 +171,12 @@ class EmbeddedCluster:
         from protocol.auth import ENV_TOKEN_FILE
         from protocol.tls import ENV_CA, ENV_CERT, ENV_KEY
         env = {}
-        local = self.config.auth.local_token_file(self.data_dir) if self.config.auth.enabled else None
+        local = self.config.auth.local_token_file(self.state_dir) if self.config.auth.enabled else None
         if local:
             env[ENV_TOKEN_FILE] = os.path.abspath(local)
         if not self.config.tls.enabled:
             return env
-        ca, cert, key = self.config.tls.files(self.data_dir)
+        ca, cert, key = self.config.tls.files(self.state_dir)
         env[ENV_CA] = os.path.abspath(ca)
         if self.config.tls.client_certs:
             env.update({ENV_CERT: os.path.abspath(cert), ENV_KEY: os.path.abspath(key)})
@@ -177,32 +184,34 @@ class EmbeddedCluster:
 
     @property
     def _config_for_roles(self) -> conf.ClusterConfig:
-        return dataclasses.replace(self.config, data_dir=self.data_dir)
+        return dataclasses.replace(self.config, data_dir=self.data_dir, state_dir=self.state_dir)
 
     def _spawn(self, role: str, args: list[str], name: str | None = None) -> Process:
         name = name or role
-        logs = Path(self.data_dir) / "logs"
+        logs = Path(self.state_dir) / "logs"
         try:
             logs.mkdir(parents=True, exist_ok=True)
             # `[tls] auto`: a throwaway CA and certificate for this cluster, once.
             if tls_init.ensure(self._config_for_roles):
-                print(f"TLS on: a throwaway CA and certificate made in {self.data_dir}/tls", flush=True)
+                print(f"TLS on: a throwaway CA and certificate made in {self.state_dir}/tls", flush=True)
             # `[auth] auto`: the cluster token and a local token with every right, once.
             if tokens.init(self._config_for_roles):
-                print(f"auth on: the cluster token and a local token made in {self.data_dir}/auth", flush=True)
+                print(f"auth on: the cluster token and a local token made in {self.state_dir}/auth", flush=True)
         except OSError as exc:   # a file where the directory should be, no permission, a full disk
-            raise ClusterStartError(f"data directory {self.data_dir} cannot be used: cannot create "
+            what = "data directory" if self.state_dir == self.data_dir else "state directory"
+            raise ClusterStartError(f"{what} {self.state_dir} cannot be used: cannot create "
                                     f"{exc.filename}: {exc.strerror}") from None
         ready = self._run_dir / f"{name}.ready"
         ready.unlink(missing_ok=True)
         log_file = logs / f"{name}.log"
-        common = ["--data-dir", self.data_dir, "--ready-file", str(ready)]
+        common = ["--data-dir", self.data_dir, "--state-dir", self.state_dir, "--ready-file", str(ready)]
         if self.config_file:
             common += ["--config", self.config_file]
         with open(log_file, "ab") as log_fh:
             # A session of its own: Ctrl-C reaches only the launcher, which then
             # stops the roles in order (edge first, root last).
-            popen = subprocess.Popen([sys.executable, "-m", "taproot_ops.cli", role, *common, *args],
+            popen = subprocess.Popen([*self.launch_prefix(name), sys.executable, "-m", "taproot_ops.cli", role,
+                                      *common, *args],
                                      stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         process = Process(role, popen, ready, log_file)
@@ -221,7 +230,8 @@ class EmbeddedCluster:
 
     def metrics_url(self, name: str) -> str:
         """http://host:port/metrics of a started role (node, proxy or `pipeline`)."""
-        return f"http://127.0.0.1:{self.http_ports[name]}/metrics"
+        info = self.processes[name].info or {}
+        return f"http://{info.get('host') or '127.0.0.1'}:{self.http_ports[name]}/metrics"
 
     def start_nodes(self, timeout_s: float = 60, names: list[str] | None = None) -> None:
         """Start nodes (all of the config's by default) and wait until each serves."""

@@ -76,7 +76,7 @@ def ensure(config: conf.ClusterConfig) -> bool:
     tls = config.tls
     if not (tls.enabled and tls.auto) or tls.ca_file:
         return False
-    files = [Path(p) for p in tls.files(config.data_dir)]
+    files = [Path(p) for p in tls.files(config.local_dir)]
     if all(f.exists() for f in files):
         return False
     make(files[0].parent, host_names(config), config.name)

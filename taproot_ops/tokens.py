@@ -71,14 +71,14 @@ def revoke(path: Path, name: str) -> bool:
 
 def init(config: conf.ClusterConfig) -> bool:
     """With `[auth] enabled` and `auto`, make what is missing of
-    <data_dir>/auth: the cluster token, and a `local` token with every right
+    <state_dir>/auth: the cluster token, and a `local` token with every right
     (local.token, for the tools on this machine) in tokens.toml. True if
     anything was made."""
     auth = config.auth
     if not (auth.enabled and auth.auto):
         return False
-    tokens_file, cluster_file = (Path(p) for p in auth.files(config.data_dir))
-    local_file = Path(auth.local_token_file(config.data_dir) or "")
+    tokens_file, cluster_file = (Path(p) for p in auth.files(config.local_dir))
+    local_file = Path(auth.local_token_file(config.local_dir) or "")
     made = False
     if not auth.cluster_token_file and not cluster_file.exists():
         _write_private(cluster_file, new_token() + "\n")
@@ -105,7 +105,7 @@ def parse_expires(text: str, now: float) -> float:
 
 
 def _tokens_path(config: conf.ClusterConfig) -> Path:
-    tokens_file, _ = config.auth.files(config.data_dir)
+    tokens_file, _ = config.auth.files(config.local_dir)
     if not config.auth.enabled or not tokens_file:
         raise AuthError("this cluster's [auth] is off (enabled = false): it takes no tokens")
     return Path(tokens_file)
@@ -125,9 +125,9 @@ def cmd_auth(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 2
             made = init(config)
-            tokens_file, cluster_file = config.auth.files(config.data_dir)
+            tokens_file, cluster_file = config.auth.files(config.local_dir)
             print(("made" if made else "kept (they exist)") + f": {tokens_file}, {cluster_file}, "
-                  f"{config.auth.local_token_file(config.data_dir)}")
+                  f"{config.auth.local_token_file(config.local_dir)}")
             return 0
         path = _tokens_path(config)
         if args.action == "add":

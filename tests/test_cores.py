@@ -159,6 +159,21 @@ def test_shipped_config_loads():
     assert "demo" in config.domains and config.partitions >= 1
 
 
+def test_state_dir_keeps_this_machines_files_local_when_the_tables_are_not(tmp_path):
+    local = conf.parse_cluster({"cluster": {"data_dir": "/srv/taproot"}, "tls": {"enabled": True, "auto": True},
+                                "auth": {"enabled": True, "auto": True}}, {})
+    assert local.local_dir == "/srv/taproot"                # the data directory, as before
+    assert local.tls.files(local.local_dir)[0] == "/srv/taproot/tls/ca.pem"
+    remote = conf.parse_cluster({"cluster": {"data_dir": "s3://bucket/t"}}, {})
+    assert remote.local_dir == conf.STATE_DIR_FOR_OBJECT_STORE
+    chosen = conf.parse_cluster({"cluster": {"data_dir": "s3://bucket/t", "state_dir": "/var/lib/taproot"}}, {})
+    assert chosen.local_dir == "/var/lib/taproot"
+    (tmp_path / "domains").mkdir()
+    (tmp_path / "cluster.toml").write_text('[cluster]\ndata_dir = "s3://bucket/t"\n')
+    loaded = conf.load(tmp_path / "cluster.toml", state_dir="/x")
+    assert (loaded.data_dir, loaded.local_dir) == ("s3://bucket/t", "/x")
+
+
 def test_liveness_heartbeats_each_interval_and_leaves_a_silent_host_once():
     from protocol.liveness import Due, Liveness
     live = Liveness(interval_ms=1000, silence_max_ms=3000)
