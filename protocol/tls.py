@@ -11,6 +11,7 @@ nothing more. `taproot_ops.tls_init` makes a throwaway CA (`make run`)."""
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,6 +94,48 @@ def channel(address: str, tls: ClientTls | None, options: Sequence[tuple[str, An
     if tls is None:
         return grpc.insecure_channel(address, options=list(options))
     return grpc.secure_channel(address, tls.credentials(), options=list(options))
+
+
+# How long a host may take to answer a TCP connect before it counts as
+# unreachable: the kernel answers, whatever load its processes are under, so
+# this is about the network only (a lost SYN costs one more attempt).
+PROBE_TIMEOUT_S = 0.5
+
+
+def connect(address: str, tls: ClientTls | None, options: Sequence[tuple[str, Any]], timeout_s: float
+            ) -> grpc.Channel | None:
+    """A connected channel to `address`, or None after `timeout_s`. A host
+    that refuses the connection (nothing listens there: a process that died
+    on a machine that is up) is given up at once, and one that does not
+    answer within PROBE_TIMEOUT_S (a machine gone, a link cut) then: who
+    dials a list of hosts moves on to the next (a node's failover waited out
+    a second here for a primary that was gone, and two for one cut off). A
+    plain TCP connect tells, because gRPC's own state does not: its channel
+    reports a refusal as TRANSIENT_FAILURE and keeps retrying, and closing a
+    channel just watched for that blocks in grpcio."""
+    if not _answers(address, min(timeout_s, PROBE_TIMEOUT_S)):
+        return None
+    conn = channel(address, tls, options)
+    try:
+        grpc.channel_ready_future(conn).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        conn.close()
+        return None
+    return conn
+
+
+def _answers(address: str, timeout_s: float) -> bool:
+    """False if `address` (host:port) refused a TCP connect, or did not
+    answer within `timeout_s`; True if it accepted, or is not a host:port
+    this can dial (gRPC decides then)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (ConnectionRefusedError, TimeoutError):
+        return False
+    except (OSError, ValueError):
+        return True
 
 
 def add_port(server: Any, address: str, tls: ServerTls | None) -> int:

@@ -29,8 +29,7 @@ from protocol.liveness import Due, Liveness, heartbeat
 from protocol.metrics import FrameCounts
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
-from protocol.tls import ClientTls
-from protocol.tls import channel as tls_channel
+from protocol.tls import ClientTls, connect
 from replicas.relay import UPSTREAM, Out, Relay
 
 log = logging.getLogger(__name__)
@@ -157,11 +156,8 @@ class Upstream:
         addresses = self.hosts()
         for i in range(len(addresses)):
             address = addresses[(self._next_host + i) % len(addresses)]
-            channel = tls_channel(address, self.tls, GRPC_OPTIONS)
-            try:
-                grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
-            except grpc.FutureTimeoutError:
-                channel.close()
+            channel = connect(address, self.tls, GRPC_OPTIONS, self.connect_timeout_s)
+            if channel is None:
                 continue
             self._next_host = (self._next_host + i) % len(addresses)
             return channel, address

@@ -35,6 +35,7 @@ import itertools
 import logging
 import queue as _queue
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,8 +60,7 @@ from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
 from protocol.stream import GRPC_OPTIONS, drain
-from protocol.tls import ClientTls
-from protocol.tls import channel as tls_channel
+from protocol.tls import ClientTls, connect
 from taproot import errors, events
 from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
@@ -82,6 +82,8 @@ from taproot.message import (
 __all__ = ["Ack", "Message", "MessageBatch", "PutFuture", "Queue", "Session"]
 
 log = logging.getLogger(__name__)
+
+DIAL_PAUSE_S = 0.1   # between rounds over the hosts while none answers
 
 
 def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
@@ -531,17 +533,20 @@ class Session:
         return None
 
     def _dial(self, timeout_s: float) -> tuple[grpc.Channel, str] | None:
-        for i in range(len(self.hosts)):
-            host = self.hosts[(self._next_host + i) % len(self.hosts)]
-            channel = tls_channel(host, self.tls, GRPC_OPTIONS)
-            try:
-                grpc.channel_ready_future(channel).result(timeout=timeout_s)
-            except grpc.FutureTimeoutError:
-                channel.close()
-                continue
-            self._next_host = (self._next_host + i) % len(self.hosts)
-            return channel, host
-        return None
+        """The first host that answers within `timeout_s`, each tried in
+        turn (one that refuses is left at once for the next) until then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i in range(len(self.hosts)):
+                host = self.hosts[(self._next_host + i) % len(self.hosts)]
+                channel = connect(host, self.tls, GRPC_OPTIONS, max(0.0, deadline - time.monotonic()))
+                if channel is not None:
+                    self._next_host = (self._next_host + i) % len(self.hosts)
+                    return channel, host
+            left = deadline - time.monotonic()
+            if left <= 0 or self._core.state.final:
+                return None
+            time.sleep(min(DIAL_PAUSE_S, left))
 
     def start(self) -> None:
         """Connect to the first of `hosts` that answers. Raises ConnectionError

@@ -160,6 +160,8 @@ class Traffic:
             assert not late, (f"{len(late)} of {len(duplicates)} duplicates were PUT after the fault ended "
                               f"(PUT #{self.posted_at_fault_end}), e.g. PUT #{index[late[0]]}")
         times = sorted(t for t, _, _ in self.acks)
+        if times[0] >= fault_at:
+            times.insert(0, fault_at)   # no ACK before the fault: the outage runs from the fault itself
         gaps = [(b - a, a) for a, b in zip(times, times[1:]) if b >= fault_at]
         return max(gaps)[0] if gaps else 0.0
 
