@@ -37,6 +37,7 @@ $(BROWSER_STAMP):
 
 test: setup $(BROWSER_STAMP)
 	$(BIN)/python -m taproot_ops.object_store
+	$(BIN)/python -m storage.spark --object-store
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest

@@ -148,15 +148,28 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     return spark
 
 
-def main() -> None:
-    """`python -m storage.spark`: fetch Delta's jars once (used by `make setup`)."""
-    if _cached_jars():
-        print(f"delta jars cached in {cache_dir() / 'ivy' / 'jars'}")
-        return
-    spark = session("taproot-setup")
+def fetch_jars(object_store: bool = False) -> bool:
+    """Fetch Delta's jars (and with `object_store` hadoop-aws's) into the
+    cache once, with a throwaway local session; True if it had to."""
+    if _cached_jars(object_store):
+        return False
+    spark = session("taproot-setup", object_store=object_store)
     spark.range(1).count()
     spark.stop()
-    print(f"delta jars fetched into {cache_dir() / 'ivy' / 'jars'}")
+    return True
+
+
+def main() -> None:
+    """`python -m storage.spark [--object-store]`: fetch Delta's jars once
+    (`make setup`); with --object-store hadoop-aws's too (`make test`: the
+    hosts tier's pipeline runs where Maven Central cannot be reached)."""
+    object_store = "--object-store" in sys.argv[1:]
+    jars = _ivy_dir(object_store) / "jars"
+    what = "delta and hadoop-aws jars" if object_store else "delta jars"
+    if not _cached_jars(object_store):
+        print(f"fetching {what} from Maven Central into {jars} (once)", flush=True)
+    fetched = fetch_jars(object_store)
+    print(f"{what} {'fetched into' if fetched else 'cached in'} {jars}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import conf
 from taproot_ops.embedded import free_port, stop_popen
@@ -28,6 +29,10 @@ SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
 # releases without a go.mod-compatible version).
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 ACCESS_KEY, SECRET_KEY = "taproot-test", "taproot-test-secret"
+# Ports in a network namespace of its own (SeaweedFS's defaults; the master's
+# gRPC port is its port + 10000, the volume's and filer's likewise).
+S3_PORT = 8333
+NAMESPACE_PORTS = (9333, 8080, 8888, 23646, 6060)
 
 
 class ObjectStoreError(RuntimeError):
@@ -79,15 +84,21 @@ class SeaweedFS:
     S3 gateway checks signatures). A context manager; `env` is what a
     process needs to reach it (the AWS_* variables delta-rs and s3a read)."""
 
-    def __init__(self, directory: str | Path, bucket: str = "taproot"):
+    def __init__(self, directory: str | Path, bucket: str = "taproot", *, host: str = "127.0.0.1",
+                 launch_prefix: Sequence[str] = ()):
+        """`host`: the address it serves on (loopback by default);
+        `launch_prefix`: a command its process runs under (`ip netns exec
+        NS`: another network namespace, whose ports are its own)."""
         self.directory = Path(directory)
         self.bucket = bucket
-        self.s3_port = free_port()
+        self.host = host
+        self.launch_prefix = list(launch_prefix)
+        self.s3_port = free_port() if not self.launch_prefix else S3_PORT
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return f"http://{self.host}:{self.s3_port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -108,9 +119,10 @@ class SeaweedFS:
         binary = build_weed()
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
-        ports = {name: free_port() for name in ("master.port", "volume.port", "filer.port", "admin.port",
-                                                 "debug.port")}
-        args = [str(binary), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        names = ("master.port", "volume.port", "filer.port", "admin.port", "debug.port")
+        # In a namespace of its own every port is free; here, any free ones.
+        ports = dict(zip(names, NAMESPACE_PORTS)) if self.launch_prefix else {n: free_port() for n in names}
+        args = [*self.launch_prefix, str(binary), "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
                 f"-s3.port={self.s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
                 "-admin.port.legacy=0", "-webdav=false",
                 *(f"-{name}={port}" for name, port in ports.items())]
@@ -132,16 +144,19 @@ class SeaweedFS:
         raise ObjectStoreError(f"SeaweedFS did not serve within {timeout_s:.0f} s; see {self.directory / 'weed.log'}")
 
     def filesystem(self) -> "pyarrow.fs.S3FileSystem":
-        from pyarrow import fs
-        return fs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1",
-                               endpoint_override=self.endpoint.removeprefix("http://"), scheme="http",
-                               allow_bucket_creation=True)
+        return filesystem(self.endpoint)
 
     def _ensure_bucket(self) -> None:
-        from pyarrow import fs
-        store = self.filesystem()
-        if store.get_file_info(self.bucket).type == fs.FileType.NotFound:
-            store.create_dir(self.bucket)
+        if not self.launch_prefix:
+            ensure_bucket(self.endpoint, self.bucket)
+            return
+        # Reachable only from inside its namespace: ask from there.
+        out = subprocess.run([*self.launch_prefix, sys.executable, "-c",
+                              "import sys; from taproot_ops.object_store import ensure_bucket; "
+                              "ensure_bucket(sys.argv[1], sys.argv[2])", self.endpoint, self.bucket],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise OSError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "bucket check failed")
 
     def stop(self) -> None:
         if self.process is not None:
@@ -153,6 +168,22 @@ class SeaweedFS:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def filesystem(endpoint: str) -> "pyarrow.fs.S3FileSystem":
+    """pyarrow's S3 client for the server at `endpoint`, with its credentials."""
+    from pyarrow import fs
+    return fs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1",
+                           endpoint_override=endpoint.removeprefix("http://"), scheme="http",
+                           allow_bucket_creation=True)
+
+
+def ensure_bucket(endpoint: str, bucket: str) -> None:
+    """Create `bucket` unless it exists (signed requests, as delta-rs and s3a make them)."""
+    from pyarrow import fs
+    store = filesystem(endpoint)
+    if store.get_file_info(bucket).type == fs.FileType.NotFound:
+        store.create_dir(bucket)
 
 
 def main() -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from taproot_ops.embedded import free_port, stop_popen
 
@@ -35,11 +36,18 @@ class SparkStandalone:
     `master_url` is what `[pipeline] spark_master` takes."""
 
     def __init__(self, directory: str | Path, workers: int = 1, cores: int = 1, memory: str = "2g",
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", launch_prefix: Sequence[str] = (), env: dict[str, str] | None = None):
+        """`launch_prefix`: a command the master and workers run under (`ip
+        netns exec NS`: a network namespace of their own, on `host`);
+        `env`: more environment for them, which their executors inherit
+        (an object store's credentials)."""
         self.directory = Path(directory)
         self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
-        self.port = free_port()
-        self.ui_port = free_port()
+        self.launch_prefix, self.env = list(launch_prefix), dict(env or {})
+        own = bool(self.launch_prefix)   # in a namespace of its own: Spark's default ports are free
+        self.port = 7077 if own else free_port()
+        self.ui_port = 8080 if own else free_port()
+        self._worker_ui_ports = [8081 + i if own else free_port() for i in range(workers)]
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -48,10 +56,11 @@ class SparkStandalone:
 
     def _launch(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         self.directory.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=self.host,
+        env = dict(os.environ, **self.env, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=self.host,
                    SPARK_LOG_DIR=str(self.directory), SPARK_WORKER_DIR=str(self.directory / "work"))
         with open(self.directory / f"{name}.log", "ab") as log:
-            process = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], stdout=log,
+            process = subprocess.Popen([*self.launch_prefix, str(spark_home() / "bin" / "spark-class"), *args],
+                                       stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                        start_new_session=True)
         self.processes.append(process)
@@ -59,8 +68,18 @@ class SparkStandalone:
 
     def state(self) -> dict[str, Any]:
         """The master's own view (its web UI's JSON): workers, apps."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.ui_port}/json/", timeout=5) as reply:
-            return dict(json.load(reply))
+        url = f"http://{self.host}:{self.ui_port}/json/"
+        if not self.launch_prefix:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return dict(json.load(reply))
+        # Reachable only from inside its namespace: ask from there.
+        out = subprocess.run([*self.launch_prefix, sys.executable, "-c",
+                              "import sys, urllib.request; "
+                              "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())", url],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise OSError(f"{url}: {out.stderr.strip()[-300:]}")
+        return dict(json.loads(out.stdout))
 
     def _wait(self, what: str, ready: Any, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -84,7 +103,7 @@ class SparkStandalone:
         for i in range(self.workers):
             self._launch(f"worker-{i + 1}", [WORKER_CLASS, self.master_url, "--host", self.host,
                                              "--cores", str(self.cores), "--memory", self.memory,
-                                             "--webui-port", str(free_port()),
+                                             "--webui-port", str(self._worker_ui_ports[i]),
                                              "--work-dir", str(self.directory / "work")])
         self._wait(f"{self.workers} Spark worker(s)", lambda: sum(
             w.get("state") == "ALIVE" for w in self.state().get("workers", [])) >= self.workers, timeout_s)
