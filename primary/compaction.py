@@ -21,8 +21,8 @@ and a merge does not take the cores from the commits at once. Otherwise
 (object stores) delta-rs's optimize does the work, which merges every file
 below the target each time.
 
-Log trimming (`storage.deltars.trim_log`): a local table's commit and
-refresh list all of `_delta_log/`, so the same thread deletes the log entries
+Log trimming (`storage.deltars.trim_log`): a table's commit and refresh
+list `_delta_log/` (a local one in full), so the same thread deletes the log entries
 no reader needs after each compaction: those before the newest checkpoint at
 or below `log_needed_from()` and older than `log_retention_s`. For the PUT
 log that is the older of the version before where the dedup stream would
@@ -61,7 +61,6 @@ class Compactor:
         `TRIM_EVERY_COMMITS` when compaction is off)."""
         self.path = path
         self.root = deltars.local_root(path) if durable else None
-        self.log_root = deltars.local_root(path)
         self.compact = every_commits > 0
         self.every_commits = every_commits if every_commits > 0 else TRIM_EVERY_COMMITS
         self.target_file_bytes = target_file_bytes
@@ -81,7 +80,7 @@ class Compactor:
 
     @property
     def trims(self) -> bool:
-        return self.log_retention_s is not None and self.log_root is not None
+        return self.log_retention_s is not None
 
     def stop(self) -> None:
         self._stopping = True
@@ -111,14 +110,14 @@ class Compactor:
         """Trim the table's log (the module's docstring); returns the files deleted."""
         if not self.trims:
             return 0
-        assert self.log_root is not None and self.log_retention_s is not None
+        assert self.log_retention_s is not None
         needed = NO_READER
         if self.log_needed_from is not None:
             bound = self.log_needed_from()
             if bound is None:
                 return 0   # what the reader needs is not known: keep everything
             needed = bound
-        removed = deltars.trim_log(self.log_root, needed, self.log_retention_s)
+        removed = deltars.trim_log(self.path, needed, self.log_retention_s)   # local or on an object store
         self.trimmed_log_files += removed
         return removed
 

@@ -116,9 +116,11 @@ def connect(address: str, tls: ClientTls | None, options: Sequence[tuple[str, An
     if not _answers(address, min(timeout_s, PROBE_TIMEOUT_S)):
         return None
     conn = channel(address, tls, options)
+    ready = grpc.channel_ready_future(conn)
     try:
-        grpc.channel_ready_future(conn).result(timeout=timeout_s)
+        ready.result(timeout=timeout_s)
     except grpc.FutureTimeoutError:
+        ready.cancel()   # its watch of the channel first: a watch left on a closed channel raises in gRPC's thread
         conn.close()
         return None
     return conn

@@ -99,7 +99,8 @@ def traffic(args: argparse.Namespace) -> None:
             time.sleep(1)
         times = sorted(t for t, _, _ in run.acks)
         result = {"ok": True, "outage_s": outage, "acked_before_fault": sum(t < fault["at"] for t in times),
-                  "first_ack_s": round(times[0] - fault["at"], 3), "last_ack_s": round(times[-1] - fault["at"], 3), "puts": len(run.acks), "delivered": len(set(run.received)),
+                  "first_ack_s": round(times[0] - fault["at"], 3), "last_ack_s": round(times[-1] - fault["at"], 3),
+                  "puts": len(run.acks), "delivered": len(set(run.received)),
                   "duplicates": len(duplicates), "authority_wait_s": round(time.monotonic() - started, 1),
                   "events": sorted({type(e).__name__ for e in run.events})}
     except AssertionError as exc:

@@ -4,7 +4,8 @@ primary's appender (delta-rs, put-if-absent through the store's
 conditional writes) writes a PUT log there, and Spark reads it over s3a
 (hadoop-aws) through `taproot sql` and its views, both from one
 `data_dir = "s3://..."`. The lease race tests run against the same store
-(`tests/test_leases.py`, their `s3` cases)."""
+(`tests/test_leases.py`, their `s3` cases). The primary trims its log
+there as on a local disk."""
 
 from __future__ import annotations
 
@@ -48,3 +49,32 @@ def test_spark_reads_over_s3a_what_delta_rs_committed_on_the_store(object_store,
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     [row] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert row == {"n": 42, "top": 42, "region": "EU"}
+
+
+def test_the_primary_trims_its_log_on_the_store_behind_its_readers(object_store):
+    """As on a local disk (tests/test_compaction.py): the log entries before
+    the newest checkpoint at or below what a reader needs go, the table and
+    its change feed from that version on stay whole."""
+    from primary.compaction import Compactor
+
+    path = tables.PartitionPaths(f"s3://{object_store.bucket}/{uuid.uuid4().hex[:12]}", 0).puts
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1)
+    for i in range(35):
+        appender.append(put_rows("trim", 2, first_seq=1 + 2 * i))
+    version = deltars.try_open(path).version()
+    _, feed = deltars.read_since(deltars.try_open(path), 24, columns=["seq"])   # what a reader resuming at 25 reads
+    needed = [None]
+    compactor = Compactor(path, every_commits=0, name="s3", log_retention_s=0, log_needed_from=lambda: needed[0])
+    assert compactor.trim_log_now() == 0                # what the reader needs is not known: nothing goes
+    needed[0] = 25
+    assert compactor.trim_log_now() == 20               # commits 0-18 and checkpoint 9
+    log_dir = path.removeprefix("s3://") + "/_delta_log"
+    from pyarrow import fs
+    left = sorted(i.base_name for i in object_store.filesystem().get_file_info(fs.FileSelector(log_dir)))
+    assert left[0] == f"{19:020d}.checkpoint.parquet" and f"{version:020d}.json" in left
+    table = deltars.try_open(path)
+    assert table.version() == version and table.to_pyarrow_table(columns=["seq"]).num_rows == 70
+    latest, since = deltars.read_since(table, 24, columns=["seq"])
+    assert latest == version and sorted(since["seq"].to_pylist()) == sorted(feed["seq"].to_pylist())
+    appender.append(put_rows("trim", 2, first_seq=71))   # the writer goes on
+    assert deltars.try_open(path).version() == version + 1
