@@ -481,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", action="store_true",
                    help="the embedded cluster with token auth, as shipped (its clients present the local token; "
                         "default: no tokens)")
+    p.add_argument("--object-store", action="store_true",
+                   help="the embedded cluster's tables on an S3 object store (SeaweedFS on loopback, built once "
+                        "from the Go module proxy; docs/deploy.md)")
+    p.add_argument("--spark-cluster", action="store_true",
+                   help="the pipeline on a Spark standalone cluster (master and worker on loopback, every core) "
+                        "instead of Spark in local mode")
     p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
     p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")

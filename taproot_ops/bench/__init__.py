@@ -17,10 +17,12 @@ latency over time).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -59,11 +61,13 @@ SHIPPED_AUTH = ("[auth]                                 # tokens with rights per
 
 
 def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
-                       extra: str = "", tls: bool = False, auth: bool = False) -> Path:
+                       extra: str = "", tls: bool = False, auth: bool = False,
+                       pipeline: dict[str, str] | None = None) -> Path:
     """The shipped cluster.toml plus the domains the scenarios need; with
-    `name`, the cluster's name, and `extra` (TOML sections) appended. TLS as
-    shipped with `tls`, token auth as shipped with `auth`, else off
-    (plaintext and no tokens, as the older figures were measured)."""
+    `name`, the cluster's name, and `extra` (TOML sections) appended;
+    `pipeline`: [pipeline] settings (TOML values) in place of the shipped ones. TLS as shipped
+    with `tls`, token auth as shipped with `auth`, else off (plaintext and
+    no tokens, as the older figures were measured)."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
@@ -80,6 +84,9 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
         text = text.replace(SHIPPED_TLS, SHIPPED_TLS.replace("enabled = true", "enabled = false"), 1)
     if not auth:
         text = text.replace(SHIPPED_AUTH, SHIPPED_AUTH.replace("enabled = true", "enabled = false"), 1)
+    for key, value in (pipeline or {}).items():
+        text, found = re.subn(rf"^{key} = [^#\n]*", f"{key} = {value}  ", text, count=1, flags=re.M)
+        assert found, f"the shipped cluster.toml sets [pipeline] {key}"
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
@@ -211,18 +218,26 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
         return (_run_taproot(local, args, out_dir) if local else []) + _run_federated(federated, args, out_dir)
     if args.hosts:
         return run_system("taproot", args.hosts[0], scenarios, args, out_dir)
+    if getattr(args, "object_store", False) and args.data_dir:
+        raise SystemExit("error: --object-store puts the tables in a bucket of its own server; run it without "
+                         "--data-dir")
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     tls, auth = getattr(args, "tls", False), getattr(args, "auth", False)
-    config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth)
     data_dir = args.data_dir or str(work / "data")
     security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth)) if on)
-    print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
-          flush=True)
     results: list[dict[str, Any]] = []
+    engines = contextlib.ExitStack()
     try:
-        with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True) as cluster:
+        extra, pipeline, engine_pids = _engines(engines, args, work)
+        if getattr(args, "object_store", False):
+            data_dir = f"s3://{OBJECT_STORE_BUCKET}/bench"
+        config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline)
+        print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
+              flush=True)
+        with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True,
+                             state_dir=cluster_state_dir(data_dir, work)) as cluster:
             # The load generator's processes find the CA and the token here
             # (`ClientTls.from_env`, `protocol.auth.token_from_env`).
             os.environ.update(cluster.client_env())
@@ -230,14 +245,51 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
 
             def pids() -> dict[str, int]:
-                return {name: p.popen.pid for name, p in cluster.processes.items()}
+                return {**{name: p.popen.pid for name, p in cluster.processes.items()}, **engine_pids}
 
             results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
                                  lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
             return results
     finally:
-        logs = os.path.join(data_dir, "logs")
+        engines.close()
+        logs = os.path.join(cluster_state_dir(data_dir, work), "logs")
         _tidy(work, results, f"the cluster's logs are in {logs}" if os.path.isdir(logs) else "")
+
+
+OBJECT_STORE_BUCKET = "taproot"
+
+
+def cluster_state_dir(data_dir: str, work: Path) -> str:
+    return str(work / "state") if "://" in data_dir else data_dir
+
+
+def _engines(stack: contextlib.ExitStack, args: argparse.Namespace,
+             work: Path) -> tuple[str, dict[str, str], dict[str, int]]:
+    """`--object-store`: SeaweedFS on loopback holds the tables; `--spark-cluster`:
+    a Spark standalone master and worker (both cores) run the pipeline's
+    executor. Returns the cluster.toml sections to append, the [pipeline]
+    settings, and the engines' processes, whose CPU counts as the server's
+    (the executor is the worker's child)."""
+    extra, pipeline, pids = "", {}, {}
+    env: dict[str, str] = {}
+    if getattr(args, "object_store", False):
+        from taproot_ops.object_store import SeaweedFS
+        print("starting SeaweedFS (the object store) on loopback ...", flush=True)
+        store = stack.enter_context(SeaweedFS(work / "s3", bucket=OBJECT_STORE_BUCKET))
+        store.use_in_this_process()      # the roles and this process's authority probe reach it
+        extra = f'\n[storage]\nendpoint = "{store.endpoint}"\nallow_http = true\n'
+        env = store.env
+        assert store.process is not None
+        pids["s3"] = store.process.pid
+    if getattr(args, "spark_cluster", False):
+        from taproot_ops.spark_standalone import SparkStandalone
+        print("starting a Spark standalone master and worker on loopback ...", flush=True)
+        spark = stack.enter_context(SparkStandalone(work / "spark", workers=1, cores=mp.cpu_count(), memory="3g",
+                                                    env=env))
+        pipeline = {"spark_master": f'"{spark.master_url}"', "executor_memory": '"2g"',
+                    "executor_cores": str(mp.cpu_count()), "max_cores": str(mp.cpu_count())}
+        pids.update({f"spark-{i}": p.pid for i, p in enumerate(spark.processes)})
+    return extra, pipeline, pids
 
 
 def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
