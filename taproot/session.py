@@ -84,6 +84,7 @@ __all__ = ["Ack", "Message", "MessageBatch", "PutFuture", "Queue", "Session"]
 log = logging.getLogger(__name__)
 
 DIAL_PAUSE_S = 0.1   # between rounds over the hosts while none answers
+DIAL_ATTEMPT_MIN_S = 0.5   # the shortest wait for one host that accepted the TCP connect
 
 
 def _subscriptions(subscription: str | Sequence[str] | None) -> list[str]:
@@ -539,7 +540,10 @@ class Session:
         while True:
             for i in range(len(self.hosts)):
                 host = self.hosts[(self._next_host + i) % len(self.hosts)]
-                channel = connect(host, self.tls, GRPC_OPTIONS, max(0.0, deadline - time.monotonic()))
+                # Never a sliver of a wait: a channel closed just after it was
+                # made races gRPC's own watch of it (an exception in its thread).
+                wait_s = max(deadline - time.monotonic(), min(timeout_s, DIAL_ATTEMPT_MIN_S))
+                channel = connect(host, self.tls, GRPC_OPTIONS, wait_s)
                 if channel is not None:
                     self._next_host = (self._next_host + i) % len(self.hosts)
                     return channel, host
