@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from conf import DomainConfig, LinkConfig
@@ -65,7 +66,9 @@ IDLE_POLL_S = 1.0               # a round even without a commit's notice (anothe
 class Progress:
     """How far a link got in a partition's PUT log: every row up to `seq`,
     read up to PUT-log `version`, is durable on the remote cluster. A JSON
-    file replaced atomically (write, fsync, rename, fsync the directory)."""
+    file beside the partition's tables, replaced atomically: on a local
+    disk write, fsync, rename, fsync the directory; on an object store one
+    PUT (which replaces an object whole)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -74,8 +77,7 @@ class Progress:
         """(version, seq); None before the link's first round ever; (-1, -1),
         the log's start, when the file is unreadable."""
         try:
-            with open(self.path) as fh:
-                saved = json.load(fh)
+            saved = json.loads(self._read())
             return int(saved["version"]), int(saved["seq"])
         except FileNotFoundError:
             return None
@@ -87,15 +89,31 @@ class Progress:
                       self.path, exc)
             return -1, -1
 
+    def _read(self) -> bytes:
+        local = deltars.local_root(self.path)
+        if local is not None:
+            with open(local, "rb") as fh:
+                return fh.read()
+        store, path = pafs.FileSystem.from_uri(self.path)
+        with store.open_input_stream(path) as stream:
+            return bytes(stream.read())
+
     def save(self, version: int, seq: int) -> None:
-        directory = os.path.dirname(self.path)
+        data = json.dumps({"version": version, "seq": seq, "saved_at": time.time()}).encode()
+        local = deltars.local_root(self.path)
+        if local is None:
+            store, path = pafs.FileSystem.from_uri(self.path)
+            with store.open_output_stream(path) as stream:
+                stream.write(data)
+            return
+        directory = os.path.dirname(local)
         os.makedirs(directory, exist_ok=True)
-        temporary = f"{self.path}.tmp"
-        with open(temporary, "w") as fh:
-            json.dump({"version": version, "seq": seq, "saved_at": time.time()}, fh)
+        temporary = f"{local}.tmp"
+        with open(temporary, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(temporary, self.path)
+        os.replace(temporary, local)
         deltars.fsync_path(directory)
 
 

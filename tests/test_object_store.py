@@ -78,3 +78,18 @@ def test_the_primary_trims_its_log_on_the_store_behind_its_readers(object_store)
     assert latest == version and sorted(since["seq"].to_pylist()) == sorted(feed["seq"].to_pylist())
     appender.append(put_rows("trim", 2, first_seq=71))   # the writer goes on
     assert deltars.try_open(path).version() == version + 1
+
+
+def test_a_links_progress_is_kept_beside_its_partition_on_the_store(object_store):
+    """Federation's progress file (primary/links.py) where the partition's
+    tables are: whichever node leads the partition next reads it there."""
+    from primary.links import Progress, progress_path
+
+    path = progress_path(f"s3://{object_store.bucket}/{uuid.uuid4().hex[:12]}", 0, "to-paris")
+    assert path.startswith("s3://") and Progress(path).load() is None     # a link that never ran
+    Progress(path).save(12, 3400)
+    Progress(path).save(13, 3500)                                         # replaced whole
+    assert Progress(path).load() == (13, 3500)
+    with object_store.filesystem().open_output_stream(path.removeprefix("s3://")) as torn:
+        torn.write(b'{"version": 1')
+    assert Progress(path).load() == (-1, -1)                              # unreadable: from the log's start
