@@ -34,7 +34,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, write_deltalake
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
@@ -255,34 +255,51 @@ def delta_stats(batch: pa.Table) -> str:
     return stats.json()
 
 
-def write_data_file(root: str, batch: pa.Table) -> AddAction:
-    """Write `batch` as one Parquet file in the table directory `root` and
-    make it durable (the file, then its directory entry); return its add action."""
-    return write_data_file_from(root, batch.schema, [batch])
+def write_data_file(root: str, batch: pa.Table, durable: bool = True) -> AddAction:
+    """Write `batch` as one Parquet file in the table `root` (a local
+    directory or an object store's URI) and return its add action; on a
+    local disk with `durable`, the file and its directory entry are fsynced
+    first."""
+    return write_data_file_from(root, batch.schema, [batch], durable=durable)
 
 
 def write_data_file_from(root: str, schema: pa.Schema, batches: Iterable[pa.Table],
-                         name_prefix: str = "part-00000") -> AddAction:
+                         name_prefix: str = "part-00000", durable: bool = True) -> AddAction:
     """`write_data_file` for batches that come one at a time (a compaction
     reads its inputs one file at a time, so its memory stays bounded); each
     batch becomes a row group or more. The file is `name_prefix`-<uuid>."""
     name = f"{name_prefix}-{uuid.uuid4()}-c000.snappy.parquet"
-    path = os.path.join(root, name)
     # Dictionaries for strings only and Parquet statistics only where Delta
     # keeps them: trying to dictionary-encode 1 KiB payloads and computing
     # min/max of binary columns more than doubled the write's CPU (5,000 rows:
     # 7.8 ms -> 3.4 ms).
     strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     stats = Stats(schema)
-    with open(path, "wb") as fh:
-        with pq.ParquetWriter(fh, schema, compression="snappy", use_dictionary=strings,
+
+    def write(sink: Any) -> None:
+        with pq.ParquetWriter(sink, schema, compression="snappy", use_dictionary=strings,
                               write_statistics=stats.columns) as writer:
             for batch in batches:
                 writer.write_table(batch)
                 stats.add(batch)
-        fh.flush()
-        os.fsync(fh.fileno())
-    fsync_path(root)
+
+    local = local_root(root)
+    if local is None:
+        # An object store: one PUT of the whole object when the stream closes.
+        import pyarrow.fs as pafs
+        store, base = pafs.FileSystem.from_uri(root.rstrip("/"))
+        with store.open_output_stream(f"{base}/{name}") as stream:
+            write(stream)
+            size = stream.tell()
+        return AddAction(name, size, {}, int(time.time() * 1000), True, stats.json())
+    path = os.path.join(local, name)
+    with open(path, "wb") as fh:
+        write(fh)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    if durable:
+        fsync_path(local)
     return AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000), True, stats.json())
 
 
@@ -298,17 +315,32 @@ def sync_log(root: str, version: int) -> None:
     fsync_path(log_dir)
 
 
+def commit_files(table: DeltaTable, actions: list[Any], schema: pa.Schema,
+                 commit_properties: CommitProperties | None = None,
+                 post_commithook_properties: PostCommitHookProperties | None = None,
+                 sync_root: str | None = None) -> int:
+    """Commit add (and remove) actions for files already written
+    (`write_data_file`) and return the version; with `sync_root` (a local
+    table's directory) the commit is made durable too (`sync_log`). One
+    transaction of the given actions: `write_deltalake` would do the same
+    commit at a cost that grows with the table's file count (600 appends of
+    1,000 rows with no compaction: 18 -> 66 ms of CPU per commit, against a
+    flat 11 here; `taproot_ops.bench.commits --compact-every 0`)."""
+    table.create_write_transaction(actions, "append", schema, commit_properties=commit_properties,
+                                   post_commithook_properties=post_commithook_properties)
+    table.update_incremental()  # the handle does not move to the version it committed
+    version = table.version()
+    if sync_root is not None:
+        sync_log(sync_root, version)
+    return version
+
+
 def commit_durably(table: DeltaTable, root: str, actions: list[Any], schema: pa.Schema,
                    commit_properties: CommitProperties | None = None,
                    post_commithook_properties: PostCommitHookProperties | None = None) -> int:
     """Commit file actions whose files are already durable (`write_data_file`),
     make the commit durable (`sync_log`) and return its version."""
-    table.create_write_transaction(actions, "append", schema, commit_properties=commit_properties,
-                                   post_commithook_properties=post_commithook_properties)
-    table.update_incremental()  # the handle does not move to the version it committed
-    version = table.version()
-    sync_log(root, version)
-    return version
+    return commit_files(table, actions, schema, commit_properties, post_commithook_properties, sync_root=root)
 
 
 _LOG_ENTRY = re.compile(r"^(\d{20})\.")
@@ -320,11 +352,10 @@ def trim_log(root: str, needed_from: int, min_age_s: float, now: float | None = 
     object store's URI (`s3://bucket/table`).
 
     Why: every delta-rs refresh and commit lists `_delta_log/` (on a local
-    file system in full, filtering from the offset; on S3 from the offset,
-    but the store still walks what lies before it) and a log nobody cleans
-    makes each commit slower as the table ages (`taproot_ops.bench.commits
-    --no-trim`, and on SeaweedFS 15 -> 22 ms of client CPU per commit over
-    a 20,000-commit run). Delta's own cleanup keeps by age only (30 days by
+    file system in full, filtering from the offset; on S3 from the offset)
+    and a log nobody cleans makes each commit slower as the table ages
+    (`taproot_ops.bench.commits --no-trim`), and costs an object per commit
+    on a store for good. Delta's own cleanup keeps by age only (30 days by
     default: 50M files at 20 commits per second).
 
     Kept: the newest checkpoint at or below `needed_from` (any version from
@@ -389,12 +420,15 @@ class Appender:
         # commit; False only to measure the alternative (bench.commits).
         self.checkpoints = checkpoints
         self.table = open_or_create(path, schema, storage_options)
-        self.root = local_root(path) if durable else None
+        self.durable = durable
+        # The commits are fsynced on a local disk with `durable` (an object
+        # store's PUT is durable when it is answered).
+        self.sync_root = local_root(path) if durable else None
         self.fence = None if epoch is None else FencedAppender(self.table, epoch, schema)
         if self.fence is not None:
             self.fence.fence()
-            if self.root is not None:
-                sync_log(self.root, self.table.version())
+            if self.sync_root is not None:
+                sync_log(self.sync_root, self.table.version())
 
     def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None) -> int:
         """Commit `batch` as one Delta version and return that version.
@@ -402,22 +436,17 @@ class Appender:
         Another writer of the same engine (retention's delete, compaction) may
         commit in between; delta-rs then reports a conflict for the append,
         which nothing was read for. Nothing was committed, so it is safe to
-        refresh and try again (a durable append keeps its data file and
-        commits it again), unless the refreshed snapshot shows a newer
+        refresh and try again (the append keeps its data file and commits
+        it again), unless the refreshed snapshot shows a newer
         primary epoch (`Fenced`)."""
         if self.fence is not None:
             self.fence.check()
             commit_properties = self.fence.commit_properties()
         hooks = PostCommitHookProperties(create_checkpoint=self.checkpoints, cleanup_expired_logs=False)
-        add = write_data_file(self.root, batch.cast(self.schema)) if self.root is not None else None
+        add = write_data_file(self.path, batch.cast(self.schema), durable=self.durable)
         for attempt in range(APPEND_ATTEMPTS):
             try:
-                if add is None:
-                    write_deltalake(self.table, batch, mode="append", commit_properties=commit_properties,
-                                    post_commithook_properties=hooks)
-                    return self.table.version()
-                assert self.root is not None
-                return commit_durably(self.table, self.root, [add], self.schema, commit_properties, hooks)
+                return commit_files(self.table, [add], self.schema, commit_properties, hooks, self.sync_root)
             except CommitFailedError:
                 self.table.update_incremental()
                 if self.fence is not None:

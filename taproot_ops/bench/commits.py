@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
             compactor.on_commit()
             if i % args.every == 0:
                 cpu, wall = time.process_time(), time.perf_counter()
-                logs = f"; {len(os.listdir(os.path.join(local, '_delta_log'))):,} files in _delta_log" if local else ""
+                logs = f"; {_log_files(path, local):,} files in _delta_log"
                 print(f"commits {i - args.every + 1:,}-{i:,}: {(wall - wall0) * 1000 / args.every:.1f} ms wall, "
                       f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included)"
                       f"{logs}", flush=True)
@@ -108,6 +108,14 @@ def _run(args: argparse.Namespace, path: str) -> int:
     print(f"{args.commits:,} commits of {args.rows} x {args.size} B: p50 {p50:.1f} p90 {p90:.1f} p99 {p99:.1f} "
           f"max {top:.1f} ms; last 10: {' '.join(f'{x:.0f}' for x in single[-10:])} ms")
     return 0
+
+
+def _log_files(path: str, local: str | None) -> int:
+    if local is not None:
+        return len(os.listdir(os.path.join(local, "_delta_log")))
+    import pyarrow.fs as pafs
+    store, base = pafs.FileSystem.from_uri(path.rstrip("/"))
+    return len(store.get_file_info(pafs.FileSelector(f"{base}/_delta_log")))
 
 
 if __name__ == "__main__":
