@@ -20,11 +20,13 @@ Never: pyspark, delta, deltalake, grpc.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import tomllib
 
@@ -50,7 +52,37 @@ DEFAULT_HISTORY_WINDOW_MS = limits.DEDUP_HISTORY_WINDOW_MS
 
 
 class ConfigError(ValueError):
-    """A configuration file or value is invalid. The message names the field."""
+    """A configuration file or value is invalid. Each problem names its field
+    (`problems`, one line each in the message): a file is checked whole, so
+    every problem in it is reported at once."""
+
+    def __init__(self, problems: "str | Sequence[str]"):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def within(self, where: str) -> "ConfigError":
+        """The same problems, each said to be in `where` (a file)."""
+        return ConfigError([p if p.startswith(where) else f"{where}: {p}" for p in self.problems])
+
+
+class _Problems:
+    """Collects the problems of one file: `check` runs a step and keeps its
+    ConfigError's problems (returning `fallback`), so the later steps still
+    run; `raise_any` ends the file's check."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def check(self, step: "Callable[[], Any]", fallback: Any = None) -> Any:
+        try:
+            return step()
+        except ConfigError as exc:
+            self.found.extend(exc.problems)
+            return fallback
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise ConfigError(self.found)
 
 
 # A role's HTTP port (metrics, status page): -1 none, 0 any free port. Not
@@ -502,10 +534,12 @@ def _build(cls: type, raw: Mapping[str, Any], where: str, **fixed: Any) -> Any:
         raise ConfigError(f"{where}: must be a table, got {type(raw).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls) if f.name not in fixed}
     values: dict[str, Any] = dict(fixed)
+    problems: list[str] = []
     for key, value in raw.items():
         path = f"{where}.{key}" if where else key
         if key not in known:
-            raise ConfigError(f"{path}: unknown field (known: {', '.join(sorted(known))})")
+            problems.append(f"{path}: unknown field{_near(str(key), known)}")
+            continue
         default = known[key].default
         if isinstance(default, bool) or default is dataclasses.MISSING and known[key].type == "bool":
             ok = isinstance(value, bool)
@@ -515,17 +549,28 @@ def _build(cls: type, raw: Mapping[str, Any], where: str, **fixed: Any) -> Any:
             ok = isinstance(value, str)
         if not ok:
             expected = type(default).__name__ if default is not dataclasses.MISSING else "str"
-            raise ConfigError(f"{path}: expected {expected}, got {type(value).__name__} {value!r}")
+            problems.append(f"{path}: expected {expected}, got {type(value).__name__} {value!r}")
+            continue
         if key in _INT_RANGES:
             lo, hi = _INT_RANGES[key]
             if not lo <= value <= hi:
-                raise ConfigError(f"{path}: must be between {lo} and {hi}, got {value}")
+                problems.append(f"{path}: must be between {lo} and {hi}, got {value}")
+                continue
         values[key] = value
     missing = [n for n, f in known.items() if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and n not in values]
+               and f.default_factory is dataclasses.MISSING and n not in values and n not in raw]
     if missing:
-        raise ConfigError(f"{where or 'top level'}: missing required field(s) {', '.join(missing)}")
+        problems.append(f"{where or 'top level'}: missing required field(s) {', '.join(missing)}")
+    if problems:
+        raise ConfigError(problems)
     return cls(**values)
+
+
+def _near(name: str, known: Iterable[str]) -> str:
+    """' (did you mean x?)' for a misspelt name, else the names there are."""
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
 
 
 def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainConfig:
@@ -540,7 +585,7 @@ def parse_domain(name: str, raw: Mapping[str, Any], where: str = "") -> DomainCo
     try:
         domain = _build(DomainConfig, raw, "", name=name) if raw else DomainConfig(name=name)
     except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise exc.within(where) from None
     if domain.mode not in QUEUE_MODES:
         raise ConfigError(f"{where}: mode: must be one of {', '.join(QUEUE_MODES)}, got {domain.mode!r}")
     if domain.delivery not in DELIVERY_MODES:
@@ -597,9 +642,37 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ConfigError(f"{path}: not valid TOML: {exc}{_toml_context(path, str(exc))}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a configuration") from None
+
+
+_TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
+_TOML_HINTS = (
+    ("Cannot overwrite a value", "a key or [section] given twice: each may appear once per table"),
+    ("Cannot declare", "a [section] given twice, or a key and a [section] with one name"),
+    ("Unterminated string", "a string without its closing quote"),
+    ("Illegal character '\\n'", "a string not closed before the end of its line (a missing quote)"),
+    ("Invalid value", "a value TOML does not know: strings need quotes (\"...\"), booleans are true/false"),
+    ("Expected '=' after a key", "a key without '= value', or a space inside a bare key (quote it)"),
+    ("Invalid statement", "a line that is neither key = value nor [section]"),
+)
+
+
+def _toml_context(path: Path, message: str) -> str:
+    """The line tomllib stopped at, a caret under the column, and what the
+    usual cause of that error is."""
+    at = _TOML_AT.search(message)
+    if at is None:
+        return ""
+    line, column = int(at.group(1)), int(at.group(2))
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()[line - 1]
+    except (OSError, IndexError):
+        return ""
+    hint = next((h for key, h in _TOML_HINTS if key in message), "")
+    return (f"\n  {line:>4} | {text}\n       | {' ' * max(0, column - 1)}^"
+            + (f"\n  usually: {hint}" if hint else ""))
 
 
 def _array_of_tables(raw: Any, where: str) -> list[Any] | None:
@@ -610,72 +683,70 @@ def _array_of_tables(raw: Any, where: str) -> list[Any] | None:
 
 
 def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -> ClusterConfig:
+    """`cluster.toml`'s contents; a ConfigError lists every problem found."""
     raw = dict(raw)
+    found = _Problems()
     top: dict[str, Any] = {}
     cluster_raw = raw.pop("cluster", {})
-    nodes_raw = _array_of_tables(raw.pop("nodes", None), "nodes")
-    proxies_raw = _array_of_tables(raw.pop("proxies", None), "proxies")
-    primary_raw = raw.pop("primary", {})
-    pipeline_raw = raw.pop("pipeline", {})
-    maintenance_raw = raw.pop("maintenance", {})
-    ha_raw = raw.pop("ha", {})
-    metrics_raw = raw.pop("metrics", {})
-    tls_raw = raw.pop("tls", {})
-    auth_raw = raw.pop("auth", {})
-    storage_raw = raw.pop("storage", {})
-    links_raw = _array_of_tables(raw.pop("links", None), "links")
-    if raw:
-        raise ConfigError(f"{next(iter(raw))}: unknown section "
-                          "(known: cluster, nodes, proxies, primary, pipeline, maintenance, ha, metrics, tls, auth, "
-                          "storage, links)")
+    nodes_raw = found.check(lambda: _array_of_tables(raw.pop("nodes", None), "nodes"))
+    proxies_raw = found.check(lambda: _array_of_tables(raw.pop("proxies", None), "proxies"))
+    sections_raw = {name: raw.pop(name, {}) for name in ("primary", "pipeline", "maintenance", "ha", "metrics",
+                                                         "tls", "auth", "storage")}
+    links_raw = found.check(lambda: _array_of_tables(raw.pop("links", None), "links"))
+    for name in raw:
+        found.found.append(f"{name}: unknown section{_near(name, SECTIONS)}")
     # Sections have their own tables: `[cluster] ha = "x"` is an unknown field, not silently dropped.
     sections = dict(nodes=(), proxies=(), primary=PrimaryConfig(), pipeline=PipelineConfig(),
                     maintenance=MaintenanceConfig(), ha=HaConfig(), metrics=MetricsConfig(), tls=TlsConfig(),
                     auth=AuthConfig(), storage=StorageConfig(), domains={})
-    base = _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections)
+    base = found.check(lambda: _build(ClusterConfig, cluster_raw, "cluster", links=(), **sections),
+                       ClusterConfig())
     if not CLUSTER_RE.match(base.name):
-        raise ConfigError(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
-                          f"queue@cluster), got {base.name!r}")
+        found.found.append(f"cluster.name: must match {CLUSTER_RE.pattern} (it names the cluster in "
+                           f"queue@cluster), got {base.name!r}")
     top.update({f.name: getattr(base, f.name) for f in dataclasses.fields(base)
                 if f.name not in sections and f.name != "links"})
-    nodes = tuple(_build(NodeConfig, n, f"nodes[{i}]") for i, n in enumerate(nodes_raw or [{"name": "node1"}]))
-    proxies = tuple(_build(ProxyConfig, p, f"proxies[{i}]") for i, p in enumerate(proxies_raw or []))
+    nodes = tuple(n for n in (found.check(functools.partial(_build, NodeConfig, n, f"nodes[{i}]"))
+                              for i, n in enumerate(nodes_raw or [{"name": "node1"}])) if n is not None)
+    proxies = tuple(p for p in (found.check(functools.partial(_build, ProxyConfig, p, f"proxies[{i}]"))
+                                for i, p in enumerate(proxies_raw or [])) if p is not None)
     names = [n.name for n in nodes] + [p.name for p in proxies]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
-        raise ConfigError(f"nodes/proxies: duplicate name(s) {sorted(dupes)}")
+        found.found.append(f"nodes/proxies: duplicate name(s) {sorted(dupes)}")
     for i, proxy in enumerate(proxies):
         if proxy.upstream and proxy.upstream not in {n.name for n in nodes}:
-            raise ConfigError(f"proxies[{i}].upstream: no node named {proxy.upstream!r}")
-    primary = _build(PrimaryConfig, primary_raw, "primary")
+            found.found.append(f"proxies[{i}].upstream: no node named {proxy.upstream!r}")
+    built = {name: found.check(functools.partial(_build, cls, sections_raw[name], name), cls())
+             for name, cls in (("primary", PrimaryConfig), ("pipeline", PipelineConfig),
+                               ("maintenance", MaintenanceConfig), ("ha", HaConfig), ("metrics", MetricsConfig),
+                               ("tls", TlsConfig), ("auth", AuthConfig), ("storage", StorageConfig))}
+    primary, ha, tls, auth = built["primary"], built["ha"], built["tls"], built["auth"]
     if primary.durability not in DURABILITY_MODES:
-        raise ConfigError(f"primary.durability: must be one of {', '.join(DURABILITY_MODES)}, "
-                          f"got {primary.durability!r}")
-    ha = _build(HaConfig, ha_raw, "ha")
+        found.found.append(f"primary.durability: must be one of {', '.join(DURABILITY_MODES)}, "
+                           f"got {primary.durability!r}")
     if ha.lease_renew_interval_ms * 2 > ha.lease_duration_ms:
-        raise ConfigError(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
-                          f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
-    links = parse_links(links_raw or [], base.name, domains)
-    tls = _build(TlsConfig, tls_raw, "tls")
+        found.found.append(f"ha.lease_renew_interval_ms: must be at most half of ha.lease_duration_ms "
+                           f"({ha.lease_duration_ms}), got {ha.lease_renew_interval_ms}")
+    links = found.check(lambda: parse_links(links_raw or [], base.name, domains), ())
     if tls.enabled and not tls.auto:
         unset = [f"tls.{f}" for f in ("ca_file", "cert_file", "key_file") if not getattr(tls, f)]
         if unset:
-            raise ConfigError(f"{unset[0]}: TLS is enabled without auto: set {', '.join(unset)}")
+            found.found.append(f"{unset[0]}: TLS is enabled without auto: set {', '.join(unset)}")
     if tls.client_certs and not tls.enabled:
-        raise ConfigError("tls.client_certs: mutual TLS needs tls.enabled = true")
-    auth = _build(AuthConfig, auth_raw, "auth")
+        found.found.append("tls.client_certs: mutual TLS needs tls.enabled = true")
     if auth.enabled and not auth.auto:
         unset = [f"auth.{f}" for f in ("tokens_file", "cluster_token_file") if not getattr(auth, f)]
         if unset:
-            raise ConfigError(f"{unset[0]}: auth is enabled without auto: set {', '.join(unset)}")
-    return ClusterConfig(
-        **top, nodes=nodes, proxies=proxies,
-        primary=primary,
-        pipeline=_build(PipelineConfig, pipeline_raw, "pipeline"),
-        maintenance=_build(MaintenanceConfig, maintenance_raw, "maintenance"),
-        ha=ha, metrics=_build(MetricsConfig, metrics_raw, "metrics"), tls=tls, auth=auth, domains=dict(domains),
-        storage=_build(StorageConfig, storage_raw, "storage"), links=links,
-    )
+            found.found.append(f"{unset[0]}: auth is enabled without auto: set {', '.join(unset)}")
+    found.raise_any()
+    return ClusterConfig(**top, nodes=nodes, proxies=proxies, primary=primary, pipeline=built["pipeline"],
+                         maintenance=built["maintenance"], ha=ha, metrics=built["metrics"], tls=tls, auth=auth,
+                         domains=dict(domains), storage=built["storage"], links=links)
+
+
+SECTIONS = ("cluster", "nodes", "proxies", "primary", "pipeline", "maintenance", "ha", "metrics", "tls", "auth",
+            "storage", "links")
 
 
 def _string_list(raw: Any, where: str, pattern: "re.Pattern[str]", what: str) -> tuple[str, ...]:
@@ -754,15 +825,20 @@ def domain_files(directory: Path) -> dict[Path, float | None]:
     return files
 
 
-def load_domains(directory: Path) -> dict[str, DomainConfig]:
+def load_domains(directory: Path, found: "_Problems | None" = None) -> dict[str, DomainConfig]:
+    """Every domain file of `directory`; a ConfigError lists the problems of
+    all of them (with `found`, they are added there and the good files are
+    returned)."""
+    collect = found or _Problems()
     domains: dict[str, DomainConfig] = {}
     for domain_file in domain_files(directory):
         try:
             domains[domain_file.stem] = parse_domain(domain_file.stem, _read_toml(domain_file),
                                                      where=str(domain_file))
         except ConfigError as exc:
-            raise ConfigError(str(exc) if str(exc).startswith(str(domain_file))
-                              else f"{domain_file}: {exc}") from None
+            collect.found.extend(exc.within(str(domain_file)).problems)
+    if found is None:
+        collect.raise_any()
     return domains
 
 
@@ -771,12 +847,18 @@ def load(path: str | Path | None = None, *, data_dir: str | None = None,
     """Load `cluster.toml` and the `domains/*.toml` beside it; `data_dir`
     and `state_dir` override the file's."""
     path = Path(path) if path else DEFAULT_CLUSTER_FILE
+    if path.is_dir():                     # the directory that holds cluster.toml and domains/
+        if not (path / "cluster.toml").is_file():
+            raise ConfigError(f"{path}: is a directory, not a TOML file, and holds no cluster.toml")
+        path = path / "cluster.toml"
+    found = _Problems()
     raw = _read_toml(path)
-    domains = load_domains(domains_dir(path))
+    domains = load_domains(domains_dir(path), found)
     try:
         config = parse_cluster(raw, domains)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        found.found[:0] = exc.within(str(path)).problems
+    found.raise_any()
     if data_dir is not None:
         config = dataclasses.replace(config, data_dir=data_dir)
     if state_dir is not None:

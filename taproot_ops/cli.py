@@ -505,7 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except conf.ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+        if len(exc.problems) == 1:
+            print(f"configuration error: {exc}", file=sys.stderr)
+        else:
+            print(f"configuration errors ({len(exc.problems)}):\n" + "\n".join(f"  {p}" for p in exc.problems),
+                  file=sys.stderr)
         return 2
     except ClusterStartError as exc:
         print(f"taproot {args.command}: the embedded cluster did not start: {exc}", file=sys.stderr)

@@ -154,6 +154,35 @@ def test_config_errors_name_the_field(tmp_path):
         conf.load(tmp_path / "cluster.toml")
 
 
+def test_a_config_check_reports_every_problem_of_every_file_at_once(tmp_path):
+    (tmp_path / "domains").mkdir()
+    (tmp_path / "cluster.toml").write_text('[cluster]\npartitons = 2\n[ha]\nlease_duration_ms = "2s"\n'
+                                           "[primray]\n[nodes]\n")
+    (tmp_path / "domains" / "a.toml").write_text("max_payload_bytes = 0\nqueue_max_mesages = 3\n")
+    (tmp_path / "domains" / "b.toml").write_text('mode = "priority\n')
+    (tmp_path / "domains" / "c.toml").write_text('mode = "broadcast"\n')           # a good file among them
+    with pytest.raises(conf.ConfigError) as raised:
+        conf.load(tmp_path)                                                     # the directory that holds it
+    cluster, a, b = (str(tmp_path / f) for f in ("cluster.toml", "domains/a.toml", "domains/b.toml"))
+    assert raised.value.problems[:4] == [
+        f"{cluster}: nodes: must be an array of tables ([[nodes]] sections), got dict {{}}",
+        f"{cluster}: primray: unknown section (did you mean 'primary'?)",
+        f"{cluster}: cluster.partitons: unknown field (did you mean 'partitions'?)",
+        f"{cluster}: ha.lease_duration_ms: expected int, got str '2s'"]
+    assert raised.value.problems[4:6] == [
+        f"{a}: max_payload_bytes: must be between 1 and 67108864, got 0",
+        f"{a}: queue_max_mesages: unknown field (did you mean 'queue_max_messages'?)"]
+    [toml] = raised.value.problems[6:]
+    assert toml.startswith(f"{b}: not valid TOML: ") and '     1 | mode = "priority\n' in toml
+    assert toml.splitlines()[2] == "       |                 ^" and "missing quote" in toml
+    # A name nothing is close to lists the names there are.
+    with pytest.raises(conf.ConfigError, match=r"cluster.zzz: unknown field \(known: data_dir, name, partitions"):
+        conf.parse_cluster({"cluster": {"zzz": 1}}, {})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(conf.ConfigError, match="is a directory, not a TOML file, and holds no cluster.toml"):
+        conf.load(tmp_path / "empty")
+
+
 def test_shipped_config_loads():
     config = conf.load()
     assert "demo" in config.domains and config.partitions >= 1
