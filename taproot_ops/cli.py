@@ -336,9 +336,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+START_HERE = """start here:
+  taproot run                                   an embedded cluster in ./data with demo traffic (Ctrl-C stops it)
+  taproot produce --uri taproot://demo/orders -m hello
+  taproot consume --uri taproot://demo/orders
+  taproot check-config --config conf/           validate a cluster's files
+  taproot COMMAND --help                        each command's options
+docs: README.md, docs/operations.md, docs/deploy.md"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("taproot")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taproot", description="Taproot: a Spark-native message queue")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="taproot", description="Taproot: a Spark-native message queue",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=START_HERE)
+    parser.add_argument("--version", action="version", version=f"taproot {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C")
     p.add_argument("--config")
@@ -501,7 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:          # bare `taproot`: what it can do, and where to start
+        parser.print_help()
+        return 0
     try:
         return int(args.func(args) or 0)
     except conf.ConfigError as exc:

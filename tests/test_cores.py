@@ -216,3 +216,14 @@ def test_liveness_heartbeats_each_interval_and_leaves_a_silent_host_once():
     assert live.due(5000) is Due.NOTHING
     live.connected(6000)                    # the next host
     assert live.due(6500) is Due.NOTHING and live.due(7000) is Due.HEARTBEAT
+
+
+def test_bare_taproot_says_what_it_can_do_and_version_says_which(capsys):
+    from taproot_ops import cli
+
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert "check-config" in out and "start here:" in out and "taproot run" in out
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("taproot ")
