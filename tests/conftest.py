@@ -98,20 +98,28 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
 
 
+@contextlib.contextmanager
+def store_in_this_process(store):
+    """A started SeaweedFS that this process's delta-rs (and the processes it
+    starts) reach until the block ends (`use_in_this_process`); the
+    environment is restored then."""
+    saved = dict(os.environ)
+    store.use_in_this_process()
+    try:
+        yield store
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory):
     """An S3-compatible server (SeaweedFS, `taproot_ops.object_store`) with
-    one bucket; this process's delta-rs reaches it (`use_in_this_process`)."""
+    one bucket on loopback; this process's delta-rs reaches it."""
     from taproot_ops.object_store import SeaweedFS
 
-    saved = dict(os.environ)
-    with SeaweedFS(tmp_path_factory.mktemp("s3")) as store:
-        store.use_in_this_process()
-        try:
-            yield store
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with SeaweedFS(tmp_path_factory.mktemp("s3")) as store, store_in_this_process(store):
+        yield store
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import store_in_this_process, wait_until
 from netns import Network, NetworkUnavailable
 from test_faults import FAILOVER_MAX_S, FAULT_AT, MESSAGES
 
@@ -59,18 +59,11 @@ def network():
 
 @pytest.fixture(scope="module")
 def store(network, tmp_path_factory):
-    import os
-
     from taproot_ops.object_store import SeaweedFS
-    saved = dict(os.environ)
+    # The roles and the client inherit its settings and credentials from this process.
     with SeaweedFS(tmp_path_factory.mktemp("s3"), host=network.address("s3"),
-                   launch_prefix=network.prefix("s3")) as server:
-        server.use_in_this_process()   # the roles and the client inherit its settings and credentials
-        try:
-            yield server
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+                   launch_prefix=network.prefix("s3")) as server, store_in_this_process(server):
+        yield server
 
 
 @pytest.fixture(scope="module")
