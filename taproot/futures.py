@@ -22,6 +22,8 @@ import logging
 import threading
 from typing import Any, Callable
 
+from taproot.guid import guid_hex
+
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()   # every PutFuture's state changes under it; held briefly
@@ -43,9 +45,15 @@ class PutFuture:
         self._callbacks: list[Callable[["PutFuture"], object]] | None = None if on_done is None else [on_done]
         self._event: threading.Event | None = None
 
+    @property
+    def guid_hex(self) -> str:
+        """The GUID as Taproot writes it everywhere (uppercase hex, as the
+        tables' `guid_hex` column and the CLI)."""
+        return guid_hex(self.guid)
+
     def __repr__(self) -> str:
         state = "pending" if not self._done else "failed" if self._exception is not None else "acked"
-        return f"<PutFuture {self.guid.hex()} {state}>"
+        return f"<PutFuture {self.guid_hex} {state}>"
 
     # -- what an application calls -------------------------------------------------
     def done(self) -> bool:
@@ -64,7 +72,7 @@ class PutFuture:
     def result(self, timeout: float | None = None) -> Any:
         """The Ack; raises the PUT's error, or TimeoutError after `timeout` s."""
         if not self._wait(timeout):
-            raise concurrent.futures.TimeoutError(f"no ACK for {self.guid.hex()} within {timeout} s")
+            raise concurrent.futures.TimeoutError(f"no ACK for {self.guid_hex} within {timeout} s")
         if self._exception is not None:
             raise self._exception
         return self._result
@@ -72,7 +80,7 @@ class PutFuture:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The PUT's error, or None if it was ACKed; TimeoutError after `timeout` s."""
         if not self._wait(timeout):
-            raise concurrent.futures.TimeoutError(f"no ACK for {self.guid.hex()} within {timeout} s")
+            raise concurrent.futures.TimeoutError(f"no ACK for {self.guid_hex} within {timeout} s")
         return self._exception
 
     def add_done_callback(self, fn: Callable[["PutFuture"], object]) -> None:

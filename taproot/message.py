@@ -20,6 +20,7 @@ from protocol import columns
 from protocol.properties import PropertyValue, from_wire, maps_to_wire, to_wire, wire_to_maps
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import decompress
+from taproot.guid import guid_hex
 
 if TYPE_CHECKING:
     from taproot.session import Queue
@@ -54,6 +55,12 @@ class Message:
     @property
     def redelivered(self) -> bool:
         return self.delivery_count > 1
+
+    @property
+    def guid_hex(self) -> str:
+        """The GUID as Taproot writes it everywhere (uppercase hex, as the
+        tables' `guid_hex` column and the CLI)."""
+        return guid_hex(self.guid)
 
     def confirm(self) -> None:
         assert self._queue is not None, "message not attached to a queue"

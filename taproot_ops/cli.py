@@ -12,11 +12,13 @@ Server roles are imported lazily so that the SDK commands start fast.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import conf
 from taproot_ops.embedded import ClusterStartError
@@ -128,6 +130,15 @@ def _client_access(args: argparse.Namespace) -> dict[str, Any]:
     return conf.client_access(conf.load(args.config, data_dir=args.data_dir))
 
 
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    """--hosts, --connect-timeout and the cluster's TLS and token settings."""
+    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST], metavar="HOST:PORT",
+                   help=f"the cluster's proxies (or nodes), tried in turn (default {DEFAULT_HOST})")
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                   help="give up when no host answers within this many seconds (default 10)")
+    _client_args(p)
+
+
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="the cluster's cluster.toml, for its [tls] and [auth] "
                                     "(default: the shipped one)")
@@ -135,16 +146,39 @@ def _client_args(p: argparse.ArgumentParser) -> None:
                                       "the local token); a token in TAPROOT_TOKEN or TAPROOT_TOKEN_FILE goes first")
 
 
+def _payloads(args: argparse.Namespace) -> Iterator[bytes]:
+    """`-m TEXT` (`-n` times), `-m -` (each line of stdin, `-n` ignored), or
+    'message <i>' `-n` times."""
+    if args.message == "-":
+        for line in sys.stdin.buffer:
+            yield line.rstrip(b"\r\n")
+        return
+    for i in range(args.count):
+        yield args.message.encode() if args.message is not None else f"message {i}".encode()
+
+
+def _not_reached(exc: Exception, hosts: list[str]) -> str:
+    """The error, and for a connection failure what was tried and the likely cause."""
+    from taproot import errors
+    if isinstance(exc, errors.ConnectionError):
+        return (f"error: {exc}\n  tried: {', '.join(hosts)}. Is the cluster running (`taproot run`, or `make "
+                "run`)? Elsewhere, give its proxies with --hosts.")
+    return f"error: {exc}"
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     properties = _parse_properties(args.property)
-    payload = args.message.encode() if args.message is not None else None
     try:
-        with Session(args.hosts, **_client_access(args)) as session, session.open_queue(args.uri, write=True) as queue:
+        with Session(args.hosts, connect_timeout_s=args.connect_timeout, **_client_access(args)) as session, \
+                session.open_queue(args.uri, write=True) as queue:
             futures = []
-            for i in range(args.count):
-                body = payload if payload is not None else f"message {i}".encode()
-                futures.append(queue.post(body, properties=properties, compression=args.compression))
+            for body in _payloads(args):
+                future = queue.post(body, properties=properties, compression=args.compression)
+                if args.verbose:
+                    posted = time.monotonic()
+                    future.add_done_callback(functools.partial(_said_ack, posted=posted))
+                futures.append(future)
             queue.flush()
             failed = 0
             for future in futures:
@@ -152,32 +186,55 @@ def cmd_produce(args: argparse.Namespace) -> int:
                     future.result(timeout=60)
                 except TaprootError as exc:
                     failed += 1
-                    print(f"NACK {exc}", file=sys.stderr)
+                    if not args.verbose:
+                        print(f"NACK {exc}", file=sys.stderr)
             print(f"posted {len(futures)}, acked {len(futures) - failed}, failed {failed}")
             return 1 if failed else 0
     except TaprootError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(_not_reached(exc, args.hosts), file=sys.stderr)
         return 2
+
+
+def _said_ack(future: Any, *, posted: float) -> None:
+    """`produce -v`: one line per PUT, its GUID and how long its ACK took."""
+    took = (time.monotonic() - posted) * 1000
+    error = future.exception()
+    print(f"{future.guid_hex} {'NACK ' + str(error) if error is not None else 'ACK'} {took:.1f} ms",
+          file=sys.stderr if error is not None else sys.stdout, flush=True)
+
+
+def _shown(payload: bytes, limit: int = 80) -> str:
+    """A payload as a terminal can show it: its text when it is printable
+    UTF-8, else hex; cut at `limit` characters, with the size when cut or binary."""
+    try:
+        text = payload.decode("utf-8")
+        if text.isprintable():
+            return text if len(text) <= limit else f"{text[:limit]}... ({len(payload)} bytes)"
+    except UnicodeDecodeError:
+        pass
+    shown = payload[: limit // 2].hex()
+    return f"hex:{shown}{'...' if len(payload) > limit // 2 else ''} ({len(payload)} bytes)"
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from taproot import Session, TaprootError
     received = 0
     try:
-        with Session(args.hosts, **_client_access(args)) as session, session.open_queue(
-                args.uri, read=True, subscription=args.subscription, consumer_priority=args.priority,
-                max_unconfirmed_messages=args.max_unconfirmed) as queue:
+        with Session(args.hosts, connect_timeout_s=args.connect_timeout, **_client_access(args)) as session, \
+                session.open_queue(args.uri, read=True, subscription=args.subscription,
+                                   consumer_priority=args.priority,
+                                   max_unconfirmed_messages=args.max_unconfirmed) as queue:
             for message in queue.messages(timeout_s=args.timeout):
-                text = message.payload[:80].decode(errors="replace")
                 flag = f" redelivered({message.delivery_count})" if message.redelivered else ""
                 flag += f" {message.compression}" if message.compression else ""
-                print(f"{message.guid.hex().upper()} seq={message.sequence}{flag} {dict(message.properties)} {text}")
+                print(f"{message.guid_hex} seq={message.sequence}{flag} {dict(message.properties)} "
+                      f"{_shown(message.payload)}", flush=True)
                 queue.confirm(message)
                 received += 1
                 if args.count and received >= args.count:
                     break
     except TaprootError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(_not_reached(exc, args.hosts), file=sys.stderr)
         return 2
     print(f"received and confirmed {received}")
     return 0
@@ -394,27 +451,39 @@ def build_parser() -> argparse.ArgumentParser:
     _http_port_arg(p)
     p.set_defaults(func=cmd_pipeline)
 
-    p = sub.add_parser("produce", help="post messages")
-    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
-    _client_args(p)
-    p.add_argument("--uri", default="taproot://demo/orders")
-    p.add_argument("-n", "--count", type=int, default=1)
-    p.add_argument("-m", "--message", help="payload text (default 'message <i>')")
-    p.add_argument("-p", "--property", action="append",
-                   help="name=value (repeatable); integers and true/false are typed")
+    p = sub.add_parser("produce", help="post messages", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                              "  taproot produce --uri taproot://demo/orders -m hello -p region=EU\n"
+                              "  taproot produce --uri taproot://demo/orders -n 1000 -v\n"
+                              "  seq 5 | taproot produce --uri taproot://demo/orders -m -")
+    _connection_args(p)
+    p.add_argument("--uri", required=True, help="the queue, taproot://<domain>/<queue>")
+    p.add_argument("-n", "--count", type=int, default=1, help="messages to post (default 1; not with -m -)")
+    p.add_argument("-m", "--message", metavar="TEXT",
+                   help="the payload; '-' posts each line of stdin (default: 'message <i>')")
+    p.add_argument("-p", "--property", action="append", metavar="NAME=VALUE",
+                   help="a message property (repeatable); integers and true/false are typed")
     p.add_argument("--compression", choices=["zlib", "zstd"], help="compress payloads of 1 KiB or more")
+    p.add_argument("-v", "--verbose", action="store_true", help="print each PUT's GUID and ACK time")
     p.set_defaults(func=cmd_produce)
 
-    p = sub.add_parser("consume", help="print and confirm messages")
-    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
-    _client_args(p)
-    p.add_argument("--uri", default="taproot://demo/orders")
-    p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (0: no limit)")
-    p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
+    p = sub.add_parser("consume", help="print and confirm messages",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                              "  taproot consume --uri taproot://demo/orders --timeout 10\n"
+                              "  taproot consume --uri 'taproot://events/orders?id=eu' --subscription 'amount > 10' "
+                              "-n 5\n"
+                              "each line: GUID, seq, properties, then the payload: its text, or hex and size "
+                              "if it is binary")
+    _connection_args(p)
+    p.add_argument("--uri", required=True, help="the queue, taproot://<domain>/<queue>[?id=<app>]")
+    p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (default 0: no limit)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop after this many idle seconds (default: wait until Ctrl-C)")
     p.add_argument("--subscription", action="append",
                    help="filter expression, e.g. \"region = 'EU'\" (repeatable: OR)")
     p.add_argument("--priority", type=int, help="consumer priority (default 0)")
-    p.add_argument("--max-unconfirmed", type=int, help="max unconfirmed messages (default 1000)")
+    p.add_argument("--max-unconfirmed", type=int, help="max unconfirmed messages (default: the domain's, 1000)")
     p.set_defaults(func=cmd_consume)
 
     p = sub.add_parser("sql", help="query the queues as tables (Spark SQL, with the taproot_* views)")

@@ -1,5 +1,6 @@
 """Batching, GUIDs, group-commit policy, URIs, properties, status mapping, config."""
 
+import sys
 import threading
 
 import pytest
@@ -227,3 +228,27 @@ def test_bare_taproot_says_what_it_can_do_and_version_says_which(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["--version"])
     assert exited.value.code == 0 and capsys.readouterr().out.startswith("taproot ")
+
+
+def test_the_cli_shows_payloads_a_terminal_can_take_and_says_why_it_could_not_connect():
+    import argparse
+    import io
+
+    from taproot_ops import cli
+
+    assert cli._shown(b"order 17 shipped") == "order 17 shipped"
+    assert cli._shown(b"\x00\x01\xff\x1b[2J") == "hex:0001ff1b5b324a (7 bytes)"   # no escape reaches a terminal
+    assert cli._shown("é".encode() * 100) == "é" * 80 + "... (200 bytes)"
+    assert cli._shown(b"\xff" * 50) == "hex:" + "ff" * 40 + "... (50 bytes)"
+    said = cli._not_reached(errors.ConnectionError("no host reachable within 1s"), ["10.0.0.5:30115"])
+    assert "tried: 10.0.0.5:30115" in said and "Is the cluster running" in said
+    assert list(cli._payloads(argparse.Namespace(message=None, count=2))) == [b"message 0", b"message 1"]
+    assert list(cli._payloads(argparse.Namespace(message="hi", count=2))) == [b"hi", b"hi"]
+    stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(b"a\nb b\r\n\nc"))
+    try:
+        assert list(cli._payloads(argparse.Namespace(message="-", count=1))) == [b"a", b"b b", b"", b"c"]
+    finally:
+        sys.stdin = stdin
+    with pytest.raises(SystemExit):          # a queue must be named: nothing goes to demo/orders by default
+        cli.build_parser().parse_args(["produce", "-m", "x"])
