@@ -42,7 +42,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="override cluster.state_dir (this machine's logs, pid files, auto TLS and "
                                        "token files; default: the data directory when it is local)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="what the role logs (default INFO)")
 
 
 def _http_port(text: str) -> int:
@@ -417,8 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"taproot {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C")
-    p.add_argument("--config")
+    p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  taproot run --data-dir /tmp/taproot-demo --demo-messages 500")
+    p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="data directory (default ./data)")
     p.add_argument("--demo-messages", type=int, default=2000, help="demo messages to send (0: none)")
     p.set_defaults(func=cmd_run)
@@ -428,15 +431,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop: drain the running node NAME (StopRequest to its peers, then hand its "
                         "partitions over) and wait for it to exit")
     _server_args(p)
-    p.add_argument("--name")
-    p.add_argument("--port", type=int)
+    p.add_argument("--name", help="which of the config's [[nodes]] this is (default: the first)")
+    p.add_argument("--port", type=int, help="gRPC port (default: the node's port in the config; 0 any free one)")
     _http_port_arg(p)
+    p.epilog = ("example:\n  taproot node --config conf/cluster.toml --name node2\n"
+                "  taproot node stop --config conf/cluster.toml --name node2")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("proxy", help="run a proxy")
     _server_args(p)
-    p.add_argument("--name")
-    p.add_argument("--port", type=int)
+    p.add_argument("--name", help="which of the config's [[proxies]] this is (default: the first)")
+    p.add_argument("--port", type=int, help="gRPC port (default: the proxy's port in the config; 0 any free one)")
+    p.epilog = "example:\n  taproot proxy --config conf/cluster.toml --name proxy1"
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--upstream", nargs="+", metavar="HOST:PORT",
                    help="nodes to connect to, tried in turn (default: every node of the config, "
                         "the proxy's upstream first)")
@@ -506,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     pace = p.add_mutually_exclusive_group()
     pace.add_argument("--rate", type=float, default=0.0, help="msg/s (default 0: as fast as ACKs allow)")
     pace.add_argument("--original-rate", action="store_true", help="keep the original spacing of the PUTs")
-    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST])
+    p.add_argument("--hosts", nargs="+", default=[DEFAULT_HOST], metavar="HOST:PORT",
+                   help=f"where to post: the cluster's proxies (or nodes), tried in turn (default {DEFAULT_HOST})")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="data directory (default: the config's)")
     p.set_defaults(func=cmd_replay)
@@ -515,7 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="data directory (default: the config's)")
     p.add_argument("--vacuum-retention-hours", type=int, help="override maintenance.vacuum_retention_hours")
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="what it logs while it works (default WARNING)")
     p.set_defaults(func=cmd_maintain)
 
     from taproot_ops import admin, tokens
