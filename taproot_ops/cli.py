@@ -175,9 +175,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 session.open_queue(args.uri, write=True) as queue:
             futures = []
             for body in _payloads(args):
+                posted = time.monotonic()
                 future = queue.post(body, properties=properties, compression=args.compression)
                 if args.verbose:
-                    posted = time.monotonic()
                     future.add_done_callback(functools.partial(_said_ack, posted=posted))
                 futures.append(future)
             queue.flush()
