@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,15 +149,30 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     return spark
 
 
+FETCH_ATTEMPTS = 3
+
+
 def fetch_jars(object_store: bool = False) -> bool:
     """Fetch Delta's jars (and with `object_store` hadoop-aws's) into the
-    cache once, with a throwaway local session; True if it had to."""
+    cache once, with a throwaway local session; True if it had to. A
+    resolution that fails (Maven Central answered badly once: the JVM exits
+    before Spark starts) is tried again, resuming from Ivy's cache."""
     if _cached_jars(object_store):
         return False
-    spark = session("taproot-setup", object_store=object_store)
-    spark.range(1).count()
-    spark.stop()
-    return True
+    for attempt in range(1, FETCH_ATTEMPTS + 1):
+        try:
+            spark = session("taproot-setup", object_store=object_store)
+        except Exception as exc:       # pyspark's JAVA_GATEWAY_EXITED, whose cause Ivy printed above
+            if attempt == FETCH_ATTEMPTS:
+                raise
+            print(f"fetching the jars failed ({type(exc).__name__}); trying again "
+                  f"({attempt + 1} of {FETCH_ATTEMPTS})", flush=True)
+            time.sleep(5 * attempt)
+            continue
+        spark.range(1).count()
+        spark.stop()
+        return True
+    raise AssertionError("unreachable")
 
 
 def main() -> None:

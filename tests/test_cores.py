@@ -252,3 +252,35 @@ def test_the_cli_shows_payloads_a_terminal_can_take_and_says_why_it_could_not_co
         sys.stdin = stdin
     with pytest.raises(SystemExit):          # a queue must be named: nothing goes to demo/orders by default
         cli.build_parser().parse_args(["produce", "-m", "x"])
+
+
+def test_fetching_the_jars_is_tried_again_when_a_resolution_fails(monkeypatch):
+    from storage import spark
+
+    calls = []
+
+    class Session:
+        def range(self, n):
+            return self
+
+        def count(self):
+            return 1
+
+        def stop(self):
+            calls.append("stopped")
+
+    def session(name, object_store):
+        calls.append(object_store)
+        if len(calls) < 3:
+            raise RuntimeError("[JAVA_GATEWAY_EXITED]")
+        return Session()
+
+    monkeypatch.setattr(spark, "_cached_jars", lambda object_store=False: [])
+    monkeypatch.setattr(spark, "session", session)
+    monkeypatch.setattr(spark.time, "sleep", lambda s: None)
+    assert spark.fetch_jars(object_store=True) is True
+    assert calls == [True, True, True, "stopped"]
+    calls.clear()
+    monkeypatch.setattr(spark, "FETCH_ATTEMPTS", 2)
+    with pytest.raises(RuntimeError):
+        spark.fetch_jars()
