@@ -328,9 +328,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     try:
         register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
         if args.query.strip().lower() in ("views", "show views"):
-            print("\n".join(f"{v}: {', '.join(spark.table(v).columns)}" for v in sorted(
-                t.name for t in spark.catalog.listTables() if t.name.startswith("taproot_")
-                and not t.name.startswith("taproot__"))))
+            print("\n".join(f"{v}: {', '.join(spark.table(v).columns)}" for v in _views(spark)))
             return 0
         result = spark.sql(args.query)
         if args.json:
@@ -340,10 +338,25 @@ def cmd_sql(args: argparse.Namespace) -> int:
             result.show(args.limit, truncate=args.truncate or False, vertical=args.vertical)
         return 0
     except Exception as exc:  # Spark's AnalysisException and parse errors: say what was wrong
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(_sql_error(exc, spark), file=sys.stderr)
         return 2
     finally:
         spark.stop()
+
+
+def _views(spark: Any) -> list[str]:
+    """The Taproot views this session has (not the helper views, `taproot__*`)."""
+    return sorted(t.name for t in spark.catalog.listTables()
+                  if t.name.startswith("taproot_") and not t.name.startswith("taproot__"))
+
+
+def _sql_error(exc: Exception, spark: Any) -> str:
+    """Spark's first line, and for a table or view it does not know the views there are."""
+    said = f"error: {str(exc).splitlines()[0]}"
+    if "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+        said += (f"\n  the views: {', '.join(_views(spark))} (`taproot sql views` lists their columns); "
+                 "a table by path: delta.`<data_dir>/partition-000/puts`")
+    return said
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:

@@ -284,3 +284,19 @@ def test_fetching_the_jars_is_tried_again_when_a_resolution_fails(monkeypatch):
     monkeypatch.setattr(spark, "FETCH_ATTEMPTS", 2)
     with pytest.raises(RuntimeError):
         spark.fetch_jars()
+
+
+def test_taproot_sql_names_the_views_when_a_query_names_one_that_is_not_there():
+    from types import SimpleNamespace
+
+    from taproot_ops import cli
+
+    names = ["taproot_puts", "taproot__delivery_0", "taproot_backlog", "other"]
+    spark = SimpleNamespace(catalog=SimpleNamespace(listTables=lambda: [SimpleNamespace(name=n) for n in names]))
+    said = cli._sql_error(RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] The table or view `taproot_backlg` cannot be "
+                                       "found.\nSQLSTATE: 42P01"), spark)
+    assert said.splitlines()[0] == ("error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `taproot_backlg` cannot "
+                                    "be found.")
+    assert "the views: taproot_backlog, taproot_puts (" in said
+    assert cli._sql_error(RuntimeError("[PARSE_SYNTAX_ERROR] at 'SELEC'"), spark) == \
+        "error: [PARSE_SYNTAX_ERROR] at 'SELEC'"
