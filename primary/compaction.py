@@ -234,5 +234,6 @@ def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
         add.data_change = False
         actions.append(add)
         actions += [RemoveAction(p, False, now_ms, size=sizes[p]) for p in paths]
-    deltars.commit_durably(table, root, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}))
+    deltars.commit_files(table, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}),
+                         sync_root=root)
     return {"numFilesAdded": len(plan), "numFilesRemoved": sum(len(p) for _, p in plan)}

@@ -44,7 +44,6 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from conf import DomainConfig, LinkConfig
@@ -94,7 +93,7 @@ class Progress:
         if local is not None:
             with open(local, "rb") as fh:
                 return fh.read()
-        store, path = pafs.FileSystem.from_uri(self.path)
+        store, path = deltars.file_system(self.path)
         with store.open_input_stream(path) as stream:
             return bytes(stream.read())
 
@@ -102,7 +101,7 @@ class Progress:
         data = json.dumps({"version": version, "seq": seq, "saved_at": time.time()}).encode()
         local = deltars.local_root(self.path)
         if local is None:
-            store, path = pafs.FileSystem.from_uri(self.path)
+            store, path = deltars.file_system(self.path)
             with store.open_output_stream(path) as stream:
                 stream.write(data)
             return

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
@@ -122,13 +123,23 @@ def local_root(path: str) -> str | None:
     return None if "://" in path else path
 
 
+def file_system(path: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system for `path` (a local path or an object store's
+    URI, reached with the AWS_* settings `conf.use_storage` put in the
+    environment) and the path within it."""
+    local = local_root(path)
+    if local is not None:
+        return pafs.LocalFileSystem(), os.path.abspath(local)
+    store, within = pafs.FileSystem.from_uri(path.rstrip("/"))
+    return store, str(within)
+
+
 def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
     """The commitInfo of one version, read from its log file; None if the
     file is gone (log cleanup) or holds none. delta-rs's `history()` cannot
     be used for this: it lists the log's newest commits but numbers them from
     the version the table object has loaded, so once the log has moved on it
     puts one commit's metadata under another's version (deltalake 1.6)."""
-    import pyarrow.fs as pafs
     uri = table.table_uri
     root = local_root(uri)
     try:
@@ -136,9 +147,9 @@ def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
             with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), "rb") as fh:
                 data = fh.read()
         else:
-            fs, base = pafs.FileSystem.from_uri(uri.rstrip("/"))
-            with fs.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as fh:
-                data = fh.read()
+            store, base = file_system(uri)
+            with store.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as stream:
+                data = stream.read()
     except OSError:
         return None
     for line in data.splitlines():
@@ -286,8 +297,7 @@ def write_data_file_from(root: str, schema: pa.Schema, batches: Iterable[pa.Tabl
     local = local_root(root)
     if local is None:
         # An object store: one PUT of the whole object when the stream closes.
-        import pyarrow.fs as pafs
-        store, base = pafs.FileSystem.from_uri(root.rstrip("/"))
+        store, base = file_system(root)
         with store.open_output_stream(f"{base}/{name}") as stream:
             write(stream)
             size = stream.tell()
@@ -335,14 +345,6 @@ def commit_files(table: DeltaTable, actions: list[Any], schema: pa.Schema,
     return version
 
 
-def commit_durably(table: DeltaTable, root: str, actions: list[Any], schema: pa.Schema,
-                   commit_properties: CommitProperties | None = None,
-                   post_commithook_properties: PostCommitHookProperties | None = None) -> int:
-    """Commit file actions whose files are already durable (`write_data_file`),
-    make the commit durable (`sync_log`) and return its version."""
-    return commit_files(table, actions, schema, commit_properties, post_commithook_properties, sync_root=root)
-
-
 _LOG_ENTRY = re.compile(r"^(\d{20})\.")
 
 
@@ -366,14 +368,8 @@ def trim_log(root: str, needed_from: int, min_age_s: float, now: float | None = 
     files it listed). Oldest first, so the log stays one contiguous run of
     versions at every moment. Without a checkpoint at or below `needed_from`
     nothing is deleted."""
-    import pyarrow.fs as pafs
-    local = local_root(root)
-    if local is not None:
-        store: pafs.FileSystem = pafs.LocalFileSystem()
-        log_dir = os.path.join(os.path.abspath(local), "_delta_log")
-    else:
-        store, base = pafs.FileSystem.from_uri(root.rstrip("/"))
-        log_dir = f"{base}/_delta_log"
+    store, base = file_system(root)
+    log_dir = f"{base}/_delta_log"
     try:
         listed = store.get_file_info(pafs.FileSelector(log_dir))
     except OSError:

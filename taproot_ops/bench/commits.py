@@ -79,7 +79,6 @@ def _object_store_root(stack: contextlib.ExitStack, scratch: str) -> str:
 
 
 def _run(args: argparse.Namespace, path: str) -> int:
-    local = deltars.local_root(path)
     durable = args.durability == "fsync"
     appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable,
                                 checkpoints=not args.no_checkpoints)
@@ -97,7 +96,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
             compactor.on_commit()
             if i % args.every == 0:
                 cpu, wall = time.process_time(), time.perf_counter()
-                logs = f"; {_log_files(path, local):,} files in _delta_log"
+                logs = f"; {_log_files(path):,} files in _delta_log"
                 print(f"commits {i - args.every + 1:,}-{i:,}: {(wall - wall0) * 1000 / args.every:.1f} ms wall, "
                       f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included)"
                       f"{logs}", flush=True)
@@ -110,11 +109,9 @@ def _run(args: argparse.Namespace, path: str) -> int:
     return 0
 
 
-def _log_files(path: str, local: str | None) -> int:
-    if local is not None:
-        return len(os.listdir(os.path.join(local, "_delta_log")))
+def _log_files(path: str) -> int:
     import pyarrow.fs as pafs
-    store, base = pafs.FileSystem.from_uri(path.rstrip("/"))
+    store, base = deltars.file_system(path)
     return len(store.get_file_info(pafs.FileSelector(f"{base}/_delta_log")))
 
 
