@@ -105,8 +105,8 @@ class EmbeddedCluster:
                  launch_prefix: Callable[[str], Sequence[str]] | None = None):
         self.config_file = config_file
         self.config = conf.load(config_file, data_dir=data_dir, state_dir=state_dir)
-        data = self.config.data_dir
-        self.data_dir = data if conf.on_object_store(data) else os.path.abspath(data)
+        from storage.tables import absolute  # here: the CLI imports this module, and pyarrow with storage
+        self.data_dir = absolute(self.config.data_dir)
         # Logs, pid files, auto TLS and token files: local even when the tables are not.
         self.state_dir = os.path.abspath(self.config.local_dir)
         self.ephemeral_ports = ephemeral_ports
