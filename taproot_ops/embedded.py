@@ -51,6 +51,19 @@ def stop_popen(popen: "subprocess.Popen[bytes]", timeout_s: float = 30.0) -> int
     return popen.returncode
 
 
+def python_under(launch_prefix: Sequence[str], code: str, *args: str, timeout_s: float = 60) -> str:
+    """Run `code` (Python, given `args` as sys.argv[1:]) under `launch_prefix`
+    (`ip netns exec NS`: inside another network namespace, where a server of
+    that namespace is reachable) and return what it printed; OSError, with
+    the end of its stderr, if it failed."""
+    out = subprocess.run([*launch_prefix, sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         timeout=timeout_s)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise OSError(lines[-1] if lines else f"exited with {out.returncode}")
+    return out.stdout
+
+
 @dataclass
 class Process:
     role: str

@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import conf
-from taproot_ops.embedded import free_port, stop_popen
+from taproot_ops.embedded import free_port, python_under, stop_popen
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -151,12 +150,8 @@ class SeaweedFS:
             ensure_bucket(self.endpoint, self.bucket)
             return
         # Reachable only from inside its namespace: ask from there.
-        out = subprocess.run([*self.launch_prefix, sys.executable, "-c",
-                              "import sys; from taproot_ops.object_store import ensure_bucket; "
-                              "ensure_bucket(sys.argv[1], sys.argv[2])", self.endpoint, self.bucket],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise OSError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "bucket check failed")
+        python_under(self.launch_prefix, "import sys; from taproot_ops.object_store import ensure_bucket; "
+                     "ensure_bucket(sys.argv[1], sys.argv[2])", self.endpoint, self.bucket)
 
     def stop(self) -> None:
         if self.process is not None:

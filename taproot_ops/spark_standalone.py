@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-from taproot_ops.embedded import free_port, stop_popen
+from taproot_ops.embedded import free_port, python_under, stop_popen
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -73,13 +72,9 @@ class SparkStandalone:
             with urllib.request.urlopen(url, timeout=5) as reply:
                 return dict(json.load(reply))
         # Reachable only from inside its namespace: ask from there.
-        out = subprocess.run([*self.launch_prefix, sys.executable, "-c",
-                              "import sys, urllib.request; "
-                              "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())", url],
-                             capture_output=True, text=True, timeout=30)
-        if out.returncode != 0:
-            raise OSError(f"{url}: {out.stderr.strip()[-300:]}")
-        return dict(json.loads(out.stdout))
+        return dict(json.loads(python_under(
+            self.launch_prefix, "import sys, urllib.request; "
+            "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())", url, timeout_s=30)))
 
     def _wait(self, what: str, ready: Any, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
