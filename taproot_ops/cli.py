@@ -416,6 +416,14 @@ START_HERE = """start here:
 docs: README.md, docs/operations.md, docs/deploy.md"""
 
 
+def _examples(*commands: str, note: str = "") -> dict[str, Any]:
+    """A subcommand's `add_parser` keywords for help that ends with examples
+    (and a `note`), kept as written."""
+    text = "example:" if len(commands) == 1 else "examples:"
+    return {"formatter_class": argparse.RawDescriptionHelpFormatter,
+            "epilog": "\n  ".join([text, *commands]) + (f"\n{note}" if note else "")}
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
@@ -432,14 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  taproot run --data-dir /tmp/taproot-demo --demo-messages 500")
+                       **_examples("taproot run --data-dir /tmp/taproot-demo --demo-messages 500"))
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="data directory (default ./data)")
     p.add_argument("--demo-messages", type=int, default=2000, help="demo messages to send (0: none)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("node", help="run a cluster node, or stop one gracefully (`taproot node stop --name N`)")
+    p = sub.add_parser("node", help="run a cluster node, or stop one gracefully (`taproot node stop --name N`)",
+                       **_examples("taproot node --config conf/cluster.toml --name node2",
+                                   "taproot node stop --config conf/cluster.toml --name node2"))
     p.add_argument("action", nargs="?", choices=["run", "stop"], default="run",
                    help="stop: drain the running node NAME (StopRequest to its peers, then hand its "
                         "partitions over) and wait for it to exit")
@@ -447,17 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="which of the config's [[nodes]] this is (default: the first)")
     p.add_argument("--port", type=int, help="gRPC port (default: the node's port in the config; 0 any free one)")
     _http_port_arg(p)
-    p.epilog = ("example:\n  taproot node --config conf/cluster.toml --name node2\n"
-                "  taproot node stop --config conf/cluster.toml --name node2")
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.set_defaults(func=cmd_node)
 
-    p = sub.add_parser("proxy", help="run a proxy")
+    p = sub.add_parser("proxy", help="run a proxy",
+                       **_examples("taproot proxy --config conf/cluster.toml --name proxy1"))
     _server_args(p)
     p.add_argument("--name", help="which of the config's [[proxies]] this is (default: the first)")
     p.add_argument("--port", type=int, help="gRPC port (default: the proxy's port in the config; 0 any free one)")
-    p.epilog = "example:\n  taproot proxy --config conf/cluster.toml --name proxy1"
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--upstream", nargs="+", metavar="HOST:PORT",
                    help="nodes to connect to, tried in turn (default: every node of the config, "
                         "the proxy's upstream first)")
@@ -472,11 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
     _http_port_arg(p)
     p.set_defaults(func=cmd_pipeline)
 
-    p = sub.add_parser("produce", help="post messages", formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n"
-                              "  taproot produce --uri taproot://demo/orders -m hello -p region=EU\n"
-                              "  taproot produce --uri taproot://demo/orders -n 1000 -v\n"
-                              "  seq 5 | taproot produce --uri taproot://demo/orders -m -")
+    p = sub.add_parser("produce", help="post messages",
+                       **_examples("taproot produce --uri taproot://demo/orders -m hello -p region=EU",
+                                   "taproot produce --uri taproot://demo/orders -n 1000 -v",
+                                   "seq 5 | taproot produce --uri taproot://demo/orders -m -"))
     _connection_args(p)
     p.add_argument("--uri", required=True, help="the queue, taproot://<domain>/<queue>")
     p.add_argument("-n", "--count", type=int, default=1, help="messages to post (default 1; not with -m -)")
@@ -489,13 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print and confirm messages",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n"
-                              "  taproot consume --uri taproot://demo/orders --timeout 10\n"
-                              "  taproot consume --uri 'taproot://events/orders?id=eu' --subscription 'amount > 10' "
-                              "-n 5\n"
-                              "each line: GUID, seq, properties, then the payload: its text, or hex and size "
-                              "if it is binary")
+                       **_examples("taproot consume --uri taproot://demo/orders --timeout 10",
+                                   "taproot consume --uri 'taproot://events/orders?id=eu' --subscription 'amount > 10' "
+                                   "-n 5",
+                                   note="each line: GUID, seq, properties, then the payload: its text, or hex and "
+                                        "size if it is binary"))
     _connection_args(p)
     p.add_argument("--uri", required=True, help="the queue, taproot://<domain>/<queue>[?id=<app>]")
     p.add_argument("-n", "--count", type=int, default=0, help="stop after this many (default 0: no limit)")
