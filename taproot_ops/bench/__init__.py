@@ -225,19 +225,20 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     tls, auth = getattr(args, "tls", False), getattr(args, "auth", False)
-    data_dir = args.data_dir or str(work / "data")
+    object_store = getattr(args, "object_store", False)
+    data_dir = f"s3://{OBJECT_STORE_BUCKET}/bench" if object_store else args.data_dir or str(work / "data")
+    # The roles' logs (and TLS and token files): with the tables in the bucket, beside the bench's other files.
+    state_dir = str(work / "state") if object_store else data_dir
     security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth)) if on)
     results: list[dict[str, Any]] = []
     engines = contextlib.ExitStack()
     try:
         extra, pipeline, engine_pids = _engines(engines, args, work)
-        if getattr(args, "object_store", False):
-            data_dir = f"s3://{OBJECT_STORE_BUCKET}/bench"
         config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline)
         print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
               flush=True)
         with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True,
-                             state_dir=cluster_state_dir(data_dir, work)) as cluster:
+                             state_dir=state_dir) as cluster:
             # The load generator's processes find the CA and the token here
             # (`ClientTls.from_env`, `protocol.auth.token_from_env`).
             os.environ.update(cluster.client_env())
@@ -252,15 +253,11 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             return results
     finally:
         engines.close()
-        logs = os.path.join(cluster_state_dir(data_dir, work), "logs")
+        logs = os.path.join(state_dir, "logs")
         _tidy(work, results, f"the cluster's logs are in {logs}" if os.path.isdir(logs) else "")
 
 
 OBJECT_STORE_BUCKET = "taproot"
-
-
-def cluster_state_dir(data_dir: str, work: Path) -> str:
-    return str(work / "state") if "://" in data_dir else data_dir
 
 
 def _engines(stack: contextlib.ExitStack, args: argparse.Namespace,
