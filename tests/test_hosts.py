@@ -30,9 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import store_in_this_process, wait_until
 from netns import Network, NetworkUnavailable
-from test_faults import FAILOVER_MAX_S, FAULT_AT, MESSAGES
-
-from protocol.uri import QueueUri, partition_of
+from test_faults import FAILOVER_MAX_S, FAULT_AT, MESSAGES, comes_back, queue_on
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.hosts]
 
@@ -137,13 +135,6 @@ def primary_of(network, tree, partition: int) -> str:
     return json.loads(out.stdout)[partition]["holder"]
 
 
-def queue_on(partition: int, prefix: str) -> str:
-    for i in range(1000):
-        if partition_of(QueueUri("demo", f"{prefix}-{i}"), PARTITIONS) == partition:
-            return f"taproot://demo/{prefix}-{i}"
-    raise AssertionError("no queue name maps to that partition")
-
-
 def run(network, tree, tmp_path, name: str, uri: str, fault) -> dict:
     """The client's traffic through the proxy with `fault()` injected once
     30% of the PUTs are posted; the client's verdict (netns_traffic.py)."""
@@ -180,13 +171,6 @@ def run(network, tree, tmp_path, name: str, uri: str, fault) -> dict:
     return result
 
 
-def comes_back(tree, name: str, port: int) -> None:
-    current = tree.processes.get(name)
-    if current is None or current.popen.poll() is not None:
-        tree.processes.pop(name, None)
-        tree.start_node(port=port, name=name)
-
-
 def test_the_pipeline_runs_on_the_cluster(spark, tree):
     [app] = [a for a in spark.state()["activeapps"] if a["name"] == "taproot-pipeline"]
     assert app["state"] == "RUNNING" and app["cores"] == 1
@@ -198,13 +182,10 @@ def test_a_killed_primary_on_another_host(network, tree, tmp_path):
     the partition within the lease, the proxy's clients see one gap."""
     partition = 1
     victim = primary_of(network, tree, partition)
-    port = int(tree.processes[victim].info["port"])
-    try:
-        result = run(network, tree, tmp_path, "killed", queue_on(partition, "killed"),
+    with comes_back(tree, victim):
+        result = run(network, tree, tmp_path, "killed", queue_on(tree, partition, "killed"),
                      lambda: tree.stop_process(victim, signal.SIGKILL))
         assert primary_of(network, tree, partition) != victim
-    finally:
-        comes_back(tree, victim, port)
     assert result["outage_s"] < FAILOVER_MAX_S, f"failover took {result['outage_s']:.2f} s"
 
 
@@ -224,7 +205,7 @@ def test_a_primary_cut_off_the_network(network, tree, tmp_path):
         finally:
             network.mend(victim)
 
-    result = run(network, tree, tmp_path, "cut", queue_on(partition, "cut"), cut)
+    result = run(network, tree, tmp_path, "cut", queue_on(tree, partition, "cut"), cut)
     assert primary_of(network, tree, partition) != victim
     assert result["outage_s"] < FAILOVER_MAX_S, f"failover took {result['outage_s']:.2f} s"
     assert tree.processes[victim].popen.poll() is None, "the cut node's process ended"
