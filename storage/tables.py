@@ -223,24 +223,27 @@ def stream_offset(checkpoint: str, batch_id: int) -> dict[str, Any]:
 
 def stream_resume_version(checkpoint: str) -> int | None:
     """The oldest version of its Delta source a Spark stream would read if it
-    restarted now: the end offset of its last committed micro-batch (the next
-    batch starts there) or, before any committed, that of its first planned
-    one. None when that cannot be known (no checkpoint yet, an object-store
-    path, an entry not understood): nothing may then be assumed."""
+    restarted now: the start of the last micro-batch of its offset log (the
+    end offset of the batch before it), or for batch 0 its starting version.
+
+    Not the end of the last committed batch: on a restart Spark hands the
+    last batch's offsets to a V1 source again (`getBatch(start, end)`, as
+    Kafka's source needs), committed or not, and the Delta source then wants
+    every commit from `start` on (DELTA_MISSING_FILES_UNEXPECTED_VERSION
+    otherwise: a stream that cannot restart). None when that cannot be known
+    (no checkpoint yet, an object-store path, an entry not understood):
+    nothing may then be assumed."""
     root = local_checkpoint(checkpoint)
     if root is None:
         return None
-
-    def batches(sub: str) -> list[int]:
-        try:
-            return sorted(int(n) for n in os.listdir(os.path.join(root, sub)) if n.isdigit())
-        except OSError:
-            return []
-
-    committed, planned = batches("commits"), batches("offsets")
-    batch = committed[-1] if committed else (planned[0] if planned else None)
-    if batch is None:
+    try:
+        planned = sorted(int(n) for n in os.listdir(os.path.join(root, "offsets")) if n.isdigit())
+    except OSError:
         return None
+    if not planned:
+        return None
+    latest = planned[-1]
+    batch = latest - 1 if latest - 1 in planned else planned[0]
     try:
         return int(stream_offset(checkpoint, batch)["reservoirVersion"])
     except (OSError, ValueError):

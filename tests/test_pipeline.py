@@ -148,7 +148,9 @@ def test_the_stream_reads_no_payload_unless_an_older_delivery_log_copies_it(spar
     assert "payload" in put_stream(spark, path, legacy_columns=("payload", "epoch")).columns
 
 
-def test_stream_resume_version_reads_the_last_committed_batch(tmp_path):
+def test_stream_resume_version_is_the_start_of_the_last_batch(tmp_path):
+    """Spark, restarting, hands the last batch of the offset log to the Delta
+    source again, committed or not: its start must stay readable."""
     from storage.tables import stream_resume_version
     assert stream_resume_version(str(tmp_path)) is None                       # no checkpoint yet
     (tmp_path / "offsets").mkdir()
@@ -156,36 +158,48 @@ def test_stream_resume_version_reads_the_last_committed_batch(tmp_path):
     (tmp_path / "offsets" / "0").write_text(spark_offset_entry(4))
     assert stream_resume_version(str(tmp_path)) == 4                          # batch 0 planned, not committed
     (tmp_path / "commits" / "0").write_text("v1\n{}")
+    assert stream_resume_version(str(tmp_path)) == 4                          # batch 0 replayed from its start
     (tmp_path / "offsets" / "1").write_text(spark_offset_entry(9))          # planned: may be run again from 4
     assert stream_resume_version(str(tmp_path)) == 4
     (tmp_path / "commits" / "1").write_text("v1\n{}")
     (tmp_path / "commits" / ".2.tmp").write_text("")
-    assert stream_resume_version(f"file:{tmp_path}") == 9
-    (tmp_path / "offsets" / "1").write_text("v1\n{}\ngarbage")
+    assert stream_resume_version(f"file:{tmp_path}") == 4                     # committed: still replayed from 4
+    (tmp_path / "offsets" / "2").write_text(spark_offset_entry(12))
+    assert stream_resume_version(str(tmp_path)) == 9
+    (tmp_path / "commits" / "2").write_text("v1\n{}")
+    assert stream_resume_version(str(tmp_path)) == 9
+    (tmp_path / "offsets" / "2").write_text("v1\n{}\ngarbage")
+    (tmp_path / "offsets" / "3").write_text(spark_offset_entry(15))
     assert stream_resume_version(str(tmp_path)) is None                       # not understood: assume nothing
     assert stream_resume_version("s3://bucket/cp") is None
 
 
 def test_the_dedup_stream_resumes_after_the_put_log_is_trimmed_to_its_resume_version(spark, tmp_path):
     """Trimming the PUT log behind what the stream's checkpoint says it
-    resumes from loses it nothing: after a restart it reads every later PUT."""
+    resumes from loses it nothing: after a restart it reads every later PUT.
+    Two batches first: on a restart Spark replays the last one's offsets
+    through the Delta source, so its start must still be in the log."""
     from storage import deltars
-    from storage.tables import stream_resume_version
+    from storage.tables import stream_offset, stream_resume_version
 
     puts, checkpoint, out = (str(tmp_path / n) for n in ("puts", "cp", "out"))
     appender = deltars.Appender(puts, PUTS_SCHEMA)
     for seq in range(25):
         append_put(appender, seq)
-    run_put_stream(spark, puts, checkpoint, out)
+    run_put_stream(spark, puts, checkpoint, out)          # batch 0
     for seq in range(25, 45):
         append_put(appender, seq)
+    run_put_stream(spark, puts, checkpoint, out)          # batch 1
+    for seq in range(45, 65):
+        append_put(appender, seq)
     resume = stream_resume_version(checkpoint)
-    assert resume == 26                          # versions 1-25 read; 0 created the table
+    assert resume == stream_offset(checkpoint, 0)["reservoirVersion"] == 26   # batch 1's start; 0 made the table
+    assert stream_offset(checkpoint, 1)["reservoirVersion"] > 40
     assert deltars.trim_log(puts, resume, min_age_s=0) > 0
     assert min(int(n[:20]) for n in os.listdir(os.path.join(puts, "_delta_log")) if n[:20].isdigit()) <= resume
     run_put_stream(spark, puts, checkpoint, out)
     seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
-    assert seqs == list(range(45))
+    assert seqs == list(range(65))
 
 
 def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark, tmp_path):
