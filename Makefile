@@ -11,21 +11,30 @@ BROWSER_STAMP := .cache/.chromium
 
 .PHONY: run test test-fast test-long typecheck setup bench bench-compare proto clean
 
+# Each set-up step shows a live line (what it does, seconds so far, the usual
+# time, the last line its tool printed); the tools' own output goes to $(SETUP_LOG).
+SETUP_LOG := .cache/setup.log
+STEP = $(PYTHON) taproot_ops/console.py --log $(SETUP_LOG)
+
 setup: $(STAMP) $(JARS_STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[server,test]'
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	@echo "set-up 1/2: Python packages into $(VENV) (once; what pip prints goes to $(SETUP_LOG))"
+	@test -x $(BIN)/python || $(STEP) --what "a virtualenv in $(VENV)" --usually 5 -- $(PYTHON) -m venv $(VENV)
+	@$(STEP) --what "pip, upgraded" --usually 5 -- $(BIN)/python -m pip install --upgrade pip
+	@$(STEP) --what "pyspark, delta-spark, deltalake, grpcio, pytest, ... from PyPI" --usually 100 -- \
+		$(BIN)/python -m pip install -e '.[server,test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
 
 $(JARS_STAMP): $(STAMP)
-	$(BIN)/python -m storage.spark
-	touch $(JARS_STAMP)
+	@echo "set-up 2/2: Delta's jars from Maven Central into .cache/ivy (once; Ivy's lines go to $(SETUP_LOG))"
+	@$(STEP) --what "delta-spark's jars" --usually 60 -- $(BIN)/python -m storage.spark
+	@touch $(JARS_STAMP)
 
+# RUN_ARGS: more of `taproot run`'s flags (`make run RUN_ARGS="--data-dir /tmp/x"`).
 run: setup
-	$(BIN)/taproot run
+	@$(BIN)/taproot run $(RUN_ARGS)
 
 $(BROWSER_STAMP):
 	@command -v chromium >/dev/null || { \
@@ -36,8 +45,10 @@ $(BROWSER_STAMP):
 	mkdir -p .cache && touch $@
 
 test: setup $(BROWSER_STAMP)
-	$(BIN)/python -m taproot_ops.object_store
-	$(BIN)/python -m storage.spark --object-store
+	@$(STEP) --what "SeaweedFS, the object-store tests' S3 server (built once from the Go module proxy)" \
+		--usually 240 -- $(BIN)/python -m taproot_ops.object_store
+	@$(STEP) --what "hadoop-aws and the AWS SDK bundle for Spark on S3 (once, about 690 MB)" --usually 120 -- \
+		$(BIN)/python -m storage.spark --object-store
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest

@@ -313,9 +313,14 @@ class EmbeddedCluster:
             args += ["--http-port", "0"]
         process = self._spawn("pipeline", args)
         if wait:
-            process.wait_ready(timeout_s)
-            self._note_http("pipeline", process)
+            self.pipeline_ready(process, timeout_s)
         return process
+
+    def pipeline_ready(self, process: Process, timeout_s: float) -> None:
+        """Wait for a pipeline started with `wait=False` (ClusterStartError
+        if it exits or is not ready in time)."""
+        process.wait_ready(timeout_s)
+        self._note_http("pipeline", process)
 
     def start(self) -> None:
         try:

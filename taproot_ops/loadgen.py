@@ -12,6 +12,7 @@ from typing import Any, Callable
 from protocol.clock import wall_time_us
 from taproot.batching import BatchPolicy
 from taproot.futures import PutFuture
+from taproot.message import Message
 from taproot.session import Session
 
 
@@ -47,6 +48,10 @@ class ConsumeResult:
     push_latency_ms: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     guids: list[bytes] = field(default_factory=list)
+    # Messages `accept` turned down (confirmed, not counted): left over from an earlier run.
+    others: int = 0
+    # time.monotonic() when the first counted message arrived.
+    first_at: float | None = None
 
 
 def produce(address: str, uri: str, count: int, size: int = 1024, rate: float = 0.0,
@@ -92,8 +97,11 @@ def produce(address: str, uri: str, count: int, size: int = 1024, rate: float = 
 
 
 def consume(address: str, uri: str, count: int, idle_timeout_s: float = 60.0,
-            ready: threading.Event | None = None, max_unconfirmed_messages: int = 1000) -> ConsumeResult:
-    """Receive and confirm until `count` messages arrived or none for `idle_timeout_s`."""
+            ready: threading.Event | None = None, max_unconfirmed_messages: int = 1000,
+            accept: Callable[[Message], bool] | None = None) -> ConsumeResult:
+    """Receive and confirm until `count` messages arrived or none for
+    `idle_timeout_s`. With `accept`, only the messages it accepts count; the
+    others are confirmed too (`others`)."""
     result = ConsumeResult()
     with Session([address]) as session:
         with session.open_queue(uri, read=True, max_unconfirmed_messages=max_unconfirmed_messages) as queue:
@@ -104,7 +112,12 @@ def consume(address: str, uri: str, count: int, idle_timeout_s: float = 60.0,
                 message = queue.get(idle_timeout_s)
                 if message is None:
                     break
+                if accept is not None and not accept(message):
+                    result.others += 1
+                    queue.confirm(message)
+                    continue
                 if started is None:
+                    result.first_at = time.monotonic()
                     started = time.perf_counter()
                 result.push_latency_ms.append((wall_time_us() - message.put_time_us) / 1000)
                 result.received += 1

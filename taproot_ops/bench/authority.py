@@ -11,6 +11,7 @@ counted: the disagreements the primaries recorded over the same rows.
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -37,11 +38,15 @@ def _rows(data_dir: str, partitions: int, domain: str, since: datetime,
 
 
 def authority_lag(data_dir: str, partitions: int, domain: str, since_s: float, expected: int,
-                  timeout_s: float = 600.0, idle_s: float = 60.0, progress: bool = True) -> dict[str, Any]:
+                  timeout_s: float = 600.0, idle_s: float = 60.0, progress: bool = True,
+                  on_progress: Callable[[int], None] | None = None,
+                  stop: threading.Event | None = None) -> dict[str, Any]:
     """Wait (up to `timeout_s`, or `idle_s` without a new row) until the
     delivery log has `expected` rows of `domain` put since `since_s`, then
     return the lag's percentiles, the rows seen, the wait, and the
-    disagreements recorded for those PUTs."""
+    disagreements recorded for those PUTs. `progress` prints a line of its
+    own; `on_progress` is given the rows seen so far instead. `stop` ends
+    the wait early."""
     since = datetime.fromtimestamp(since_s, timezone.utc)
     started = last_change = time.monotonic()
     rows, seen = pa.table({}), -1
@@ -50,8 +55,12 @@ def authority_lag(data_dir: str, partitions: int, domain: str, since_s: float, e
                      "put_time")
         if rows.num_rows != seen:
             seen, last_change = rows.num_rows, time.monotonic()
+            if on_progress is not None:
+                on_progress(seen)
         now = time.monotonic()
         if seen >= expected or now - started > timeout_s or now - last_change > idle_s:
+            break
+        if stop is not None and stop.is_set():
             break
         if progress:
             print(f"\r  waiting for the pipeline: {seen:,} of {expected:,} delivery rows "
