@@ -309,14 +309,24 @@ def cmd_tls(args: argparse.Namespace) -> int:
     return 0
 
 
+# How long a Spark session takes to start here (a JVM, Delta's jars), for the live line.
+SPARK_START_USUALLY_S = 15
+
+
 def _spark(app_name: str, config: conf.ClusterConfig) -> Any:
-    """A Spark session where `[pipeline] spark_master` says (local by default)."""
-    """A local Spark session for a one-shot command."""
+    """A Spark session for a one-shot command, where `[pipeline]
+    spark_master` says (local by default), with a live line on stderr while
+    the JVM starts; what the JVM prints goes to <state_dir>/logs/APP.log."""
     from storage import spark as spark_factory
+    from taproot_ops.console import Waiting, output_to
 
     # PySpark logs every failed query's whole plan as one JSON line; callers print the error.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    return spark_factory.session(app_name, **conf.spark_options(config))
+    log_file = Path(config.local_dir) / "logs" / f"{app_name}.log"
+    with output_to(log_file, show_on=2) as terminal:
+        with Waiting(f"starting Spark (a JVM; its output goes to {log_file})", SPARK_START_USUALLY_S,
+                     stream=terminal, indent=""):
+            return spark_factory.session(app_name, **conf.spark_options(config))
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -326,7 +336,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     config = _config(args)
     spark = _spark("taproot-sql", config)
     try:
-        register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
+        from taproot_ops.console import Waiting
+        with Waiting("reading the tables' logs for the views", stream=sys.stderr, indent=""):
+            register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
         if args.query.strip().lower() in ("views", "show views"):
             print("\n".join(f"{v}: {', '.join(spark.table(v).columns)}" for v in _views(spark)))
             return 0

@@ -169,16 +169,16 @@ def _columns(stream: IO[str]) -> int:
 
 
 @contextlib.contextmanager
-def output_to(log_file: Path) -> Iterator[IO[str]]:
+def output_to(log_file: Path, show_on: int = 1) -> Iterator[IO[str]]:
     """Send this process's file descriptors 1 and 2 (its own prints, and
-    what child processes such as a JVM write) to `log_file` for the block;
-    yield a stream on the terminal they went to, for what the user should
-    see."""
+    what child processes started in the block, such as a JVM, write for
+    good) to `log_file` for the block; yield a stream on where descriptor
+    `show_on` went before, for what the user should see."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    terminal = os.fdopen(os.dup(saved[0] if show_on == 1 else saved[1]), "w", buffering=1)
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.dup2(log_fd, 1)

@@ -41,7 +41,8 @@ def test_spark_reads_over_s3a_what_delta_rs_committed_on_the_store(object_store,
     assert deltars.try_open(puts).version() >= 1
     (tmp_path / "domains").mkdir()
     cluster_file = tmp_path / "cluster.toml"
-    cluster_file.write_text(f'[cluster]\ndata_dir = "{data_dir}"\n[storage]\nendpoint = "{object_store.endpoint}"\n'
+    cluster_file.write_text(f'[cluster]\ndata_dir = "{data_dir}"\nstate_dir = "{tmp_path}/state"\n'
+                            f'[storage]\nendpoint = "{object_store.endpoint}"\n'
                             "allow_http = true\n")
     out = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "sql", "--config", str(cluster_file), "--json",
                           "SELECT count(*) AS n, max(seq) AS top, first(region) AS region FROM taproot_messages "
