@@ -250,7 +250,8 @@ def _last_line(log_file: Path, since: int) -> str:
     try:
         with open(log_file, "rb") as fh:
             fh.seek(max(since, os.path.getsize(log_file) - 4096))
-            lines = [x.strip() for x in fh.read().decode(errors="replace").splitlines() if x.strip()]
+            lines = [x.strip() for x in fh.read().decode(errors="replace").splitlines()
+                     if x.strip() and not x.startswith("=== ")]   # not run_logged's own header
     except OSError:
         return ""
     return lines[-1] if lines else ""

@@ -251,7 +251,7 @@ def show_table(data_dir: str, partitions: int, since_s: float) -> None:
                     filters=[("domain", "=", "demo"), ("queue", "=", "orders"), ("put_time", ">=", since)])
                     ).filter(pc.field("seq").isin(shown["seq"].to_pylist())).to_pylist():
                 decided[row["seq"]] = row
-        say(f"   deltalake.DeltaTable('{os.path.relpath(paths.puts)}'): {rows.num_rows:,} rows of demo/orders "
+        say(f"   deltalake.DeltaTable('{_shown_path(paths.puts)}'): {rows.num_rows:,} rows of demo/orders "
             "from this run; the last 5, with what the delivery log says of them:")
         say(f"     {'guid':<32}  {'seq':>6}  {'region':<6}  {'bytes':>5}  {'put_time':<26}  "
             f"{'apps':<6}  delivered_time")
@@ -266,6 +266,12 @@ def show_table(data_dir: str, partitions: int, since_s: float) -> None:
 
 
 # -- taproot run ------------------------------------------------------------------------------------
+
+def _shown_path(path: str) -> str:
+    """Relative to the working directory when under it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
 
 def _metrics(cluster: EmbeddedCluster, name: str) -> str:
     port = cluster.http_ports.get(name)
@@ -343,6 +349,9 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
         if cluster.config.auth.enabled:
             say(f"   token auth on (this machine's token, every right: {os.environ.get('TAPROOT_TOKEN_FILE')}; "
                 "`taproot auth add NAME --produce D` makes narrower ones)")
+        exports = " ".join(f"{k}={_shown_path(v)}" for k, v in sorted(cluster.client_env().items()))
+        if exports:
+            say(f"   for the SDK (the README's snippets), in that terminal: export {exports}")
         watch = RoleWatch(cluster)
         watch.start()
         produced: loadgen.ProduceResult | None = None
@@ -381,5 +390,6 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
         if watch is not None:
             watch.stop()
         if cluster.processes:
+            say()
             with Waiting("stopping the cluster (proxies, pipeline, nodes)", usually_s=5, indent=""):
                 cluster.stop()
