@@ -62,6 +62,7 @@ class Waiting:
         self.detail_of = detail
         self.indent = indent
         self.detail = ""
+        self.failed = False   # set by the work when it failed without raising
         self.started = 0.0
         self.live = _is_terminal(self.stream)
         self._stop = threading.Event()
@@ -91,7 +92,7 @@ class Waiting:
             if self.live:
                 self.clear()
             _live = None
-            if exc is None:
+            if exc is None and not self.failed:
                 self._print(f"{self.indent}{self.what}: done in {took}"
                             + (self._detail(", ") if self.detail_at_end else ""))
             elif isinstance(exc, KeyboardInterrupt):
@@ -266,8 +267,9 @@ def run_logged(command: list[str], what: str, log_file: Path, usually_s: float |
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}: {' '.join(command)}\n".encode())
         log.flush()
         with Waiting(what, usually_s, indent="", detail=lambda: _last_line(log_file, since)[:100],
-                     detail_at_end=False):
+                     detail_at_end=False) as waiting:
             code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            waiting.failed = code != 0
     if code != 0:
         with open(log_file, "rb") as fh:
             fh.seek(since)

@@ -192,6 +192,15 @@ def main(args: argparse.Namespace) -> int:
         print("error: application subscriptions are Taproot-only; run those scenarios without --compare",
               file=sys.stderr)
         return 2
+    peers_needed = [s for s in systems if s != "taproot"]
+    if peers_needed:
+        from taproot_ops.bench import peers
+        try:
+            for system in peers_needed:   # before any run: a missing client would end the bench halfway
+                peers.prepare(system)
+        except peers.PeerSetupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     for system in systems:
         if system == "taproot":
             report["runs"] += _run_taproot(scenarios, args, out_dir)

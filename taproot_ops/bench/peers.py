@@ -13,10 +13,13 @@ Durability, as configured (defaults otherwise; nothing tuned down):
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +28,36 @@ from typing import Iterator
 from taproot_ops.embedded import free_port
 
 PACKAGES = {"rabbitmq": ("rabbitmq-server", "rabbitmq-server"), "nats": ("nats-server", "nats-server")}
+# The Python client each peer's driver uses: (module, pip requirement; as in pyproject's `bench` extra).
+CLIENTS = {"rabbitmq": ("pika", "pika>=1.3"), "nats": ("nats", "nats-py>=2.9")}
+
+
+class PeerSetupError(RuntimeError):
+    """A peer's server or client cannot be had here; the message says how to get it."""
+
+
+def prepare(system: str) -> None:
+    """Before any scenario runs: the peer's server (Debian's package) and
+    its Python client (pip, into this environment), installed if missing,
+    saying so; PeerSetupError, saying how to install it, if that fails."""
+    try:
+        ensure_installed(system)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        package = PACKAGES[system][1]
+        raise PeerSetupError(f"{system}: could not install Debian's {package} ({exc}); install it with "
+                             f"`apt-get install {package}` (as root) and run again") from None
+    module, requirement = CLIENTS[system]
+    if importlib.util.find_spec(module) is not None:
+        return
+    print(f"installing {requirement}, the {system} driver's Python client, into {sys.prefix} ...", flush=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", requirement],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    importlib.invalidate_caches()
+    if pip.returncode != 0 or importlib.util.find_spec(module) is None:
+        said = pip.stderr.strip().splitlines()[-1:] or ["not importable after installing"]
+        raise PeerSetupError(f"{system}: could not install {requirement} ({said[0]}); install it with "
+                             f"`{sys.executable} -m pip install '{requirement}'` (or `make bench-compare`, "
+                             "which installs the bench extra)")
 
 
 def ensure_installed(system: str) -> None:
