@@ -22,14 +22,14 @@ $(STAMP): pyproject.toml
 	@echo "set-up 1/2: Python packages into $(VENV) (once; what pip prints goes to $(SETUP_LOG))"
 	@test -x $(BIN)/python || $(STEP) --what "a virtualenv in $(VENV)" --usually 5 -- $(PYTHON) -m venv $(VENV)
 	@$(STEP) --what "pip, upgraded" --usually 5 -- $(BIN)/python -m pip install --upgrade pip
-	@$(STEP) --what "pyspark, delta-spark, deltalake, grpcio, pytest, ... from PyPI" --usually 100 -- \
+	@$(STEP) --what "pyspark, delta-spark, deltalake, grpcio, pytest, ... from PyPI" --usually 50 -- \
 		$(BIN)/python -m pip install -e '.[server,test]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
 $(JARS_STAMP): $(STAMP)
 	@echo "set-up 2/2: Delta's jars from Maven Central into .cache/ivy (once; Ivy's lines go to $(SETUP_LOG))"
-	@$(STEP) --what "delta-spark's jars" --usually 60 -- $(BIN)/python -m storage.spark
+	@$(STEP) --what "delta-spark's jars" --usually 25 -- $(BIN)/python -m storage.spark
 	@touch $(JARS_STAMP)
 
 # RUN_ARGS: more of `taproot run`'s flags (`make run RUN_ARGS="--data-dir /tmp/x"`).
