@@ -367,7 +367,6 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
             if not wait_for_pipeline(cluster, pipeline, stop):
                 watch.check()
                 return 0 if stop.is_set() else 1
-            watch.start_offsets()
             say(f"   pipeline   running{_metrics(cluster, 'pipeline')}")
             if produced is not None and not stop.is_set():
                 _guarded(wait_for_decisions, cluster.data_dir, cluster.config.partitions, started, produced.acked,
