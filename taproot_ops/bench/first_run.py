@@ -21,7 +21,7 @@ from pathlib import Path
 MILESTONES = (
     ("set-up: Python packages", r"from PyPI: (done|failed)"),
     ("set-up: Delta's jars", r"delta-spark's jars: (done|failed)"),
-    ("serving", r"== serving on"),
+    ("serving", r"== serving on \S+; from"),
     ("first message delivered", r"the first message was delivered"),
     ("Spark ready", r"Spark starting and warming up: (done|failed)"),
     ("the demo decided by the pipeline", r"the pipeline wrote"),
