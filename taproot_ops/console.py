@@ -225,6 +225,9 @@ class Terminal:
                     os.tcsetpgrp(fd, os.getpgrp())
                 finally:
                     signal.signal(signal.SIGTTOU, old)
+                # Ctrl-Z would stop this group alone, out of the parent shell's job control (it
+                # waits on make, which still runs): the terminal would hang. It does nothing instead.
+                signal.signal(signal.SIGTSTP, signal.SIG_IGN)
         except OSError:
             os.close(fd)
             return False
