@@ -90,3 +90,30 @@ def test_bench_compare_checks_the_peers_clients_before_it_starts(monkeypatch):
         peers.prepare("rabbitmq")
     said = str(raised.value)
     assert "No matching distribution" in said and "-m pip install 'pika>=1.3'" in said
+
+
+# What Kafka's own load tools printed here (4.2.0), as taproot_ops.bench.kafka reads it.
+PRODUCER_OUT = """47236 records sent, 9443.4 records/sec (9.22 MB/sec), 2073.4 ms avg latency, 3041.0 ms max latency.
+500000 records sent, 35942.779096 records/sec (35.10 MB/sec), 797.83 ms avg latency, 3041.00 ms max latency, \
+559 ms 50th, 2134 ms 95th, 2795 ms 99th, 3012 ms 99.9th.
+"""
+CONSUMER_OUT = """start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, \
+rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+2026-11-25 05:58:00:603, 2026-11-25 05:58:03:723, 488.2813, 156.5004, 500000, 160256.4103, 943, 2177, 224.2909, \
+229673.8631
+"""
+END_TO_END_OUT = "0\t169.162893\nAvg latency: 5.7082 ms\nPercentiles: 50th = 4, 99th = 14, 99.9th = 169\n"
+
+
+def test_kafkas_tools_are_read_from_their_summaries():
+    from taproot_ops.bench import kafka
+
+    produced = kafka.parse_produced(PRODUCER_OUT)
+    assert produced == {"records": 500000, "msg_s": 35942.779096, "ack_ms": {"p50": 559.0, "p99": 2795.0,
+                                                                            "max": 3041.0}}
+    assert kafka.parse_consumed(CONSUMER_OUT) == 160256.4103
+    assert kafka.parse_end_to_end(END_TO_END_OUT) == {"p50": 4.0, "p99": 14.0}
+    for parse in (kafka.parse_produced, kafka.parse_consumed, kafka.parse_end_to_end):
+        with pytest.raises(RuntimeError):
+            parse("Exception in thread main: no broker")
+    assert len(kafka._cluster_id()) == 22

@@ -171,6 +171,9 @@ def main(args: argparse.Namespace) -> int:
         return _replay_main(args)
     if getattr(args, "pipeline", 0):
         return _pipeline_main(args)
+    if args.system == "kafka":
+        from taproot_ops.bench import kafka
+        return kafka.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:

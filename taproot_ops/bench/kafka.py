@@ -1,0 +1,302 @@
+"""Kafka at its best, for comparison (issue 20, Kafka's part): a KRaft
+broker (one node, broker and controller) of a current 4.x release, from
+Maven Central's jars, started on loopback, driven by Kafka's own load
+tools (`ProducerPerformance`, `ConsumerPerformance`, `EndToEndLatency`, the
+classes behind `kafka-producer-perf-test.sh` and friends).
+
+    python -m taproot_ops.bench.kafka [--records 1000000] [--json out.json]
+
+The jars are fetched once with Maven into `.cache/kafka-<version>/jars`
+(Maven Central is reachable where Delta's jars come from). Every run is
+1 KiB records, `acks=all` (the producer's acknowledgement once the record
+is in the partition leader's log, which here is the only replica):
+
+- `1 topic`: one producer at full speed, then one consumer group reading
+  them all;
+- `10 partitions`: the same over a topic of 10 partitions (Kafka's unit of
+  parallelism; ten topics would need ten producer JVMs on two cores);
+- `fanout, 5 groups`: produced once, then five consumer groups reading it
+  at once (each its own JVM);
+- `10k msg/s`: the producer paced at 10,000 records a second for the run's
+  length; PUT->ACK is the tool's send->acknowledgement latency;
+  PUT->PUSH is `EndToEndLatency` (one record at a time, produce then
+  consume, so unloaded: not the paced run's);
+- durability: Kafka's default acknowledges before any fsync (the OS
+  flushes; replication is the durability, and there is one replica here);
+  `fsync` runs the broker with `log.flush.interval.messages=1` (a flush for
+  every append) for comparison with Taproot's fsynced commits.
+
+The broker's CPU (its process, from /proc) is reported per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from taproot_ops.bench.cpu import tree_cpu_seconds
+from taproot_ops.embedded import free_port
+
+VERSION = "4.2.0"
+SCALA = "2.13"
+RECORD_BYTES = 1024
+
+
+class KafkaUnavailable(RuntimeError):
+    """Kafka's jars cannot be had here (no Maven, Maven Central refused)."""
+
+
+def cache_dir() -> Path:
+    from storage.spark import cache_dir as project_cache
+    return project_cache() / f"kafka-{VERSION}"
+
+
+def jars() -> Path:
+    """The directory of Kafka's jars, fetched with Maven once."""
+    target = cache_dir() / "jars"
+    if (target / f"kafka_{SCALA}-{VERSION}.jar").exists() and (target / f"kafka-tools-{VERSION}.jar").exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaUnavailable("Maven (mvn) is not installed: it fetches Kafka's jars from Maven Central")
+    work = cache_dir() / "fetch"
+    work.mkdir(parents=True, exist_ok=True)
+    dependencies = "".join(
+        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"
+        for g, a, v in [("org.apache.kafka", f"kafka_{SCALA}", VERSION), ("org.apache.kafka", "kafka-tools", VERSION),
+                        ("org.slf4j", "slf4j-nop", "1.7.36")])
+    (work / "pom.xml").write_text(
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        "<groupId>taproot.bench</groupId><artifactId>kafka-jars</artifactId><version>1</version>"
+        f"<dependencies>{dependencies}</dependencies></project>")
+    print(f"fetching Kafka {VERSION}'s jars from Maven Central into {target} (once) ...", flush=True)
+    out = subprocess.run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={target}"],
+                         cwd=work, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise KafkaUnavailable("Maven could not fetch Kafka's jars: "
+                               + " ".join((out.stdout + out.stderr).strip().splitlines()[-3:]))
+    return target
+
+
+def _java(jar_dir: Path, main: str, *args: str, heap: str = "512m") -> list[str]:
+    return ["java", f"-Xmx{heap}", "-cp", f"{jar_dir}/*", main, *args]
+
+
+def _run(command: list[str], timeout_s: float) -> str:
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        raise RuntimeError(f"{command[4]} failed ({out.returncode}): " + " ".join(text.strip().splitlines()[-3:]))
+    return text
+
+
+class Broker:
+    def __init__(self, jar_dir: Path, fsync: bool):
+        self.jar_dir = jar_dir
+        self.fsync = fsync
+        self.work = Path(tempfile.mkdtemp(prefix="taproot-bench-kafka-"))
+        self.port, self.controller_port = free_port(), free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> None:
+        config = self.work / "server.properties"
+        config.write_text("\n".join([
+            "process.roles=broker,controller", "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self.work / 'logs'}", "num.partitions=1",
+            "offsets.topic.replication.factor=1", "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1", "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1", "group.initial.rebalance.delay.ms=0",
+            *(["log.flush.interval.messages=1"] if self.fsync else []), ""]))
+        _run(_java(self.jar_dir, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)), 120)
+        log = open(self.work / "broker.log", "wb")
+        self.process = subprocess.Popen(_java(self.jar_dir, "kafka.Kafka", str(config), heap="1g"),
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Kafka broker exited with {self.process.returncode}; see {log.name}")
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                _run(_java(self.jar_dir, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap,
+                           "--list", heap="128m"), 30)
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the Kafka broker did not answer within {timeout_s:.0f} s")
+
+    def cpu_s(self) -> float:
+        assert self.process is not None
+        return tree_cpu_seconds({"broker": self.process.pid}).get("broker", 0.0)
+
+    def topic(self, name: str, partitions: int = 1) -> str:
+        _run(_java(self.jar_dir, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap,
+                   "--create", "--topic", name, "--partitions", str(partitions), "--replication-factor", "1",
+                   heap="128m"), 60)
+        return name
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding."""
+    import base64
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@contextlib.contextmanager
+def broker(fsync: bool = False) -> Iterator[Broker]:
+    b = Broker(jars(), fsync)
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+
+
+_PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec .*?, ([\d.]+) ms avg latency, ([\d.]+) ms max "
+                       r"latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th")
+
+
+def produce(b: Broker, topic: str, records: int, rate: float = -1) -> dict[str, Any]:
+    """`ProducerPerformance`: msg/s, and send->ack latency percentiles (ms)."""
+    text = _run(_java(b.jar_dir, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+                      "--num-records", str(records), "--record-size", str(RECORD_BYTES), "--throughput", str(rate),
+                      "--producer-props", f"bootstrap.servers={b.bootstrap}", "acks=all", heap="1g"),
+                timeout_s=900)
+    return parse_produced(text)
+
+
+def parse_produced(text: str) -> dict[str, Any]:
+    """ProducerPerformance's last summary line: records, msg/s, ack latency (ms)."""
+    match = _PRODUCED.findall(text)
+    if not match:
+        raise RuntimeError(f"no summary from ProducerPerformance: {text[-500:]}")
+    sent, per_s, _avg, peak, p50, _p95, p99 = match[-1]
+    return {"records": int(sent), "msg_s": float(per_s), "ack_ms": {"p50": float(p50), "p99": float(p99),
+                                                                    "max": float(peak)}}
+
+
+def consume(b: Broker, topic: str, records: int, group: str) -> subprocess.Popen[str]:
+    """`ConsumerPerformance` reading `records` as `group` (started; `consumed` reads its answer)."""
+    return subprocess.Popen(_java(b.jar_dir, "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server",
+                                  b.bootstrap, "--topic", topic, "--num-records", str(records), "--group", group,
+                                  "--timeout", "60000", heap="512m"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def consumed(process: subprocess.Popen[str]) -> float:
+    """msg/s of a finished `consume` (its nMsg.sec, from first fetch to last)."""
+    text, _ = process.communicate(timeout=900)
+    if process.returncode != 0:
+        raise RuntimeError(f"ConsumerPerformance failed: {text[-500:]}")
+    return parse_consumed(text)
+
+
+def parse_consumed(text: str) -> float:
+    """ConsumerPerformance's CSV row: its nMsg.sec (first fetch to last, rebalance included)."""
+    header = next((line.split(", ") for line in text.splitlines() if line.startswith("start.time")), None)
+    rows = [line.split(", ") for line in text.splitlines() if re.match(r"^\d{4}-\d\d-\d\d ", line)]
+    if header is None or not rows:
+        raise RuntimeError(f"no result from ConsumerPerformance: {text[-500:]}")
+    return float(rows[-1][header.index("nMsg.sec")])
+
+
+def end_to_end(b: Broker, topic: str, records: int = 5000) -> dict[str, float]:
+    """`EndToEndLatency`: one record at a time, produced then consumed: ms."""
+    text = _run(_java(b.jar_dir, "org.apache.kafka.tools.EndToEndLatency", "--bootstrap-server", b.bootstrap,
+                      "--topic", topic, "--num-records", str(records), "--producer-acks", "all",
+                      "--record-size", str(RECORD_BYTES), heap="512m"), timeout_s=600)
+    return parse_end_to_end(text)
+
+
+def parse_end_to_end(text: str) -> dict[str, float]:
+    """EndToEndLatency's percentiles (ms)."""
+    found = re.search(r"Percentiles: 50th = ([\d.]+), 99th = ([\d.]+)", text)
+    if found is None:
+        raise RuntimeError(f"no percentiles from EndToEndLatency: {text[-500:]}")
+    return {"p50": float(found.group(1)), "p99": float(found.group(2))}
+
+
+def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    for fsync in (False, True):
+        durability = "fsync every append" if fsync else "default (acks=all, OS flush)"
+        with broker(fsync=fsync) as b:
+            for label, partitions, groups in (("1 topic", 1, 1), ("10 partitions", 10, 1),
+                                              ("fanout, 5 groups", 1, 5)):
+                if fsync and label != "1 topic":
+                    continue
+                topic = b.topic(f"t{len(runs)}", partitions)
+                cpu = b.cpu_s()
+                produced = produce(b, topic, records)
+                readers = [consume(b, topic, records, f"g{i}") for i in range(groups)]
+                rates = [consumed(r) for r in readers]
+                cpu = b.cpu_s() - cpu
+                runs.append({"system": "kafka", "label": label, "durability": durability,
+                             "produce_msg_s": produced["msg_s"], "consume_msg_s": sum(rates),
+                             "ack_ms": produced["ack_ms"], "push_ms": None,
+                             "broker_cpu_us_per_msg": cpu * 1e6 / (records * (1 + groups))})
+                print(_line(runs[-1]), flush=True)
+            if not fsync:
+                topic = b.topic("paced")
+                produced = produce(b, topic, int(10_000 * paced_s), rate=10_000)
+                latency = end_to_end(b, b.topic("e2e"))
+                runs.append({"system": "kafka", "label": "10k msg/s", "durability": durability,
+                             "produce_msg_s": produced["msg_s"], "consume_msg_s": None, "ack_ms": produced["ack_ms"],
+                             "push_ms": {"p50": latency["p50"], "p99": latency["p99"],
+                                         "note": "EndToEndLatency, one record at a time"},
+                             "broker_cpu_us_per_msg": None})
+                print(_line(runs[-1]), flush=True)
+    return runs
+
+
+def _line(run: dict[str, Any]) -> str:
+    def num(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:,.0f}"
+    push = run["push_ms"]
+    return (f"kafka {run['label']:<17} [{run['durability']}]: produce {num(run['produce_msg_s'])} msg/s, consume "
+            f"{num(run['consume_msg_s'])} msg/s, PUT->ACK p50 {num(run['ack_ms']['p50'])} / p99 "
+            f"{num(run['ack_ms']['p99'])} ms" + (f", PUT->PUSH p50 {push['p50']:g} / p99 {push['p99']:g} ms "
+                                                 f"({push['note']})" if push else "")
+            + (f", broker CPU {run['broker_cpu_us_per_msg']:.1f} us/msg" if run["broker_cpu_us_per_msg"] else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000, help="records per full-speed run (1 KiB each)")
+    parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
+    parser.add_argument("--json", help="write the runs here")
+    args = parser.parse_args(argv)
+    try:
+        runs = run_all(args.records, args.paced)
+    except KafkaUnavailable as exc:
+        print(f"kafka: not available here: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps({"kafka": VERSION, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
