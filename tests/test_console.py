@@ -117,3 +117,19 @@ def test_kafkas_tools_are_read_from_their_summaries():
         with pytest.raises(RuntimeError):
             parse("Exception in thread main: no broker")
     assert len(kafka._cluster_id()) == 22
+
+
+NATS_PUB_OUT = ("NATS JetStream asynchronous publisher stats: 107,556 msgs/sec ~ 105 MiB/sec ~ min: 2,614.71us ~ "
+                "avg: 4,644.05us ~ max: 21,462.37us ~ P50: 4,174.37us ~ P90: 6,646.07us ~ P99: 11,789.28us ~ "
+                "P99.9: 21,462.37us\n")
+NATS_CONSUME_OUT = "NATS JetStream durable consumer (callback) stats: 132,365 msgs/sec ~ 129 MiB/sec\n"
+
+
+def test_nats_bench_is_read_from_its_stats_line():
+    from taproot_ops.bench import nats_native
+
+    assert nats_native.parse_stats(NATS_PUB_OUT) == {"msg_s": 107556.0, "ack_ms": {"p50": pytest.approx(4.17437),
+                                                                                 "p99": pytest.approx(11.78928)}}
+    assert nats_native.parse_stats(NATS_CONSUME_OUT) == {"msg_s": 132365.0, "ack_ms": None}
+    with pytest.raises(RuntimeError):
+        nats_native.parse_stats("nats: error: no servers available for connection")

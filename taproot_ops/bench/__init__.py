@@ -174,6 +174,9 @@ def main(args: argparse.Namespace) -> int:
     if args.system == "kafka":
         from taproot_ops.bench import kafka
         return kafka.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
+    if args.system == "nats-native":
+        from taproot_ops.bench import nats_native
+        return nats_native.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:
