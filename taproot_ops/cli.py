@@ -595,11 +595,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="processes per role (clients are spread over them)")
     p.add_argument("--drain-idle", type=float, help="consumers stop after this long without a message once "
                                                      "the producers are done (default 60 s Taproot, 10 s peers)")
-    p.add_argument("--system", choices=["taproot", "rabbitmq", "nats", "kafka", "nats-native"],
+    p.add_argument("--system", choices=["taproot", "rabbitmq", "nats", "kafka", "nats-native", "rabbitmq-native"],
                    help="only this system; kafka: a KRaft broker from Maven Central's jars driven by Kafka's own "
                         "load tools (its own runs: one topic, 10 partitions, fanout to 5 groups, 10k msg/s, with "
                         "and without fsync; taproot_ops/bench/kafka.py); nats-native: a current nats-server "
-                        "built from the Go module proxy, driven by `nats bench` (taproot_ops/bench/nats_native.py)")
+                        "built from the Go module proxy, driven by `nats bench` (taproot_ops/bench/nats_native.py); "
+                        "rabbitmq-native: quorum queues driven by RabbitMQ's PerfTest "
+                        "(taproot_ops/bench/rabbitmq_native.py)")
     p.add_argument("--compare", action="store_true",
                    help="also RabbitMQ quorum queues and NATS JetStream (installed from Debian and started on "
                         "loopback if needed) and print Taproot/peer ratios")

@@ -133,3 +133,22 @@ def test_nats_bench_is_read_from_its_stats_line():
     assert nats_native.parse_stats(NATS_CONSUME_OUT) == {"msg_s": 132365.0, "ack_ms": None}
     with pytest.raises(RuntimeError):
         nats_native.parse_stats("nats: error: no servers available for connection")
+
+
+PERF_TEST_OUT = """test stopped (Reached time limit)
+id: test-062120-918, sending rate avg: 14317 msg/s
+id: test-062120-918, receiving rate avg: 14317 msg/s
+id: test-062120-918, consumer latency min/median/75th/95th/99th 650/23559/35030/61139/81547 µs
+id: test-062120-918, confirm latency min/median/75th/95th/99th 454/16179/22967/38143/55231 µs
+"""
+
+
+def test_rabbitmq_perf_test_is_read_from_its_summary():
+    from taproot_ops.bench import rabbitmq_native
+
+    summary = rabbitmq_native.parse_summary(PERF_TEST_OUT)
+    assert summary["produce_msg_s"] == 14317.0 and summary["consume_msg_s"] == 14317.0
+    assert summary["ack_ms"] == {"p50": pytest.approx(16.179), "p99": pytest.approx(55.231)}
+    assert summary["push_ms"] == {"p50": pytest.approx(23.559), "p99": pytest.approx(81.547)}
+    with pytest.raises(RuntimeError):
+        rabbitmq_native.parse_summary("Main thread caught exception: connection refused")

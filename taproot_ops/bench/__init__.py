@@ -174,6 +174,10 @@ def main(args: argparse.Namespace) -> int:
     if args.system == "kafka":
         from taproot_ops.bench import kafka
         return kafka.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
+    if args.system == "rabbitmq-native":
+        from taproot_ops.bench import rabbitmq_native
+        return rabbitmq_native.main(["--seconds", str(args.duration or 20)]
+                                    + (["--json", args.json] if args.json else []))
     if args.system == "nats-native":
         from taproot_ops.bench import nats_native
         return nats_native.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
