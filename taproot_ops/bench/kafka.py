@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +46,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
+from taproot_ops.bench.native import line, maven_jars, stop
+from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
 VERSION = "4.2.0"
@@ -55,40 +55,11 @@ SCALA = "2.13"
 RECORD_BYTES = 1024
 
 
-class KafkaUnavailable(RuntimeError):
-    """Kafka's jars cannot be had here (no Maven, Maven Central refused)."""
-
-
-def cache_dir() -> Path:
-    from storage.spark import cache_dir as project_cache
-    return project_cache() / f"kafka-{VERSION}"
-
-
 def jars() -> Path:
     """The directory of Kafka's jars, fetched with Maven once."""
-    target = cache_dir() / "jars"
-    if (target / f"kafka_{SCALA}-{VERSION}.jar").exists() and (target / f"kafka-tools-{VERSION}.jar").exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaUnavailable("Maven (mvn) is not installed: it fetches Kafka's jars from Maven Central")
-    work = cache_dir() / "fetch"
-    work.mkdir(parents=True, exist_ok=True)
-    dependencies = "".join(
-        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"
-        for g, a, v in [("org.apache.kafka", f"kafka_{SCALA}", VERSION), ("org.apache.kafka", "kafka-tools", VERSION),
-                        ("org.slf4j", "slf4j-nop", "1.7.36")])
-    (work / "pom.xml").write_text(
-        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
-        "<groupId>taproot.bench</groupId><artifactId>kafka-jars</artifactId><version>1</version>"
-        f"<dependencies>{dependencies}</dependencies></project>")
-    print(f"fetching Kafka {VERSION}'s jars from Maven Central into {target} (once) ...", flush=True)
-    out = subprocess.run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={target}"],
-                         cwd=work, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise KafkaUnavailable("Maven could not fetch Kafka's jars: "
-                               + " ".join((out.stdout + out.stderr).strip().splitlines()[-3:]))
-    return target
+    return maven_jars("kafka", VERSION, [("org.apache.kafka", f"kafka_{SCALA}", VERSION),
+                                         ("org.apache.kafka", "kafka-tools", VERSION),
+                                         ("org.slf4j", "slf4j-nop", "1.7.36")], f"kafka-tools-{VERSION}.jar")
 
 
 def _java(jar_dir: Path, main: str, *args: str, heap: str = "512m") -> list[str]:
@@ -151,14 +122,7 @@ class Broker:
         return name
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        shutil.rmtree(self.work, ignore_errors=True)
+        stop(self.process, self.work)
 
 
 def _cluster_id() -> str:
@@ -260,8 +224,8 @@ def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
                              "produce_msg_s": produced["msg_s"], "consume_msg_s": sum(rates),
                              "ack_ms": produced["ack_ms"], "push_ms": None,
                              # Per produced record, its deliveries included (as Taproot's server CPU per message).
-                             "broker_cpu_us_per_msg": cpu * 1e6 / records})
-                print(_line(runs[-1]), flush=True)
+                             "server_cpu_us_per_msg": cpu * 1e6 / records})
+                print(line("kafka", runs[-1]), flush=True)
             if not fsync:
                 topic = b.topic("paced")
                 produced = produce(b, topic, int(10_000 * paced_s), rate=10_000)
@@ -270,36 +234,17 @@ def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
                              "produce_msg_s": produced["msg_s"], "consume_msg_s": None, "ack_ms": produced["ack_ms"],
                              "push_ms": {"p50": latency["p50"], "p99": latency["p99"],
                                          "note": "EndToEndLatency, one record at a time"},
-                             "broker_cpu_us_per_msg": None})
-                print(_line(runs[-1]), flush=True)
+                             "server_cpu_us_per_msg": None})
+                print(line("kafka", runs[-1]), flush=True)
     return runs
 
 
-def _line(run: dict[str, Any]) -> str:
-    def num(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:,.0f}"
-    push = run["push_ms"]
-    return (f"kafka {run['label']:<17} [{run['durability']}]: produce {num(run['produce_msg_s'])} msg/s, consume "
-            f"{num(run['consume_msg_s'])} msg/s, PUT->ACK p50 {num(run['ack_ms']['p50'])} / p99 "
-            f"{num(run['ack_ms']['p99'])} ms" + (f", PUT->PUSH p50 {push['p50']:g} / p99 {push['p99']:g} ms "
-                                                 f"({push['note']})" if push else "")
-            + (f", broker CPU {run['broker_cpu_us_per_msg']:.1f} us/msg" if run["broker_cpu_us_per_msg"] else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=1_000_000, help="records per full-speed run (1 KiB each)")
-    parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
-    parser.add_argument("--json", help="write the runs here")
-    args = parser.parse_args(argv)
-    try:
-        runs = run_all(args.records, args.paced)
-    except KafkaUnavailable as exc:
-        print(f"kafka: not available here: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps({"kafka": VERSION, "runs": runs}, indent=1))
-    return 0
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--records", type=int, default=1_000_000, help="records per full-speed run (1 KiB each)")
+        parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
+    return native_main(argv, __doc__, "kafka", arguments, lambda args: run_all(args.records, args.paced),
+                       {"kafka": VERSION})
 
 
 if __name__ == "__main__":

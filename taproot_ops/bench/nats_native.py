@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -41,14 +40,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
+from taproot_ops.bench.native import PeerUnavailable, line, stop
+from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
 SERVER = ("github.com/nats-io/nats-server/v2", "v2.15.2", "nats-server")
 CLI = ("github.com/nats-io/natscli/nats", "v0.5.0", "nats")
-
-
-class NatsUnavailable(RuntimeError):
-    """nats-server or natscli cannot be built here."""
 
 
 def tools_dir() -> Path:
@@ -62,13 +59,13 @@ def binary(tool: tuple[str, str, str]) -> Path:
     if target.exists():
         return target
     if shutil.which("go") is None:
-        raise NatsUnavailable(f"building {name} needs the Go toolchain (`go`) on the PATH")
+        raise PeerUnavailable(f"building {name} needs the Go toolchain (`go`) on the PATH")
     print(f"building {name} {version} from the Go module proxy (once, about a minute) ...", flush=True)
     with tempfile.TemporaryDirectory() as gobin:
         out = subprocess.run(["go", "install", f"{module}@{version}"], capture_output=True, text=True,
                              env=dict(os.environ, GOBIN=gobin), timeout=1800)
         if out.returncode != 0:
-            raise NatsUnavailable(f"building {name} failed: " + " ".join(out.stderr.strip().splitlines()[-3:]))
+            raise PeerUnavailable(f"building {name} failed: " + " ".join(out.stderr.strip().splitlines()[-3:]))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(Path(gobin) / name), target)
     return target
@@ -114,14 +111,7 @@ class Server:
         return tree_cpu_seconds({"server": self.process.pid}).get("server", 0.0)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        shutil.rmtree(self.work, ignore_errors=True)
+        stop(self.process, self.work)
 
 
 @contextlib.contextmanager
@@ -187,40 +177,22 @@ def run_all(messages: int, paced_s: float) -> list[dict[str, Any]]:
                              "produce_msg_s": published["msg_s"], "consume_msg_s": sum(rates),
                              "ack_ms": published["ack_ms"], "push_ms": None,
                              "server_cpu_us_per_msg": cpu * 1e6 / messages})
-                print(_line(runs[-1]), flush=True)
+                print(line("nats", runs[-1]), flush=True)
             if not fsync:
                 published = publish(s, "paced", int(10_000 * paced_s), sync=True, rate=10_000)
                 runs.append({"system": "nats", "label": "10k msg/s", "durability": durability,
                              "produce_msg_s": published["msg_s"], "consume_msg_s": None,
                              "ack_ms": published["ack_ms"], "push_ms": None, "server_cpu_us_per_msg": None})
-                print(_line(runs[-1]), flush=True)
+                print(line("nats", runs[-1]), flush=True)
     return runs
 
 
-def _line(run: dict[str, Any]) -> str:
-    def num(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:,.1f}" if v < 10 else f"{v:,.0f}"
-    ack = run["ack_ms"] or {}
-    return (f"nats {run['label']:<12} [{run['durability']}]: produce {num(run['produce_msg_s'])} msg/s, consume "
-            f"{num(run['consume_msg_s'])} msg/s, PUT->ACK p50 {num(ack.get('p50'))} / p99 {num(ack.get('p99'))} ms"
-            + (f", server CPU {run['server_cpu_us_per_msg']:.1f} us/msg" if run["server_cpu_us_per_msg"] else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=1_000_000, help="messages per full-speed run (1 KiB)")
-    parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
-    parser.add_argument("--json", help="write the runs here")
-    args = parser.parse_args(argv)
-    try:
-        runs = run_all(args.messages, args.paced)
-    except NatsUnavailable as exc:
-        print(f"nats: not available here: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps({"nats-server": SERVER[1], "natscli": CLI[1], "runs": runs},
-                                              indent=1))
-    return 0
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--messages", type=int, default=1_000_000, help="messages per full-speed run (1 KiB)")
+        parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
+    return native_main(argv, __doc__, "nats", arguments, lambda args: run_all(args.messages, args.paced),
+                       {"nats-server": SERVER[1], "natscli": CLI[1]})
 
 
 if __name__ == "__main__":

@@ -25,45 +25,21 @@ process tree, from /proc) is reported per published message.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
+from taproot_ops.bench.native import line, maven_jars
+from taproot_ops.bench.native import main as native_main
 
 VERSION = "2.22.1"   # 2.23.0 and 2.24.0 did not resolve from Maven Central here
 
 
-class PerfTestUnavailable(RuntimeError):
-    """PerfTest's jars cannot be had here."""
-
-
 def jars() -> Path:
-    from storage.spark import cache_dir
-    target = cache_dir() / f"perf-test-{VERSION}" / "jars"
-    if (target / f"perf-test-{VERSION}.jar").exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise PerfTestUnavailable("Maven (mvn) is not installed: it fetches PerfTest from Maven Central")
-    print(f"fetching RabbitMQ PerfTest {VERSION} from Maven Central into {target} (once) ...", flush=True)
-    with tempfile.TemporaryDirectory() as work:
-        (Path(work) / "pom.xml").write_text(
-            '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
-            "<groupId>taproot.bench</groupId><artifactId>perf-test-jars</artifactId><version>1</version>"
-            "<dependencies><dependency><groupId>com.rabbitmq</groupId><artifactId>perf-test</artifactId>"
-            f"<version>{VERSION}</version></dependency></dependencies></project>")
-        out = subprocess.run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={target}"],
-                             cwd=work, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise PerfTestUnavailable("Maven could not fetch PerfTest: "
-                                  + " ".join((out.stdout + out.stderr).strip().splitlines()[-3:]))
-    return target
+    return maven_jars("perf-test", VERSION, [("com.rabbitmq", "perf-test", VERSION)], f"perf-test-{VERSION}.jar")
 
 
 _RATE = re.compile(r"(sending|receiving) rate avg: ([\d.]+) msg/s")
@@ -128,34 +104,15 @@ def run_all(seconds: float) -> list[dict[str, Any]]:
                 result["server_cpu_us_per_msg"] = used * 1e6 / max(1.0, result["produce_msg_s"] * seconds)
             runs.append({"system": "rabbitmq", "label": label, "durability": "quorum queues (fsync before confirm)",
                          **result})
-            print(_line(runs[-1]), flush=True)
+            print(line("rabbitmq", runs[-1]), flush=True)
     return runs
 
 
-def _line(run: dict[str, Any]) -> str:
-    def num(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:,.1f}" if v < 10 else f"{v:,.0f}"
-    ack, push = run["ack_ms"] or {}, run["push_ms"] or {}
-    return (f"rabbitmq {run['label']:<12}: produce {num(run['produce_msg_s'])} msg/s, consume "
-            f"{num(run['consume_msg_s'])} msg/s, PUT->ACK p50 {num(ack.get('p50'))} / p99 {num(ack.get('p99'))} ms, "
-            f"PUT->PUSH p50 {num(push.get('p50'))} / p99 {num(push.get('p99'))} ms"
-            + (f", server CPU {run['server_cpu_us_per_msg']:.1f} us/msg" if run.get("server_cpu_us_per_msg")
-               else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=20.0, help="seconds per run")
-    parser.add_argument("--json", help="write the runs here")
-    args = parser.parse_args(argv)
-    try:
-        runs = run_all(args.seconds)
-    except PerfTestUnavailable as exc:
-        print(f"rabbitmq: not available here: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps({"perf-test": VERSION, "runs": runs}, indent=1))
-    return 0
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seconds", type=float, default=20.0, help="seconds per run")
+    return native_main(argv, __doc__, "rabbitmq", arguments, lambda args: run_all(args.seconds),
+                       {"perf-test": VERSION})
 
 
 if __name__ == "__main__":
