@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import re
 import subprocess
 import sys
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.native import line, maven_jars, stop
+from taproot_ops.bench.native import full_speed, line, maven_jars, stop
 from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
@@ -215,17 +216,10 @@ def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
                 if fsync and label != "1 topic":
                     continue
                 topic = b.topic(f"t{len(runs)}", partitions)
-                cpu = b.cpu_s()
-                produced = produce(b, topic, records)
-                readers = [consume(b, topic, records, f"g{i}") for i in range(groups)]
-                rates = [consumed(r) for r in readers]
-                cpu = b.cpu_s() - cpu
-                runs.append({"system": "kafka", "label": label, "durability": durability,
-                             "produce_msg_s": produced["msg_s"], "consume_msg_s": sum(rates),
-                             "ack_ms": produced["ack_ms"], "push_ms": None,
-                             # Per produced record, its deliveries included (as Taproot's server CPU per message).
-                             "server_cpu_us_per_msg": cpu * 1e6 / records})
-                print(line("kafka", runs[-1]), flush=True)
+                runs.append(full_speed("kafka", label, durability, records, b.cpu_s,
+                                       functools.partial(produce, b, topic, records),
+                                       [functools.partial(consume, b, topic, records, f"g{i}") for i in range(groups)],
+                                       consumed))
             if not fsync:
                 topic = b.topic("paced")
                 produced = produce(b, topic, int(10_000 * paced_s), rate=10_000)

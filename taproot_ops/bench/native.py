@@ -53,6 +53,24 @@ def stop(process: "subprocess.Popen[bytes] | None", work: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def full_speed(system: str, label: str, durability: str, messages: int, cpu_s: Callable[[], float],
+               produce: Callable[[], dict[str, Any]], readers: list[Callable[[], Any]],
+               consumed: Callable[[Any], float]) -> dict[str, Any]:
+    """One full-speed run: `produce` (its tool's msg/s and ack latency),
+    then the `readers` started at once and their rates summed, and the
+    server's CPU over both per produced message (its deliveries included,
+    as Taproot's server CPU per message). Printed, and returned."""
+    cpu = cpu_s()
+    produced = produce()
+    started = [start() for start in readers]
+    rates = [consumed(reader) for reader in started]
+    run = {"system": system, "label": label, "durability": durability, "produce_msg_s": produced["msg_s"],
+           "consume_msg_s": sum(rates), "ack_ms": produced["ack_ms"], "push_ms": None,
+           "server_cpu_us_per_msg": (cpu_s() - cpu) * 1e6 / messages}
+    print(line(system, run), flush=True)
+    return run
+
+
 def line(system: str, run: dict[str, Any]) -> str:
     """One run, as printed while the benchmark goes."""
     def num(v: float | None) -> str:

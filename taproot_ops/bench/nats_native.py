@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.native import PeerUnavailable, line, stop
+from taproot_ops.bench.native import PeerUnavailable, full_speed, line, stop
 from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
@@ -168,16 +169,11 @@ def run_all(messages: int, paced_s: float) -> list[dict[str, Any]]:
                 if fsync and readers > 1:
                     continue
                 stream = f"s{len(runs)}"
-                cpu = s.cpu_s()
-                published = publish(s, stream, messages)
-                processes = [consume(s, stream, messages, f"c{i}") for i in range(readers)]
-                rates = [consumed(p) for p in processes]
-                cpu = s.cpu_s() - cpu
-                runs.append({"system": "nats", "label": label, "durability": durability,
-                             "produce_msg_s": published["msg_s"], "consume_msg_s": sum(rates),
-                             "ack_ms": published["ack_ms"], "push_ms": None,
-                             "server_cpu_us_per_msg": cpu * 1e6 / messages})
-                print(line("nats", runs[-1]), flush=True)
+                runs.append(full_speed("nats", label, durability, messages, s.cpu_s,
+                                       functools.partial(publish, s, stream, messages),
+                                       [functools.partial(consume, s, stream, messages, f"c{i}")
+                                        for i in range(readers)],
+                                       consumed))
             if not fsync:
                 published = publish(s, "paced", int(10_000 * paced_s), sync=True, rate=10_000)
                 runs.append({"system": "nats", "label": "10k msg/s", "durability": durability,
