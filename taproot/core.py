@@ -74,6 +74,15 @@ class Ack:
     guid: bytes
     queue_uri: str
 
+    @property
+    def guid_hex(self) -> str:
+        """The GUID as Taproot writes it everywhere (uppercase hex, as
+        `taproot.guid.guid_hex`, which this pure core may not import)."""
+        return self.guid.hex().upper()
+
+    def __repr__(self) -> str:
+        return f"Ack(guid={self.guid_hex}, queue_uri={self.queue_uri!r})"
+
 
 @dataclass
 class QueueRecord:

@@ -79,3 +79,12 @@ def test_a_second_answer_is_refused_and_a_failing_callback_does_not_stop_the_oth
     with pytest.raises(concurrent.futures.InvalidStateError):
         future.set_exception(RuntimeError())
     assert future.result() == "ack"
+
+
+def test_an_ack_shows_its_guid_as_taproot_writes_it():
+    from taproot.core import Ack
+    from taproot.guid import guid_hex
+
+    ack = Ack(bytes(range(16)), "taproot://demo/orders")
+    assert ack.guid_hex == guid_hex(ack.guid) == "000102030405060708090A0B0C0D0E0F"
+    assert repr(ack) == "Ack(guid=000102030405060708090A0B0C0D0E0F, queue_uri='taproot://demo/orders')"
