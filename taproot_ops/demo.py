@@ -26,14 +26,21 @@ from taproot_ops.embedded import ClusterStartError, EmbeddedCluster, Process, ta
 
 DEMO_URI = "taproot://demo/orders"
 FANOUT_URI = "taproot://events/orders"
-STEPS = 4
 T = TypeVar("T")
 # How long the pipeline's Spark takes to start and warm up here (2 cores), for the live line.
 PIPELINE_USUALLY_S = 30
 
 
-def _step(n: int, text: str) -> None:
-    say(f"\n[{n}/{STEPS}] {text}")
+class _Steps:
+    """The numbered steps a run takes (four with demo traffic, two without)."""
+
+    def __init__(self, demo: bool):
+        self.total = 4 if demo else 2
+        self.done = 0
+
+    def __call__(self, text: str) -> None:
+        self.done += 1
+        say(f"\n[{self.done}/{self.total}] {text}")
 
 
 # -- live errors ------------------------------------------------------------------------------------
@@ -332,7 +339,8 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
     say(f"Taproot embedded cluster: tables in {cluster.data_dir}, role logs in {cluster.state_dir}/logs")
     watch: RoleWatch | None = None
     try:
-        _step(1, "nodes and proxies")
+        step = _Steps(demo_messages > 0)
+        step("nodes and proxies")
         try:
             _start_serving(cluster)
             pipeline = cluster.start_pipeline(wait=False)   # Spark starts while the cluster serves
@@ -356,14 +364,14 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
         watch.start()
         produced: loadgen.ProduceResult | None = None
         if demo_messages > 0 and not stop.is_set():
-            _step(2, "demo traffic, delivered by the primary right after each commit (the pipeline is "
+            step("demo traffic, delivered by the primary right after each commit (the pipeline is "
                      "still starting)")
             started = time.time()
             produced = _guarded(run_demo_traffic, cluster.client_address, demo_messages, serving_at=serving_at)
             if not stop.is_set():
                 _guarded(run_fanout_demo, cluster.client_address)
         if not stop.is_set():
-            _step(3, "the pipeline: Spark Structured Streaming, the authority on dedup and fanout")
+            step("the pipeline: Spark Structured Streaming, the authority on dedup and fanout")
             if not wait_for_pipeline(cluster, pipeline, stop):
                 watch.check()
                 return 0 if stop.is_set() else 1
@@ -372,7 +380,7 @@ def _run(config_file: str | None, data_dir: str, demo_messages: int, stop: threa
                 _guarded(wait_for_decisions, cluster.data_dir, cluster.config.partitions, started, produced.acked,
                          stop)
                 if not stop.is_set():
-                    _step(4, "the demo queue as a Delta table, read with delta-rs (no JVM)")
+                    step("the demo queue as a Delta table, read with delta-rs (no JVM)")
                     _guarded(show_table, cluster.data_dir, cluster.config.partitions, started)
         if not stop.is_set():
             say(f"\n== serving on {cluster.client_address}, every role up (logs in {cluster.state_dir}/logs; "
