@@ -60,14 +60,9 @@ class RoleWatch(threading.Thread):
         self.interval_s = interval_s
         self.failed = threading.Event()
         self._halt = threading.Event()
-        self._offsets: dict[str, int] = {}
+        # Only what is logged from now on: the logs are appended to run after run.
+        self._offsets = {name: _size(process.log_file) for name, process in cluster.processes.items()}
         self._exited: set[str] = set()
-        self.start_offsets()
-
-    def start_offsets(self) -> None:
-        """Report only what is logged from now on."""
-        for name, process in list(self.cluster.processes.items()):
-            self._offsets.setdefault(name, _size(process.log_file))
 
     def stop(self) -> None:
         self._halt.set()
@@ -185,16 +180,16 @@ def wait_for_pipeline(cluster: EmbeddedCluster, pipeline: Process, stop: threadi
                       timeout_s: float = 300) -> bool:
     """Wait for the pipeline started in the background (or for Ctrl-C)."""
     deadline = time.monotonic() + timeout_s
-    with Waiting("Spark starting and warming up", usually_s=PIPELINE_USUALLY_S):
+    with Waiting("Spark starting and warming up", usually_s=PIPELINE_USUALLY_S) as waiting:
         while not stop.is_set():
             try:
                 cluster.pipeline_ready(pipeline, 0.5)
                 return True
             except ClusterStartError as exc:
-                if pipeline.popen.poll() is not None:
-                    return False   # the role watch says so, with the end of its log
-                if time.monotonic() > deadline:
-                    say(f"   ! {exc}")
+                if pipeline.popen.poll() is not None or time.monotonic() > deadline:
+                    waiting.failed = True
+                    if pipeline.popen.poll() is None:
+                        say(f"   ! {exc}")   # an exit the role watch reports, with the end of its log
                     return False
     return False
 
