@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -166,21 +167,21 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
     return results
 
 
+# `--system` -> (the module in this package, its flag for the length of a run).
+NATIVE_PEERS = {"kafka": ("kafka", "--paced"), "nats-native": ("nats_native", "--paced"),
+                "rabbitmq-native": ("rabbitmq_native", "--seconds")}
+
+
 def main(args: argparse.Namespace) -> int:
     if args.replay:
         return _replay_main(args)
     if getattr(args, "pipeline", 0):
         return _pipeline_main(args)
-    if args.system == "kafka":
-        from taproot_ops.bench import kafka
-        return kafka.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
-    if args.system == "rabbitmq-native":
-        from taproot_ops.bench import rabbitmq_native
-        return rabbitmq_native.main(["--seconds", str(args.duration or 20)]
-                                    + (["--json", args.json] if args.json else []))
-    if args.system == "nats-native":
-        from taproot_ops.bench import nats_native
-        return nats_native.main(["--paced", str(args.duration or 20)] + (["--json", args.json] if args.json else []))
+    if args.system in NATIVE_PEERS:
+        # A peer with its own load tools: its module's own runs, the duration given as its flag.
+        module, duration_flag = NATIVE_PEERS[args.system]
+        peer = importlib.import_module(f"taproot_ops.bench.{module}")
+        return int(peer.main([duration_flag, str(args.duration or 20)] + (["--json", args.json] if args.json else [])))
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:
