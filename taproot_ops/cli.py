@@ -572,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="load tool: msg/s and PUT->ACK / PUT->PUSH latency, optionally vs peers",
                        description="Producers and consumers as separate processes; BlazingMQ's scenarios; "
-                                   "RabbitMQ and NATS side by side with --compare.")
+                                   "Kafka, NATS and RabbitMQ with their own load tools beside Taproot with "
+                                   "--compare.")
     p.add_argument("--scenario", nargs="+", metavar="NAME",
                    help="all (BlazingMQ's table), queues (1 to 10,000 queues over the same 4 clients), or: "
                         "priority-1q priority-10q priority-100q fanout-5c fanout-30c broadcast-1c broadcast-5c "
@@ -603,8 +604,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "rabbitmq-native: quorum queues driven by RabbitMQ's PerfTest "
                         "(taproot_ops/bench/rabbitmq_native.py)")
     p.add_argument("--compare", action="store_true",
+                   help="Kafka, NATS JetStream and RabbitMQ quorum queues, each driven by its own load tools, then "
+                        "Taproot, on the same work (1 KiB; one and ten queues, fanout to 5, 10k msg/s paced; "
+                        "--duration seconds each), one table per scenario with Taproot/peer ratios "
+                        "(taproot_ops/bench/compare.py; about 25 minutes)")
+    p.add_argument("--compare-python", action="store_true",
                    help="also RabbitMQ quorum queues and NATS JetStream (installed from Debian and started on "
-                        "loopback if needed) and print Taproot/peer ratios")
+                        "loopback if needed) through Python clients (pika, nats-py), the same --scenario, and "
+                        "Taproot/peer ratios")
     p.add_argument("--hosts", nargs="+", help="a running Taproot cluster (default: start an embedded one)")
     p.add_argument("--data-dir", help="embedded cluster data dir (default: a temp dir)")
     p.add_argument("--tls", action="store_true",

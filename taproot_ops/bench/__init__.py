@@ -3,7 +3,8 @@
     taproot bench                                   # priority 1Q/1P/1C, 1 KiB, max rate, 10 s
     taproot bench --scenario all --out bench-out    # BlazingMQ's published scenarios
     taproot bench --mode fanout --consumers 5 --rate 10000 --duration 20
-    taproot bench --scenario all --compare          # also RabbitMQ and NATS, same scenarios
+    taproot bench --compare --out bench-out         # Kafka, NATS, RabbitMQ with their own tools, and Taproot
+    taproot bench --scenario all --compare-python   # RabbitMQ and NATS through Python clients, same scenarios
     taproot bench --replay 1000000 --size 32        # replay throughput
     taproot bench --pipeline 600000                 # the dedup pipeline's CPU per row, alone
 
@@ -182,17 +183,17 @@ def main(args: argparse.Namespace) -> int:
         module, duration_flag = NATIVE_PEERS[args.system]
         peer = importlib.import_module(f"taproot_ops.bench.{module}")
         return int(peer.main([duration_flag, str(args.duration or 20)] + (["--json", args.json] if args.json else [])))
+    if getattr(args, "compare", False):
+        return _compare_main(args)
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out) if args.out else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = _out_dir(args)
     report: dict[str, Any] = {"machine": {"cpus": mp.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}, "runs": []}
-    systems = ["taproot"] + (["rabbitmq", "nats"] if args.compare else [])
+    systems = ["taproot"] + (["rabbitmq", "nats"] if getattr(args, "compare_python", False) else [])
     if args.system:
         systems = [args.system]
     if systems != ["taproot"] and any(s.queues_per_client > 1 for s in scenarios):
@@ -227,6 +228,30 @@ def main(args: argparse.Namespace) -> int:
             json.dump(report, fh, indent=1)
     failed = sum(sum(r["failed"].values()) for r in report["runs"])
     return 1 if failed else 0
+
+
+def _out_dir(args: argparse.Namespace) -> Path | None:
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def _compare_main(args: argparse.Namespace) -> int:
+    """`--compare`: the peers with their own tools, then Taproot (compare.py)."""
+    chosen = [flag for flag, value in (("--scenario", args.scenario), ("--mode", args.mode), ("--queues", args.queues),
+                                       ("--producers", args.producers), ("--consumers", args.consumers),
+                                       ("--rate", args.rate), ("--size", args.size), ("--system", args.system),
+                                       ("--compare-python", getattr(args, "compare_python", False)))
+              if value]
+    if chosen:
+        print(f"error: --compare runs its own scenarios (1 KiB; one and ten queues, fanout to 5, 10k msg/s), "
+              f"so it takes no {chosen[0]}; for BlazingMQ's scenarios beside RabbitMQ and NATS through Python "
+              "clients, use --scenario ... --compare-python", file=sys.stderr)
+        return 2
+    from taproot_ops.bench.compare import run_comparison
+    out_dir = _out_dir(args)
+    return run_comparison(args, lambda scenarios: _run_taproot(scenarios, args, out_dir), out_dir)
 
 
 def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: Path | None) -> list[dict[str, Any]]:

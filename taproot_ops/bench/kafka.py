@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import re
 import subprocess
 import sys
@@ -47,7 +46,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.native import full_speed, line, maven_jars, stop
+from taproot_ops.bench.native import (
+    FANOUT,
+    ONE_QUEUE,
+    PACED,
+    TEN_QUEUES,
+    Tool,
+    full_speed,
+    line,
+    maven_jars,
+    paced_result,
+    stop,
+)
 from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
@@ -146,48 +156,36 @@ _PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec .*?, ([\d.]+) 
                        r"latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th")
 
 
-def produce(b: Broker, topic: str, records: int, rate: float = -1) -> dict[str, Any]:
-    """`ProducerPerformance`: msg/s, and send->ack latency percentiles (ms)."""
-    text = _run(_java(b.jar_dir, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
-                      "--num-records", str(records), "--record-size", str(RECORD_BYTES), "--throughput", str(rate),
-                      "--producer-props", f"bootstrap.servers={b.bootstrap}", "acks=all", heap="1g"),
-                timeout_s=900)
-    return parse_produced(text)
+def producer(b: Broker, topic: str, records: int) -> list[str]:
+    """`ProducerPerformance` at full speed (`parse_produced` reads it)."""
+    return _java(b.jar_dir, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+                 "--num-records", str(records), "--record-size", str(RECORD_BYTES), "--throughput", "-1",
+                 "--producer-props", f"bootstrap.servers={b.bootstrap}", "acks=all", heap="512m")
 
 
-def parse_produced(text: str) -> dict[str, Any]:
+def parse_produced(text: str) -> Tool:
     """ProducerPerformance's last summary line: records, msg/s, ack latency (ms)."""
     match = _PRODUCED.findall(text)
     if not match:
         raise RuntimeError(f"no summary from ProducerPerformance: {text[-500:]}")
     sent, per_s, _avg, peak, p50, _p95, p99 = match[-1]
-    return {"records": int(sent), "msg_s": float(per_s), "ack_ms": {"p50": float(p50), "p99": float(p99),
-                                                                    "max": float(peak)}}
+    return Tool(int(sent), float(per_s), {"p50": float(p50), "p99": float(p99), "max": float(peak)})
 
 
-def consume(b: Broker, topic: str, records: int, group: str) -> subprocess.Popen[str]:
-    """`ConsumerPerformance` reading `records` as `group` (started; `consumed` reads its answer)."""
-    return subprocess.Popen(_java(b.jar_dir, "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server",
-                                  b.bootstrap, "--topic", topic, "--num-records", str(records), "--group", group,
-                                  "--timeout", "60000", heap="512m"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def consumer(b: Broker, topic: str, records: int, group: str) -> list[str]:
+    """`ConsumerPerformance` reading `records` as `group` (`parse_consumed` reads it)."""
+    return _java(b.jar_dir, "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", b.bootstrap,
+                 "--topic", topic, "--num-records", str(records), "--group", group, "--timeout", "60000",
+                 heap="512m")
 
 
-def consumed(process: subprocess.Popen[str]) -> float:
-    """msg/s of a finished `consume` (its nMsg.sec, from first fetch to last)."""
-    text, _ = process.communicate(timeout=900)
-    if process.returncode != 0:
-        raise RuntimeError(f"ConsumerPerformance failed: {text[-500:]}")
-    return parse_consumed(text)
-
-
-def parse_consumed(text: str) -> float:
-    """ConsumerPerformance's CSV row: its nMsg.sec (first fetch to last, rebalance included)."""
+def parse_consumed(text: str) -> Tool:
+    """ConsumerPerformance's CSV row: messages and nMsg.sec (first fetch to last, rebalance included)."""
     header = next((line.split(", ") for line in text.splitlines() if line.startswith("start.time")), None)
     rows = [line.split(", ") for line in text.splitlines() if re.match(r"^\d{4}-\d\d-\d\d ", line)]
     if header is None or not rows:
         raise RuntimeError(f"no result from ConsumerPerformance: {text[-500:]}")
-    return float(rows[-1][header.index("nMsg.sec")])
+    return Tool(int(rows[-1][header.index("data.consumed.in.nMsg")]), float(rows[-1][header.index("nMsg.sec")]))
 
 
 def end_to_end(b: Broker, topic: str, records: int = 5000) -> dict[str, float]:
@@ -206,28 +204,45 @@ def parse_end_to_end(text: str) -> dict[str, float]:
     return {"p50": float(found.group(1)), "p99": float(found.group(2))}
 
 
-def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
+DRIVER = Path(__file__).resolve().parent / "drivers" / "PacedLatency.java"
+
+
+def paced(b: Broker, topic: str, rate: float, seconds: float, warmup_s: float = 5) -> dict[str, Any]:
+    """`drivers/PacedLatency.java` (Kafka's Java client, run from source):
+    `rate` records a second for `warmup_s` (not measured) and `seconds`,
+    PUT->ACK and PUT->PUSH of each."""
+    return paced_result(_run(_java(b.jar_dir, str(DRIVER), b.bootstrap, topic, str(rate), str(seconds),
+                                   str(RECORD_BYTES), str(warmup_s), heap="1g"), timeout_s=seconds + warmup_s + 300))
+
+
+def run_all(records: int, fsync_records: int, paced_s: float) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     for fsync in (False, True):
         durability = "fsync every append" if fsync else "default (acks=all, OS flush)"
+        count = fsync_records if fsync else records
         with broker(fsync=fsync) as b:
-            for label, partitions, groups in (("1 topic", 1, 1), ("10 partitions", 10, 1),
-                                              ("fanout, 5 groups", 1, 5)):
-                if fsync and label != "1 topic":
-                    continue
-                topic = b.topic(f"t{len(runs)}", partitions)
-                runs.append(full_speed("kafka", label, durability, records, b.cpu_s,
-                                       functools.partial(produce, b, topic, records),
-                                       [functools.partial(consume, b, topic, records, f"g{i}") for i in range(groups)],
-                                       consumed))
+            for scenario, label, topics, partitions, groups in (
+                    (ONE_QUEUE, "1 topic", 1, 1, 1), (TEN_QUEUES, "10 topics", 10, 1, 1),
+                    (TEN_QUEUES, "1 topic, 10 partitions", 1, 10, 1), (FANOUT, "5 consumer groups", 1, 1, 5)):
+                names = [b.topic(f"t{len(runs)}-{i}", partitions) for i in range(topics)]
+                each = count // topics
+                runs.append(full_speed(
+                    "kafka", scenario, label, durability, b.cpu_s,
+                    [producer(b, topic, each) for topic in names], parse_produced,
+                    [consumer(b, names[i % topics], each, f"g{i}") for i in range(max(topics, groups))],
+                    parse_consumed))
+            cpu = b.cpu_s()
+            result = paced(b, b.topic("paced"), 10_000, paced_s)
+            runs.append({"system": "kafka", "scenario": PACED, "label": "10k msg/s", "durability": durability,
+                         "produce_msg_s": result["produce_msg_s"], "consume_msg_s": result["consume_msg_s"],
+                         "ack_ms": result["ack_ms"], "push_ms": result["push_ms"],
+                         "server_cpu_us_per_msg": (b.cpu_s() - cpu) * 1e6 / result["records"]})   # warm-up included
+            print(line("kafka", runs[-1]), flush=True)
             if not fsync:
-                topic = b.topic("paced")
-                produced = produce(b, topic, int(10_000 * paced_s), rate=10_000)
                 latency = end_to_end(b, b.topic("e2e"))
-                runs.append({"system": "kafka", "label": "10k msg/s", "durability": durability,
-                             "produce_msg_s": produced["msg_s"], "consume_msg_s": None, "ack_ms": produced["ack_ms"],
-                             "push_ms": {"p50": latency["p50"], "p99": latency["p99"],
-                                         "note": "EndToEndLatency, one record at a time"},
+                runs.append({"system": "kafka", "scenario": PACED, "label": "1 record at a time",
+                             "durability": durability, "produce_msg_s": None, "consume_msg_s": None, "ack_ms": None,
+                             "push_ms": {**latency, "note": "EndToEndLatency: produce one, consume it, repeat"},
                              "server_cpu_us_per_msg": None})
                 print(line("kafka", runs[-1]), flush=True)
     return runs
@@ -236,9 +251,11 @@ def run_all(records: int, paced_s: float) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     def arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--records", type=int, default=1_000_000, help="records per full-speed run (1 KiB each)")
+        parser.add_argument("--fsync-records", type=int, default=250_000,
+                            help="records per full-speed run with fsync on every append")
         parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
-    return native_main(argv, __doc__, "kafka", arguments, lambda args: run_all(args.records, args.paced),
-                       {"kafka": VERSION})
+    return native_main(argv, __doc__, "kafka", arguments,
+                       lambda args: run_all(args.records, args.fsync_records, args.paced), {"kafka": VERSION})
 
 
 if __name__ == "__main__":

@@ -38,10 +38,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.native import PeerUnavailable, full_speed, line, stop
+from taproot_ops.bench.native import (
+    FANOUT,
+    ONE_QUEUE,
+    PACED,
+    TEN_QUEUES,
+    PeerUnavailable,
+    Tool,
+    full_speed,
+    line,
+    paced_result,
+    stop,
+)
 from taproot_ops.bench.native import main as native_main
 from taproot_ops.embedded import free_port
 
@@ -138,56 +149,110 @@ def parse_stats(text: str) -> dict[str, Any]:
     return {"msg_s": float(found.group(1).replace(",", "")), "ack_ms": latency or None}
 
 
-def publish(s: Server, stream: str, messages: int, sync: bool = False, rate: int = 0) -> dict[str, Any]:
-    args = ["bench", "js", "pub", "sync" if sync else "async", f"{stream}.x", "--stream", stream, "--create",
-            "--storage", "file", "--msgs", str(messages), "--size", "1KB", "--no-progress", "--maxbytes", "4GB"]
-    if rate:
-        args += ["--throughput", str(rate)]
-    return parse_stats(s.cli(*args))
+def publisher(s: Server, stream: str, messages: int) -> list[str]:
+    """`nats bench js pub async` creating `stream` (file storage), 500 in flight."""
+    return [str(s.nats), "bench", "js", "pub", "async", f"{stream}.x", "--stream", stream, "--create",
+            "--storage", "file", "--msgs", str(messages), "--size", "1KB", "--no-progress",
+            # Twice the messages' bytes: ten streams of 4 GB each were refused for want of storage.
+            "--maxbytes", f"{max(64, messages * 2 // 1024 + 1)}MB",
+            "-s", s.url]
 
 
-def consume(s: Server, stream: str, messages: int, consumer: str) -> subprocess.Popen[str]:
+def add_consumer(s: Server, stream: str, consumer: str) -> None:
+    """A durable pull consumer of every message, explicit acks."""
     s.cli("consumer", "add", stream, consumer, "--pull", "--deliver", "all", "--ack", "explicit", "--defaults")
-    return subprocess.Popen([str(s.nats), "bench", "js", "consume", "--stream", stream, "--consumer", consumer,
-                             "--msgs", str(messages), "--size", "1KB", "--no-progress", "-s", s.url],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def consumed(process: subprocess.Popen[str]) -> float:
-    text, _ = process.communicate(timeout=900)
-    if process.returncode != 0:
-        raise RuntimeError(f"nats bench js consume failed: {text[-500:]}")
-    return float(parse_stats(text)["msg_s"])
+def add_consumers(s: Server, pairs: list[tuple[str, str]]) -> None:
+    """`add_consumer` for each (stream, consumer)."""
+    for stream, consumer in pairs:
+        add_consumer(s, stream, consumer)
 
 
-def run_all(messages: int, paced_s: float) -> list[dict[str, Any]]:
+def reader(s: Server, stream: str, messages: int, consumer: str) -> list[str]:
+    """`nats bench js consume` reading `messages` through `consumer` (made by `add_consumer`)."""
+    return [str(s.nats), "bench", "js", "consume", "--stream", stream, "--consumer", consumer,
+            "--msgs", str(messages), "--size", "1KB", "--no-progress", "-s", s.url]
+
+
+def tool(messages: int) -> Callable[[str], Tool]:
+    """Reads a `nats bench` run of `messages` (it does not print the count)."""
+    def parse(text: str) -> Tool:
+        stats = parse_stats(text)
+        return Tool(messages, stats["msg_s"], stats["ack_ms"])
+    return parse
+
+
+DRIVER = Path(__file__).resolve().parent / "drivers" / "natspaced"
+
+
+def driver() -> Path:
+    """`drivers/natspaced` (NATS's Go client) built once per version of its
+    source into the tools directory."""
+    import hashlib
+    digest = hashlib.sha256(b"".join((DRIVER / name).read_bytes() for name in ("main.go", "go.mod", "go.sum")))
+    target = tools_dir() / f"natspaced-{digest.hexdigest()[:12]}"
+    if target.exists():
+        return target
+    if shutil.which("go") is None:
+        raise PeerUnavailable("building the paced NATS driver needs the Go toolchain (`go`) on the PATH")
+    print("building the paced NATS driver (drivers/natspaced, nats.go) once ...", flush=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(["go", "build", "-o", str(target), "."], cwd=DRIVER, capture_output=True, text=True,
+                         timeout=1800)
+    if out.returncode != 0:
+        raise PeerUnavailable("building the paced NATS driver failed: "
+                              + " ".join(out.stderr.strip().splitlines()[-3:]))
+    return target
+
+
+def paced(s: Server, stream: str, rate: float, seconds: float, warmup_s: float = 5) -> dict[str, Any]:
+    """`rate` messages a second for `warmup_s` (not measured) and `seconds`:
+    PUT->ACK and PUT->PUSH of each (the driver's JSON line)."""
+    out = subprocess.run([str(driver()), "-s", s.url, "-stream", stream, "-rate", str(rate), "-seconds",
+                          str(seconds), "-warmup", str(warmup_s), "-size", "1024"],
+                         capture_output=True, text=True, timeout=seconds + warmup_s + 300)
+    if out.returncode != 0:
+        raise RuntimeError("the paced NATS driver failed: " + " ".join((out.stdout + out.stderr).strip()
+                                                                       .splitlines()[-3:]))
+    return paced_result(out.stdout)
+
+
+def run_all(messages: int, fsync_messages: int, paced_s: float) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     for fsync in (False, True):
         durability = "fsync every write (sync_interval: always)" if fsync else "default (fsync every 2 min)"
+        count = fsync_messages if fsync else messages
         with server(fsync=fsync) as s:
-            for label, readers in (("1 queue", 1), ("fanout to 5", 5)):
-                if fsync and readers > 1:
-                    continue
-                stream = f"s{len(runs)}"
-                runs.append(full_speed("nats", label, durability, messages, s.cpu_s,
-                                       functools.partial(publish, s, stream, messages),
-                                       [functools.partial(consume, s, stream, messages, f"c{i}")
-                                        for i in range(readers)],
-                                       consumed))
-            if not fsync:
-                published = publish(s, "paced", int(10_000 * paced_s), sync=True, rate=10_000)
-                runs.append({"system": "nats", "label": "10k msg/s", "durability": durability,
-                             "produce_msg_s": published["msg_s"], "consume_msg_s": None,
-                             "ack_ms": published["ack_ms"], "push_ms": None, "server_cpu_us_per_msg": None})
-                print(line("nats", runs[-1]), flush=True)
+            for scenario, label, streams, readers in ((ONE_QUEUE, "1 stream", 1, 1), (TEN_QUEUES, "10 streams", 10, 1),
+                                                     (FANOUT, "5 consumers", 1, 5)):
+                names = [f"s{len(runs)}-{i}" for i in range(streams)]
+                each = count // streams
+                pairs = [(names[i % streams], f"c{i}") for i in range(max(streams, readers))]
+                runs.append(full_speed(
+                    "nats", scenario, label, durability, s.cpu_s,
+                    [publisher(s, name, each) for name in names], tool(each),
+                    [reader(s, name, each, consumer) for name, consumer in pairs], tool(each),
+                    prepare=functools.partial(add_consumers, s, pairs)))
+            cpu = s.cpu_s()
+            result = paced(s, "paced", 10_000, paced_s)
+            runs.append({"system": "nats", "scenario": PACED, "label": "10k msg/s, async publishes",
+                         "durability": durability, "produce_msg_s": result["produce_msg_s"],
+                         "consume_msg_s": result["consume_msg_s"], "ack_ms": result["ack_ms"],
+                         "push_ms": result["push_ms"],
+                         "server_cpu_us_per_msg": (s.cpu_s() - cpu) * 1e6 / result["records"]})  # warm-up included
+            print(line("nats", runs[-1]), flush=True)
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     def arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--messages", type=int, default=1_000_000, help="messages per full-speed run (1 KiB)")
+        parser.add_argument("--fsync-messages", type=int, default=100_000,
+                            help="messages per full-speed run with fsync on every write")
         parser.add_argument("--paced", type=float, default=20.0, help="seconds of the 10k msg/s run")
-    return native_main(argv, __doc__, "nats", arguments, lambda args: run_all(args.messages, args.paced),
+    return native_main(argv, __doc__, "nats", arguments,
+                       lambda args: run_all(args.messages, args.fsync_messages, args.paced),
                        {"nats-server": SERVER[1], "natscli": CLI[1]})
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.native import line, maven_jars
+from taproot_ops.bench.native import FANOUT, ONE_QUEUE, PACED, TEN_QUEUES, line, maven_jars
 from taproot_ops.bench.native import main as native_main
 
 VERSION = "2.22.1"   # 2.23.0 and 2.24.0 did not resolve from Maven Central here
@@ -87,23 +87,23 @@ def run_all(seconds: float) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     with peers.server("rabbitmq") as address:
         pid = _broker_pid(address)
-        shapes: list[tuple[str, list[str]]] = [
-            ("1 queue", ["--producers", "1", "--consumers", "1", "--queue", "q1"]),
-            ("10 queues", ["--producers", "10", "--consumers", "10", "--queue-pattern", "q10-%d",
+        shapes: list[tuple[str, str, list[str]]] = [
+            (ONE_QUEUE, "1 queue", ["--producers", "1", "--consumers", "1", "--queue", "q1"]),
+            (TEN_QUEUES, "10 queues", ["--producers", "10", "--consumers", "10", "--queue-pattern", "q10-%d",
                            "--queue-pattern-from", "1", "--queue-pattern-to", "10"]),
-            ("fanout to 5", ["--producers", "1", "--consumers", "5", "--exchange", "fan", "--type", "fanout",
-                             "--queue-pattern", "f5-%d", "--queue-pattern-from", "1", "--queue-pattern-to", "5",
-                             "--producer-random-start-delay", "0"]),
-            ("10k msg/s", ["--producers", "1", "--consumers", "1", "--queue", "q10k", "--rate", "10000"]),
+            (FANOUT, "fanout exchange, 5 queues", [
+                "--producers", "1", "--consumers", "5", "--exchange", "fan", "--type", "fanout", "--queue-pattern",
+                "f5-%d", "--queue-pattern-from", "1", "--queue-pattern-to", "5", "--producer-random-start-delay", "0"]),
+            (PACED, "10k msg/s", ["--producers", "1", "--consumers", "1", "--queue", "q10k", "--rate", "10000"]),
         ]
-        for label, args in shapes:
+        for scenario, label, args in shapes:
             cpu = tree_cpu_seconds({"broker": pid}).get("broker", 0.0) if pid is not None else None
             result = perf_test(address, seconds, *args)
             if pid is not None and cpu is not None:
                 used = tree_cpu_seconds({"broker": pid}).get("broker", 0.0) - cpu
                 result["server_cpu_us_per_msg"] = used * 1e6 / max(1.0, result["produce_msg_s"] * seconds)
-            runs.append({"system": "rabbitmq", "label": label, "durability": "quorum queues (fsync before confirm)",
-                         **result})
+            runs.append({"system": "rabbitmq", "scenario": scenario, "label": label,
+                         "durability": "quorum queues (fsync before confirm)", **result})
             print(line("rabbitmq", runs[-1]), flush=True)
     return runs
 

@@ -99,6 +99,9 @@ TAPROOT_ONLY: dict[str, Scenario] = {s.name: s for s in (
     # The client paths built for throughput: a bulk producer (columnar frames
     # of `batch` rows) and batch consumers (issue 15's targets).
     Scenario("priority-1q-batch", "priority", 1, 1, 1, bulk=True, batch_consumer=True),
+    # The same paths for `--compare`'s ten queues and fanout to five apps.
+    Scenario("priority-10q-batch", "priority", 10, 1, 1, bulk=True, batch_consumer=True),
+    Scenario("fanout-5c-batch", "fanout", 1, 1, 5, bulk=True, batch_consumer=True),
     Scenario("broadcast-5c-batch", "broadcast", 1, 1, 5, batch_consumer=True),
     # Federation (docs/federation.md): posted to cluster "london", consumed on
     # cluster "paris"; PUT->PUSH is across the push link.
