@@ -73,11 +73,11 @@ bench: setup
 	$(BIN)/python -m pip install --quiet -e '.[server,test,bench]'
 	$(BIN)/taproot bench --scenario all --out bench-out
 
-# The same scenarios on Taproot, RabbitMQ (quorum queues) and NATS (JetStream),
-# each installed from Debian's packages if missing and started on loopback.
+# Kafka, NATS JetStream and RabbitMQ, each driven by its own load tools (fetched
+# or built once), then Taproot, on the same work: tables in bench-out/compare.md.
 bench-compare: setup
 	$(BIN)/python -m pip install --quiet -e '.[server,test,bench]'
-	$(BIN)/taproot bench --scenario all --compare --out bench-out
+	$(BIN)/taproot bench --compare --out bench-out
 
 proto: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'grpcio-tools>=1.85.1'

@@ -11,8 +11,16 @@ import sys
 import pytest
 
 from taproot_ops.bench.compare import tables, unavailable
-from taproot_ops.bench.native import (FANOUT, ONE_QUEUE, PACED, Tool, aggregate_rate, paced_result, together,
-                                      worst_latency)
+from taproot_ops.bench.native import (
+    FANOUT,
+    ONE_QUEUE,
+    PACED,
+    Tool,
+    aggregate_rate,
+    paced_result,
+    together,
+    worst_latency,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -148,3 +156,28 @@ def test_compare_runs_its_own_scenarios_and_says_so_when_given_others():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--compare runs its own scenarios" in out.stderr and "--compare-python" in out.stderr
+
+
+def test_a_peer_that_fails_halfway_keeps_the_runs_it_finished_and_says_what_failed(monkeypatch):
+    import types
+
+    from taproot_ops.bench import compare
+    from taproot_ops.bench.native import PeerUnavailable
+
+    def halfway(seconds, runs):
+        runs.append(_row("kafka", ONE_QUEUE, "1 topic", 60_000, 100.0))
+        raise RuntimeError("ConsumerPerformance failed: no broker")
+
+    def missing(seconds, runs):
+        raise PeerUnavailable("Maven (mvn) is not installed")
+
+    said = {}
+    for run_all, expected in ((halfway, ["1 topic", "a run failed after 1 runs"]), (missing, ["not available here"])):
+        peer = types.SimpleNamespace(run_all=run_all)
+        monkeypatch.setattr(compare.importlib, "import_module", lambda name, peer=peer: peer)
+        runs = compare.run_peer("kafka", "kafka", {"seconds": 1.0})
+        assert [r["label"] for r in runs] == expected
+        said[run_all.__name__] = tables(runs)
+    assert "| kafka | a run failed after 1 runs: ConsumerPerformance failed: no broker |" in said["halfway"]
+    assert "| kafka | 1 topic |" in said["halfway"]
+    assert said["missing"] == "kafka: not available here: Maven (mvn) is not installed"  # no table to put it in

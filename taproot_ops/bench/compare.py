@@ -62,23 +62,28 @@ def taproot_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def unavailable(system: str, reason: str) -> dict[str, Any]:
-    """A row for a peer that could not be run here, and why."""
-    return {"system": system, "scenario": None, "label": "not available here", "durability": "", "reason": reason,
+def unavailable(system: str, reason: str, label: str = "not available here") -> dict[str, Any]:
+    """A row for a peer that could not be run here (or whose run failed: `label`), and why."""
+    return {"system": system, "scenario": None, "label": label, "durability": "", "reason": reason,
             "produce_msg_s": None, "consume_msg_s": None, "ack_ms": None, "push_ms": None,
             "server_cpu_us_per_msg": None}
 
 
 def run_peer(system: str, module: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """One peer's runs; a peer that cannot be had or that fails is one row saying why."""
+    """One peer's runs; a peer that cannot be had, or a run that fails, is a
+    row saying why (after the runs done before it)."""
     peer = importlib.import_module(f"taproot_ops.bench.{module}")
     print(f"\n== {system} ==", flush=True)
+    runs: list[dict[str, Any]] = []
     try:
-        runs: list[dict[str, Any]] = peer.run_all(**kwargs)
-        return runs
-    except (PeerUnavailable, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        peer.run_all(**kwargs, runs=runs)
+    except PeerUnavailable as exc:
         print(f"{system}: not available here: {exc}", flush=True)
-        return [unavailable(system, str(exc))]
+        runs.append(unavailable(system, str(exc)))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(f"{system}: a run failed after {len(runs)}: {exc}", flush=True)
+        runs.append(unavailable(system, str(exc), f"a run failed after {len(runs)} runs"))
+    return runs
 
 
 def run_comparison(args: argparse.Namespace, run_taproot: Callable[[list[Scenario]], list[dict[str, Any]]],
@@ -148,7 +153,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
                        f"{_num(r['consume_msg_s'])} | {_pair(r['ack_ms'])} | {push} | "
                        f"{_num(r['server_cpu_us_per_msg'], 1)} |")
         for r in missing:
-            out.append(f"| {r['system']} | not available here: {r['reason']} | | | | | | |")
+            out.append(f"| {r['system']} | {r['label']}: {r['reason']} | | | | | | |")
         ours = [r for r in rows if r["system"] == "taproot"]
         theirs = [r for r in rows if r["system"] != "taproot" and (r["produce_msg_s"] or r["push_ms"])]
         if ours and theirs:
@@ -164,6 +169,8 @@ def tables(runs: list[dict[str, Any]]) -> str:
                     out.append(f"| {a['label']} | {b['system']}, {b['label']}, {b['durability']} | "
                                + " | ".join(cells) + " |")
         out.append("")
+    if not out:   # no scenario ran at all: still say which peers could not be run, and why
+        out = [f"{r['system']}: {r['label']}: {r['reason']}" for r in missing]
     return "\n".join(out).rstrip()
 
 

@@ -215,8 +215,10 @@ def paced(b: Broker, topic: str, rate: float, seconds: float, warmup_s: float = 
                                    str(RECORD_BYTES), str(warmup_s), heap="1g"), timeout_s=seconds + warmup_s + 300))
 
 
-def run_all(records: int, fsync_records: int, paced_s: float) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
+def run_all(records: int, fsync_records: int, paced_s: float,
+            runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every run, appended to `runs` as it ends (a caller keeps those done if a later one fails)."""
+    runs = [] if runs is None else runs
     for fsync in (False, True):
         durability = "fsync every append" if fsync else "default (acks=all, OS flush)"
         count = fsync_records if fsync else records

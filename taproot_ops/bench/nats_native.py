@@ -218,8 +218,10 @@ def paced(s: Server, stream: str, rate: float, seconds: float, warmup_s: float =
     return paced_result(out.stdout)
 
 
-def run_all(messages: int, fsync_messages: int, paced_s: float) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
+def run_all(messages: int, fsync_messages: int, paced_s: float,
+            runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every run, appended to `runs` as it ends (a caller keeps those done if a later one fails)."""
+    runs = [] if runs is None else runs
     for fsync in (False, True):
         durability = "fsync every write (sync_interval: always)" if fsync else "default (fsync every 2 min)"
         count = fsync_messages if fsync else messages

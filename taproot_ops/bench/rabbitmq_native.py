@@ -80,11 +80,13 @@ def _broker_pid(address: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def run_all(seconds: float) -> list[dict[str, Any]]:
+def run_all(seconds: float,
+            runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every run, appended to `runs` as it ends (a caller keeps those done if a later one fails)."""
     from taproot_ops.bench import peers
 
     peers.ensure_installed("rabbitmq")
-    runs: list[dict[str, Any]] = []
+    runs = [] if runs is None else runs
     with peers.server("rabbitmq") as address:
         pid = _broker_pid(address)
         shapes: list[tuple[str, str, list[str]]] = [
