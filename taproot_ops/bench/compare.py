@@ -58,7 +58,11 @@ def taproot_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "produce_msg_s": r["produce_msg_s"], "consume_msg_s": r["consume_msg_s"],
                      "ack_ms": r["ack_ms"], "push_ms": r["push_ms"],
                      "server_cpu_us_per_msg": r.get("cpu_us_per_msg"),
-                     "failed": sum(r["failed"].values()), "lost": max(0, r["expected_received"] - r["received"])})
+                     "failed": sum(r["failed"].values()), "lost": max(0, r["expected_received"] - r["received"]),
+                     # Where the CPU went (node, proxy, pipeline) and how far behind the authority was.
+                     "cpu_s": r.get("cpu_s"), "authority": {k: v for k, v in (r.get("authority") or {}).items()
+                                                            if k in ("lag_ms", "rows", "expected", "waited_s",
+                                                                     "disagreements", "cpu_s")}})
     return rows
 
 

@@ -2,9 +2,11 @@
 broker (one node, broker and controller) of a current 4.x release, from
 Maven Central's jars, started on loopback, driven by Kafka's own load
 tools (`ProducerPerformance`, `ConsumerPerformance`, `EndToEndLatency`, the
-classes behind `kafka-producer-perf-test.sh` and friends).
+classes behind `kafka-producer-perf-test.sh` and friends) and, for latency
+under load, by `drivers/PacedLatency.java` on Kafka's Java client.
 
-    python -m taproot_ops.bench.kafka [--records 1000000] [--json out.json]
+    python -m taproot_ops.bench.kafka [--records 1000000] [--fsync-records 250000] [--paced 20] [--json out.json]
+    taproot bench --system kafka
 
 The jars are fetched once with Maven into `.cache/kafka-<version>/jars`
 (Maven Central is reachable where Delta's jars come from). Every run is
@@ -13,23 +15,28 @@ is in the partition leader's log, which here is the only replica):
 
 - `1 topic`: one producer at full speed, then one consumer group reading
   them all;
-- `10 partitions`: the same over a topic of 10 partitions (Kafka's unit of
-  parallelism; ten topics would need ten producer JVMs on two cores);
-- `fanout, 5 groups`: produced once, then five consumer groups reading it
-  at once (each its own JVM);
-- `10k msg/s`: the producer paced at 10,000 records a second for the run's
-  length; PUT->ACK is the tool's send->acknowledgement latency;
-  PUT->PUSH is `EndToEndLatency` (one record at a time, produce then
-  consume, so unloaded: not the paced run's);
+- `10 topics`: ten producers at once (the tool writes one topic: ten
+  JVMs), a tenth of the records each, then ten consumers at once;
+- `1 topic, 10 partitions`: one producer and one consumer over a topic of
+  10 partitions (Kafka's unit of parallelism);
+- `5 consumer groups`: produced once, then five consumer groups reading
+  it at once (each its own JVM);
+- `10k msg/s`: the paced driver, 10,000 records a second for 5 s of
+  warm-up and `--paced` seconds measured, PUT->ACK (send to
+  acknowledgement) and PUT->PUSH (send to the consumer's poll) of each;
+- `1 record at a time`: `EndToEndLatency`, produce one record, consume
+  it, repeat (unloaded PUT->PUSH);
 - durability: Kafka's default acknowledges before any fsync (the OS
   flushes; replication is the durability, and there is one replica here);
-  `fsync` runs the broker with `log.flush.interval.messages=1` (a flush for
-  every append) for comparison with Taproot's fsynced commits.
+  the second pass runs the broker with `log.flush.interval.messages=1` (a
+  flush for every append) for comparison with Taproot's fsynced commits,
+  every run but the unloaded one, `--fsync-records` per full-speed run.
 
 The broker's CPU (its process, from /proc) is reported per produced record,
 its deliveries to every group included (as Taproot's server CPU per
-message). `consume` for five groups is the sum of the five groups' rates,
-each over its own first-to-last fetch (they read at the same time).
+message). Several tools at once (`native.together`): their rate is their
+messages over the union of their windows, their ack latency the worst of
+their percentiles.
 """
 
 from __future__ import annotations

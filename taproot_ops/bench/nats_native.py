@@ -2,24 +2,29 @@
 current nats-server and natscli (`nats bench`), both built once from the Go
 module proxy into the tools directory SeaweedFS uses
 (`~/.cache/taproot/tools`), the server started on loopback with file
-storage.
+storage; for latency under load, `drivers/natspaced` (nats.go), built there
+too.
 
-    python -m taproot_ops.bench.nats_native [--messages 1000000] [--json out.json]
+    python -m taproot_ops.bench.nats_native [--messages 1000000] [--fsync-messages 100000] [--paced 20]
     taproot bench --system nats-native
 
-Every run is 1 KiB messages on one file-backed stream, one replica:
+Every run is 1 KiB messages on file-backed streams, one replica:
 
 - `1 stream`: `nats bench js pub async` (publisher acknowledgements, 500
   in flight), then `nats bench js consume` (a durable pull consumer,
   explicit acks) reading them all;
-- `fanout, 5 consumers`: the same stream read at once by five durable
-  consumers (each its own `nats bench` process), every message to each;
-- `10k msg/s`: `nats bench js pub sync` paced at 10,000 a second (each
-  publish waits for its acknowledgement: PUT->ACK per message). `nats
-  bench` has no end-to-end latency: PUT->PUSH is not measured;
+- `10 streams`: ten publishers at once, a tenth of the messages each to
+  its own stream, then ten consumers at once;
+- `5 consumers`: one stream read at once by five durable consumers (each
+  its own `nats bench` process), every message to each;
+- `10k msg/s`: the paced driver, asynchronous publishes (500 in flight at
+  most) at 10,000 a second for 5 s of warm-up and `--paced` seconds
+  measured, PUT->ACK and PUT->PUSH of each (`nats bench` has no end-to-end
+  latency);
 - durability: JetStream's default acknowledges once the message is
   written to the stream's file and fsyncs every 2 minutes
-  (`sync_interval`); `fsync` runs the server with `sync_interval: always`.
+  (`sync_interval`); the second pass runs the server with `sync_interval:
+  always`, `--fsync-messages` per full-speed run.
 
 The server's CPU (its process, from /proc) is reported per published
 message, its deliveries included.
