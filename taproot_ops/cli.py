@@ -607,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kafka, NATS JetStream and RabbitMQ quorum queues, each driven by its own load tools, then "
                         "Taproot, on the same work (1 KiB; one and ten queues, fanout to 5, 10k msg/s paced; "
                         "--duration seconds each), one table per scenario with Taproot/peer ratios "
-                        "(taproot_ops/bench/compare.py; about 25 minutes)")
+                        "(taproot_ops/bench/compare.py; about 15 minutes)")
     p.add_argument("--compare-python", action="store_true",
                    help="also RabbitMQ quorum queues and NATS JetStream (installed from Debian and started on "
                         "loopback if needed) through Python clients (pika, nats-py), the same --scenario, and "
