@@ -122,6 +122,8 @@ def test_a_paced_drivers_line_is_read_and_a_run_that_lost_messages_is_an_error()
         paced_result(json.dumps({**line, "errors": 2, "received": 148}))
     with pytest.raises(RuntimeError, match="no result"):
         paced_result("Exception in thread main")
+    with pytest.raises(RuntimeError, match="not JSON"):
+        paced_result('{"records": 150, "cut short')
 
 
 def _row(system, scenario, label, produce, ack_p99, cpu=None, push=None):

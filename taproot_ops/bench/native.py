@@ -159,7 +159,10 @@ def paced_result(text: str) -> dict[str, Any]:
     found = [line for line in text.splitlines() if line.startswith("{")]
     if not found:
         raise RuntimeError(f"no result from the paced driver: {text[-500:]}")
-    result: dict[str, Any] = json.loads(found[-1])
+    try:
+        result: dict[str, Any] = json.loads(found[-1])
+    except ValueError as exc:
+        raise RuntimeError(f"the paced driver's result is not JSON ({exc}): {found[-1][:200]}") from None
     if result["errors"] or result["received"] < result["records"]:
         raise RuntimeError(f"the paced run lost records: {result['errors']} sends failed, {result['received']:,} "
                            f"of {result['records']:,} received")
