@@ -61,9 +61,13 @@ func main() {
 	rate := flag.Float64("rate", 10000, "messages a second")
 	seconds := flag.Float64("seconds", 20, "measured seconds")
 	warmup := flag.Float64("warmup", 5, "seconds sent before the measured ones")
-	size := flag.Int("size", 1024, "message bytes (at least 8)")
+	size := flag.Int("size", 1024, "message bytes (at least 16: the send time and the message's number)")
 	inflight := flag.Int("inflight", 500, "asynchronous publishes waiting for their acknowledgement, at most")
 	flag.Parse()
+	if *size < 16 || *rate <= 0 || *seconds <= 0 || *warmup < 0 || *inflight < 1 {
+		fmt.Fprintln(os.Stderr, "natspaced: -size >= 16, -rate > 0, -seconds > 0, -warmup >= 0 and -inflight >= 1 are required")
+		os.Exit(2)
+	}
 	if err := run(*url, *stream, *rate, *seconds, *warmup, *size, *inflight); err != nil {
 		fmt.Fprintln(os.Stderr, "natspaced:", err)
 		os.Exit(1)
