@@ -179,6 +179,13 @@ class PipelineConfig:
     max_files_per_trigger: int = 1000
     http_port: int = 30126            # metrics; -1 none, 0 any free port
     http_host: str = "127.0.0.1"
+    # Spark Connect (docs/tables.md): the pipeline's warm Spark serves the
+    # Taproot views to `taproot sql` and to notebooks
+    # (`SparkSession.builder.remote("sc://host:port")`). -1: none; 0: any free
+    # port (the pipeline's ready file says which). Loopback by default: Spark
+    # Connect checks no Taproot token.
+    connect_port: int = 30127
+    connect_host: str = "127.0.0.1"
     # Where the pipeline's Spark runs (and `taproot sql`, `replay`,
     # `maintain`): "local[*]" in the process itself; "spark://host:7077" a
     # standalone cluster (docs/deploy.md). Under spark-submit its --master
@@ -481,6 +488,7 @@ class DomainConfig:
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "port": (0, 65535),
     "http_port": (-1, 65535),
+    "connect_port": (-1, 65535),
     "max_queue_series": (0, 1_000_000),
     "partitions": (1, 4096),
     "group_commit_max_messages": (1, 1_000_000),

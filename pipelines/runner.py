@@ -230,8 +230,11 @@ def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: Pipelin
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,
         stop_event: threading.Event | None = None, cluster_file: str | None = None, warm: bool = True,
-        http_port: int | None = None) -> int:
-    """`http_port`: metrics there (0: any free port, -1: none); None: `[pipeline] http_port`."""
+        http_port: int | None = None, connect_port: int | None = None) -> int:
+    """`http_port`: metrics there (0: any free port, -1: none); None: `[pipeline] http_port`.
+    `connect_port`: the Spark Connect endpoint there (the same choices); None: `[pipeline] connect_port`."""
+    if connect_port is not None:
+        config = dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline, connect_port=connect_port))
     stop = stop_event or threading.Event()
     if stop_event is None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -248,10 +251,71 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
             http.stop()
 
 
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+# The endpoint's views are registered again this often, for the property
+# columns of `taproot_messages` (a full scan of the PUT logs' property
+# names), and within 10 s when a table they read appears.
+VIEWS_REFRESH_S = 600.0
+
+
+def connect_endpoint(config: conf.ClusterConfig) -> tuple[dict[str, str], int | None]:
+    """The Spark settings that serve Spark Connect from the pipeline's Spark
+    (`[pipeline] connect_port`; 0: a free port picked now), and its port;
+    ({}, None) with the endpoint off."""
+    port = config.pipeline.connect_port
+    if port < 0:
+        return {}, None
+    if port == 0:
+        import socket
+        with socket.socket() as probe:
+            probe.bind((config.pipeline.connect_host, 0))
+            port = probe.getsockname()[1]
+    return {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": config.pipeline.connect_host,
+            "spark.connect.grpc.binding.port": str(port)}, port
+
+
+class SharedViews:
+    """The Taproot views in the pipeline's session catalog, where every Spark
+    Connect session sees them; registered again when a table they read
+    appears (a partition's first dead letter, say) and every
+    `VIEWS_REFRESH_S` (new message properties become columns)."""
+
+    def __init__(self, spark: "SparkSession", config: conf.ClusterConfig):
+        self.spark, self.config = spark, config
+        self.present: frozenset[str] = frozenset()
+        self.next_refresh = self.next_check = 0.0
+
+    def _tables(self) -> frozenset[str]:
+        paths = [tables.PartitionPaths(self.config.data_dir, i) for i in range(self.config.partitions)]
+        return frozenset(path for p in paths for path in (p.puts, p.delivery, p.confirms, p.dead_letters,
+                                                          p.disagreements) if deltars.try_open(path) is not None)
+
+    def refresh(self, now: float) -> None:
+        if now < self.next_check:   # opening every table's log is not free: every 10 s at most
+            return
+        self.next_check = now + 10
+        present = self._tables()
+        if present == self.present and now < self.next_refresh:
+            return
+        from storage.views import register_views
+        started = time.monotonic()
+        try:
+            register_views(self.spark, self.config.data_dir, list(range(self.config.partitions)), persistent=True)
+        except Exception as exc:  # a view that cannot be made now is tried again; the pipeline goes on
+            log.warning("Spark Connect views not registered: %s", str(exc).splitlines()[0])
+            self.next_refresh = now + 30
+            return
+        self.present, self.next_refresh = present, now + VIEWS_REFRESH_S
+        log.info("Spark Connect views registered over %d tables in %.1f s", len(present), time.monotonic() - started)
+
+
 def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats, node_address: str | None,
          ready_file: str | None, cluster_file: str | None, warm: bool, http_port: int | None) -> int:
+    options = conf.spark_options(config)
+    endpoint, connect_port = connect_endpoint(config)
+    options["extra_conf"] = {**options["extra_conf"], **endpoint}
     spark = spark_factory.session("taproot-pipeline", shuffle_partitions=config.pipeline.shuffle_partitions,
-                                  **conf.spark_options(config))
+                                  **options)
     notifier = DeliveryNotifier(config.data_dir, node_address or config.nodes[0].address, conf.client_tls(config),
                                 conf.cluster_token(config))
     window = config.history_window_ms
@@ -272,7 +336,13 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
         queries.append(query)
     log.info("pipeline running %d dedup quer%s (history window %d ms)", len(queries),
              "y" if len(queries) == 1 else "ies", window)
-    write_ready_file(ready_file, queries=[q.name for q in queries], http_port=http_port)
+    # The endpoint's views are registered in the loop below, after the ready
+    # file: reading every table's schema and the PUT logs' property names
+    # takes seconds that the pipeline's start need not wait for.
+    views = SharedViews(spark, config) if connect_port is not None else None
+    if views is not None:
+        log.info("Spark Connect: sc://%s:%d", config.pipeline.connect_host, connect_port)
+    write_ready_file(ready_file, queries=[q.name for q in queries], http_port=http_port, connect_port=connect_port)
     failed = None
     logged: dict[str, int] = {}
     interval_s = config.maintenance.interval_s
@@ -283,6 +353,8 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
         for q in queries:
             stats.active[q.name] = q.isActive
             log_progress(q, logged, stats)
+        if views is not None:
+            views.refresh(time.monotonic())
         if interval_s and time.monotonic() >= next_maintenance:
             run_maintenance(spark, dataclasses.replace(config, domains=domains()))
             next_maintenance = time.monotonic() + interval_s

@@ -4,7 +4,8 @@
     register_views(spark, "data")           # any SparkSession with Delta configured
     spark.sql("SELECT * FROM taproot_backlog").show()
 
-Views (temporary, on the given session; each is a union over the partitions):
+Views (temporary views of the given session, or with `persistent` of its catalog;
+each is a union over the partitions):
 
 - `taproot_puts`: the raw PUT logs, one row per accepted PUT (retransmissions
   included). A row exists as soon as its ACK has been sent.
@@ -89,8 +90,16 @@ def _quote(name: str) -> str:
 
 
 
-def register_views(spark: "SparkSession", data_dir: str = "data", partitions: list[int] | None = None) -> list[str]:
-    """Register every Taproot view on `spark`; returns their names."""
+def register_views(spark: "SparkSession", data_dir: str = "data", partitions: list[int] | None = None,
+                   persistent: bool = False) -> list[str]:
+    """Register every Taproot view on `spark`; returns their names. With
+    `persistent`, as views of the session catalog, which every session of
+    the same Spark application sees (the Spark Connect endpoint's sessions:
+    `pipelines/runner.py`); otherwise as temporary views of `spark` alone."""
+    kind = "VIEW" if persistent else "TEMP VIEW"
+    # Which tables these views read: `taproot sql` checks it before it uses a running endpoint's views.
+    served = sql_string(tables.absolute(data_dir))
+    spark.sql(f"CREATE OR REPLACE {kind} taproot__cluster AS SELECT {served} AS data_dir")
     parts = [tables.PartitionPaths(data_dir, i) for i in (partitions or partitions_of(data_dir))]
     for name, attr, schema in (("taproot_puts", "puts", tables.PUTS_SCHEMA),
                                ("taproot_delivery", "delivery", tables.DELIVERY_SCHEMA),
@@ -98,7 +107,7 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
                                ("taproot_dead_letters", "dead_letters", tables.DEAD_LETTERS_SCHEMA),
                                ("taproot_disagreements", "disagreements", tables.DISAGREEMENTS_SCHEMA)):
         union = _union_sql(spark, [(p.partition, getattr(p, attr)) for p in parts], schema)
-        spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS {union}")
+        spark.sql(f"CREATE OR REPLACE {kind} {name} AS {union}")
 
     # Properties as columns: one per property name; typed when all messages agree.
     kinds = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM "
@@ -116,7 +125,7 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
             value = f"unbase64({value})"
         columns.append(f"{value} AS {_quote(name)}")
     extra = "".join(f", {c}" for c in columns)
-    spark.sql(f"""CREATE OR REPLACE TEMP VIEW taproot_messages AS
+    spark.sql(f"""CREATE OR REPLACE {kind} taproot_messages AS
         SELECT p.partition, p.domain, p.queue, upper(hex(p.guid)) AS guid_hex, p.guid, p.seq, p.payload,
                p.compression, p.properties, p.property_types, p.producer_time, p.put_time{extra},
                d.delivered_time, d.apps
@@ -126,10 +135,10 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
                    FROM taproot_delivery GROUP BY partition, guid) d
                ON p.partition = d.partition AND p.guid = d.guid""")
 
-    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot__targets AS
+    spark.sql(f"""CREATE OR REPLACE {kind} taproot__targets AS
         SELECT domain, queue, guid, seq, put_time, delivered_time, explode(coalesce(apps, array(''))) AS app_id
         FROM taproot_delivery""")
-    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_backlog AS
+    spark.sql(f"""CREATE OR REPLACE {kind} taproot_backlog AS
         SELECT t.domain, t.queue, t.app_id,
                count(*) AS delivered,
                count(c.guid) AS confirmed,
@@ -141,14 +150,14 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
         LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_dead_letters) x
                ON t.guid = x.guid AND t.app_id = x.app_id
         GROUP BY t.domain, t.queue, t.app_id""")
-    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_latency AS
+    spark.sql(f"""CREATE OR REPLACE {kind} taproot_latency AS
         SELECT t.domain, t.queue, t.app_id, t.guid, t.seq, t.put_time, t.delivered_time, c.confirm_time,
                (unix_micros(t.delivered_time) - unix_micros(t.put_time)) / 1000.0 AS delivery_ms,
                (unix_micros(c.confirm_time) - unix_micros(t.put_time)) / 1000.0 AS confirm_ms
         FROM taproot__targets t
         LEFT JOIN (SELECT guid, app_id, min(confirm_time) AS confirm_time FROM taproot_confirms
                    GROUP BY guid, app_id) c ON t.guid = c.guid AND t.app_id = c.app_id""")
-    spark.sql("""CREATE OR REPLACE TEMP VIEW taproot_rates AS
+    spark.sql(f"""CREATE OR REPLACE {kind} taproot_rates AS
         SELECT coalesce(p.domain, d.domain, c.domain) AS domain, coalesce(p.queue, d.queue, c.queue) AS queue,
                coalesce(p.minute, d.minute, c.minute) AS minute,
                coalesce(p.n, 0) AS puts, coalesce(d.n, 0) AS delivered, coalesce(c.n, 0) AS confirms

@@ -110,7 +110,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from pipelines.runner import run
     return run(_config(args), node_address=args.node_address, ready_file=args.ready_file,
-               cluster_file=args.config, warm=not args.no_warm_up, http_port=args.http_port)
+               cluster_file=args.config, warm=not args.no_warm_up, http_port=args.http_port,
+               connect_port=args.connect_port)
 
 
 def _parse_properties(items: list[str]) -> dict[str, Any]:
@@ -330,30 +331,90 @@ def _spark(app_name: str, config: conf.ClusterConfig) -> Any:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    """Run one Spark SQL query with the Taproot views registered."""
-    from storage.views import register_views
+    """Run one Spark SQL query against the Taproot views: on the running
+    pipeline's Spark Connect endpoint when one answers (its views are
+    registered there, its JVM warm), else on a local Spark of its own."""
+    from storage.tables import absolute
 
     config = _config(args)
+    url = args.remote or (None if args.local else _connect_url(config))
+    if url is not None and _answers(url):
+        remote = _remote_spark(url)
+        try:
+            served = _served_data_dir(remote)
+            if args.remote or served == absolute(config.data_dir):
+                return _sql(remote, args)
+            print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
+                  f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
+        finally:
+            remote.stop()
+            # PySpark marks the process as a Connect client (this variable) when the remote
+            # session starts; a local SparkSession after it would be refused without it gone.
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    elif url is not None:
+        print(f"no Spark Connect endpoint answers at {url} (is the cluster's pipeline running?): "
+              "starting a Spark of its own instead", file=sys.stderr)
+    from storage.views import register_views
+
     spark = _spark("taproot-sql", config)
     try:
         from taproot_ops.console import Waiting
         with Waiting("reading the tables' logs for the views", stream=sys.stderr, indent=""):
             register_views(spark, config.data_dir, list(range(config.partitions)) if args.config else None)
+        return _sql(spark, args)
+    finally:
+        spark.stop()
+
+
+def _connect_url(config: conf.ClusterConfig) -> str | None:
+    """The configured Spark Connect endpoint (`[pipeline] connect_port`), if it has a fixed port."""
+    port = config.pipeline.connect_port
+    return f"sc://{config.pipeline.connect_host}:{port}" if port > 0 else None
+
+
+def _answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts connections at sc://host:port."""
+    import socket
+    host, _, port = url.removeprefix("sc://").split("/", 1)[0].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _served_data_dir(spark: Any) -> str | None:
+    """The data directory whose tables an endpoint's views read (None: it has no Taproot views yet)."""
+    try:
+        return str(spark.sql("SELECT data_dir FROM taproot__cluster").first()[0])
+    except Exception:  # not registered yet, or not a Taproot endpoint
+        return None
+
+
+def _remote_spark(url: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    return SparkSession.builder.remote(url).getOrCreate()
+
+
+def _sql(spark: Any, args: argparse.Namespace) -> int:
+    """The query (or `views`) on a session with the views, printed as asked."""
+    try:
         if args.query.strip().lower() in ("views", "show views"):
             print("\n".join(f"{v}: {', '.join(spark.table(v).columns)}" for v in _views(spark)))
             return 0
         result = spark.sql(args.query)
         if args.json:
-            for row in result.limit(args.limit).toJSON().collect():
-                print(row)
+            from pyspark.sql import functions as F
+            for row in result.limit(args.limit).select(F.to_json(F.struct("*"))).collect():
+                print(row[0])
         else:
             result.show(args.limit, truncate=args.truncate or False, vertical=args.vertical)
         return 0
     except Exception as exc:  # Spark's AnalysisException and parse errors: say what was wrong
         print(_sql_error(exc, spark), file=sys.stderr)
         return 2
-    finally:
-        spark.stop()
 
 
 def _views(spark: Any) -> list[str]:
@@ -487,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the JIT warm-up on scratch tables (ready ~25 s sooner; the first batches are slower)")
     _http_port_arg(p)
+    p.add_argument("--connect-port", type=_http_port, metavar="PORT",
+                   help="serve Spark Connect with the Taproot views here: 0 any free port, -1 none "
+                        "(default: the config's [pipeline] connect_port)")
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("produce", help="post messages",
@@ -529,6 +593,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncate", type=int, default=0, help="truncate cells to this many characters (0: never)")
     p.add_argument("--vertical", action="store_true", help="one line per column")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    p.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="the pipeline's Spark Connect endpoint (default: the config's [pipeline] connect_host and "
+                        "connect_port, used when it serves this data directory); when none answers, a Spark of "
+                        "its own starts")
+    p.add_argument("--local", action="store_true", help="a Spark of its own, not the running cluster's endpoint")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("replay", help="post a queue's history (selected by Spark) into a queue")

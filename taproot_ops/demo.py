@@ -263,7 +263,8 @@ def show_table(data_dir: str, partitions: int, since_s: float) -> None:
             say(f"     {row['guid'].hex().upper():<32}  {row['seq']:>6}  {row['region'] or '-':<6}  {row['bytes']:>5}  "
                 f"{str(row['put_time'])[:26]:<26}  {','.join(apps or []) or '-':<6}  "
                 f"{str(delivered)[:26] if delivered is not None else '(not yet decided)'}")
-    say("   the same with Spark (a JVM start): .venv/bin/taproot sql \"SELECT guid_hex, seq, region, delivered_time "
+    say("   the same with Spark SQL (the pipeline's Spark Connect endpoint): .venv/bin/taproot sql "
+        "\"SELECT guid_hex, seq, region, delivered_time "
         "FROM taproot_messages WHERE domain = 'demo' ORDER BY seq DESC LIMIT 5\"")
 
 
@@ -289,7 +290,8 @@ def _hints(cluster: EmbeddedCluster, data_dir: str, config_file: str | None) -> 
         f".venv/bin/taproot produce{hosts}{where} --uri {DEMO_URI} -n 5 -p region=US -v",
         f".venv/bin/taproot consume{hosts}{where} --uri {DEMO_URI} --timeout 10",
         f".venv/bin/taproot admin{where} queues       (depth, unconfirmed, consumers and rates; no Spark)",
-        f".venv/bin/taproot sql{where} \"SELECT * FROM taproot_backlog\"   (Spark SQL over the tables)",
+        f".venv/bin/taproot sql{where} \"SELECT * FROM taproot_backlog\"   (Spark SQL over the tables; about a "
+        "second once the pipeline serves them)",
     ]
 
 

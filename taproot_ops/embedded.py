@@ -130,6 +130,7 @@ class EmbeddedCluster:
         self.node_addresses: dict[str, str] = {}     # node name -> host:port
         self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
         self.http_ports: dict[str, int] = {}         # role name -> its metrics port (those that serve one)
+        self.connect_url: str | None = None           # the pipeline's Spark Connect endpoint, once it is ready
         self._run_dir = Path(tempfile.mkdtemp(prefix="taproot-run-"))
         # A command each role's process runs under, by its name (`ip netns exec
         # NS`: each role on a host of its own); none by default.
@@ -310,7 +311,7 @@ class EmbeddedCluster:
         made the PUT logs). With `wait=False`, return at once."""
         args = ["--node-address", self.node_address] + ([] if warm_up else ["--no-warm-up"])
         if self.ephemeral_ports:
-            args += ["--http-port", "0"]
+            args += ["--http-port", "0", "--connect-port", "0"]
         process = self._spawn("pipeline", args)
         if wait:
             self.pipeline_ready(process, timeout_s)
@@ -321,6 +322,8 @@ class EmbeddedCluster:
         if it exits or is not ready in time)."""
         process.wait_ready(timeout_s)
         self._note_http("pipeline", process)
+        port = (process.info or {}).get("connect_port")
+        self.connect_url = f"sc://{self.config.pipeline.connect_host}:{port}" if port else None
 
     def start(self) -> None:
         try:
