@@ -293,8 +293,12 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             def pids() -> dict[str, int]:
                 return {**{name: p.popen.pid for name, p in cluster.processes.items()}, **engine_pids}
 
-            results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
-                                 lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
+            with SqlLoad(cluster.connect_url, getattr(args, "sql_every", 0.0)) as sql:
+                results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
+                                     lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
+            if sql.times_s:
+                for r in results:
+                    r["sql_load"] = sql.summary()
             return results
     finally:
         engines.close()
@@ -303,6 +307,58 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
 
 
 OBJECT_STORE_BUCKET = "taproot"
+
+
+class SqlLoad:
+    """`--sql-every S`: while the scenarios run, `taproot sql` asks the
+    pipeline's Spark Connect endpoint for `taproot_backlog` every S seconds,
+    as a data team would, to see what sharing the pipeline's Spark costs the
+    pipeline (its authority lag, printed per run) and what the queries take."""
+
+    QUERY = "SELECT * FROM taproot_backlog"
+
+    def __init__(self, url: str | None, every_s: float):
+        import threading
+        self.url, self.every_s = url, every_s
+        self.times_s: list[float] = []
+        self.failed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "SqlLoad":
+        if self.every_s > 0:
+            if self.url is None:
+                raise SystemExit("error: --sql-every needs the pipeline's Spark Connect endpoint ([pipeline] "
+                                 "connect_port is -1)")
+            print(f"a Spark Connect client queries {self.url} every {self.every_s:g} s ...", flush=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=120)
+        if self.times_s:
+            said = self.summary()
+            print(f"         taproot sql during the runs: {said['queries']} queries ({said['failed']} failed), "
+                  f"p50 {said['p50_s']:.2f} s, max {said['max_s']:.2f} s each", flush=True)
+
+    def _run(self) -> None:
+        import subprocess
+        import time
+        while not self.stop.wait(self.every_s):
+            started = time.monotonic()
+            out = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "sql", "--remote", str(self.url),
+                                  "--json", self.QUERY], capture_output=True, text=True, timeout=300)
+            if out.returncode == 0:
+                self.times_s.append(time.monotonic() - started)
+            else:
+                self.failed += 1
+
+    def summary(self) -> dict[str, Any]:
+        import statistics
+        return {"every_s": self.every_s, "queries": len(self.times_s), "failed": self.failed,
+                "p50_s": statistics.median(self.times_s), "max_s": max(self.times_s)}
 
 
 def _engines(stack: contextlib.ExitStack, args: argparse.Namespace,
