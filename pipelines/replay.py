@@ -192,6 +192,16 @@ def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[st
     return result
 
 
+def _parallelism(spark: "SparkSession") -> int:
+    """The cores a sort can use: the SparkContext's default parallelism; a
+    Spark Connect client has no SparkContext, and takes the session's
+    shuffle partitions instead (the pipeline's endpoint: its setting)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # pyspark's Connect session: JVM_ATTRIBUTE_NOT_SUPPORTED
+        return int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+
+
 class _Staged:
     """The selected history, ordered by `seq`, as Parquet files under
     `<data_dir>/_replay/<run id>` (shared storage, so executors on other
@@ -219,7 +229,7 @@ class _Staged:
         count = int(size.n)
         if count == 0:
             return 0
-        files = max(history.sparkSession.sparkContext.defaultParallelism,  # sort on every core
+        files = max(_parallelism(history.sparkSession),  # sort on every core
                     -(-int(size.bytes or 0) // file_bytes), -(-count // STAGE_FILE_ROWS))
         (history.repartitionByRange(files, "seq").sortWithinPartitions("seq")
          .write.mode("error").parquet(self.path))

@@ -12,6 +12,7 @@ Server roles are imported lazily so that the SDK commands start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -60,6 +61,15 @@ def _http_port_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=_http_port, metavar="PORT",
                    help="serve /metrics (and the status page) here: 0 any free port, -1 none "
                         "(default: the config's http_port)")
+
+
+def _endpoint_args(p: argparse.ArgumentParser) -> None:
+    """--remote and --local: where `sql` and `replay` run their Spark work."""
+    p.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="the pipeline's Spark Connect endpoint (default: the config's [pipeline] connect_host and "
+                        "connect_port, used when it serves this data directory); when none answers, a Spark of "
+                        "its own starts")
+    p.add_argument("--local", action="store_true", help="a Spark of its own, not the running cluster's endpoint")
 
 
 def _logging(level: str) -> None:
@@ -334,26 +344,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     """Run one Spark SQL query against the Taproot views: on the running
     pipeline's Spark Connect endpoint when one answers (its views are
     registered there, its JVM warm), else on a local Spark of its own."""
-    from storage.tables import absolute
-
     config = _config(args)
-    url = args.remote or (None if args.local else _connect_url(config))
-    if url is not None and _answers(url):
-        remote = _remote_spark(url)
-        try:
-            served = _served_data_dir(remote)
-            if args.remote or served == absolute(config.data_dir):
-                return _sql(remote, args)
-            print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
-                  f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
-        finally:
-            remote.stop()
-            # PySpark marks the process as a Connect client (this variable) when the remote
-            # session starts; a local SparkSession after it would be refused without it gone.
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    elif url is not None:
-        print(f"no Spark Connect endpoint answers at {url} (is the cluster's pipeline running?): "
-              "starting a Spark of its own instead", file=sys.stderr)
+    with _endpoint(args, config) as remote:
+        if remote is not None:
+            return _sql(remote, args)
     from storage.views import register_views
 
     spark = _spark("taproot-sql", config)
@@ -364,6 +358,38 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return _sql(spark, args)
     finally:
         spark.stop()
+
+
+@contextlib.contextmanager
+def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig) -> Iterator[Any]:
+    """A Spark Connect session on the running pipeline's endpoint (`--remote`,
+    else the config's when it serves this data directory), or None, having
+    said why, when a Spark of its own must start instead (not with `--local`)."""
+    from storage.tables import absolute
+
+    url = args.remote or (None if args.local else _connect_url(config))
+    if url is None:
+        yield None
+        return
+    if not _answers(url):
+        print(f"no Spark Connect endpoint answers at {url} (is the cluster's pipeline running?): "
+              "starting a Spark of its own instead", file=sys.stderr)
+        yield None
+        return
+    remote = _remote_spark(url)
+    try:
+        served = _served_data_dir(remote)
+        if args.remote or served == absolute(config.data_dir):
+            yield remote
+            return
+        print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
+              f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
+    finally:
+        remote.stop()
+        # PySpark marks the process as a Connect client (this variable) when the remote
+        # session starts; a local SparkSession after it would be refused without it gone.
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    yield None
 
 
 def _connect_url(config: conf.ClusterConfig) -> str | None:
@@ -452,22 +478,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from pipelines.replay import ReplayError, print_progress, replay
 
     config = _config(args)
+
+    def run(spark: Any) -> int:
+        try:
+            result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
+                            since=args.since, until=args.until, version=args.version, where=args.where,
+                            rate=args.rate, original_rate=args.original_rate, progress=print_progress,
+                            **conf.client_access(config))
+        except ReplayError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:  # a bad --where, a version that does not exist: Spark says which
+            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 2
+        print(result.summary())
+        return 1 if result.failed else 0
+
+    # The running pipeline's Spark selects the history when it serves these tables (no JVM to start).
+    with _endpoint(args, config) as remote:
+        if remote is not None:
+            return run(remote)
     spark = _spark("taproot-replay", config)
     try:
-        result = replay(spark, config.data_dir, config.partitions, args.hosts, args.source, args.target,
-                        since=args.since, until=args.until, version=args.version, where=args.where,
-                        rate=args.rate, original_rate=args.original_rate, progress=print_progress,
-                        **conf.client_access(config))
-    except ReplayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a bad --where, a version that does not exist: Spark says which
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return run(spark)
     finally:
         spark.stop()
-    print(result.summary())
-    return 1 if result.failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -593,11 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncate", type=int, default=0, help="truncate cells to this many characters (0: never)")
     p.add_argument("--vertical", action="store_true", help="one line per column")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
-    p.add_argument("--remote", metavar="sc://HOST:PORT",
-                   help="the pipeline's Spark Connect endpoint (default: the config's [pipeline] connect_host and "
-                        "connect_port, used when it serves this data directory); when none answers, a Spark of "
-                        "its own starts")
-    p.add_argument("--local", action="store_true", help="a Spark of its own, not the running cluster's endpoint")
+    _endpoint_args(p)
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("replay", help="post a queue's history (selected by Spark) into a queue")
@@ -614,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"where to post: the cluster's proxies (or nodes), tried in turn (default {DEFAULT_HOST})")
     p.add_argument("--config", help="cluster.toml (default: the one shipped in conf/)")
     p.add_argument("--data-dir", help="data directory (default: the config's)")
+    _endpoint_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("maintain", help="remove finished history past retention, compact, vacuum")

@@ -89,3 +89,24 @@ def test_taproot_sql_does_not_use_an_endpoint_that_serves_other_tables(cluster, 
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"serves {cluster.data_dir}, not {tmp_path}/data: starting a Spark of its own" in out.stderr
     assert out.stdout.strip().splitlines()[-1] == '{"n":0}'
+
+
+def test_replay_selects_on_the_endpoint_and_posts_in_put_order(cluster):
+    """`taproot replay` with the pipeline's endpoint: the pipeline's Spark
+    selects and stages the history (no JVM of its own), the CLI posts it."""
+    source, target = "taproot://keep/connect-source", "taproot://keep/connect-replayed"
+    guids = post(cluster.proxy_address, source, [b"r%d" % i for i in range(6)], {"region": "EU"})
+    post(cluster.proxy_address, source, [b"u%d" % i for i in range(3)], {"region": "US"})
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: set(guids) <= guids_in(paths.delivery), 120, interval_s=0.5, what="the source delivered")
+    out = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "replay", "--remote", cluster.connect_url,
+                          "--hosts", cluster.proxy_address, "--config", str(cluster.config_path),
+                          "--data-dir", cluster.data_dir, "--from", source,
+                          "--to", target, "--where", "properties['region'] = 'EU'"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "starting Spark" not in out.stderr   # selected on the endpoint
+    assert "replayed 6 of 6 selected messages" in out.stdout and "failed: none" in out.stdout, out.stdout
+    got = consume(cluster.proxy_address, target, 6)
+    assert [m.payload for m in got] == [b"r%d" % i for i in range(6)]   # PUT order
+    assert not {m.guid for m in got} & set(guids)                        # new GUIDs

@@ -484,8 +484,9 @@ def _replay_main(args: argparse.Namespace) -> int:
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="taproot-bench-")
         print(f"starting an embedded cluster in {data_dir} ...", flush=True)
         with EmbeddedCluster(args.config, data_dir, ephemeral_ports=True) as cluster:
+            os.environ.update(cluster.client_env())   # its TLS and token, as shipped, for the SDK here
             result = replay_scenario(cluster.client_address, cluster.data_dir, cluster.config.partitions,
-                                     "taproot://bench/history", args.replay, size)
+                                     "taproot://bench/history", args.replay, size, cluster.connect_url)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

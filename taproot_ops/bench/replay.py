@@ -47,9 +47,15 @@ def _wait_delivered(data_dir: str, partitions: int, uri: str, count: int, timeou
     return time.monotonic() - started
 
 
-def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, count: int, size: int) -> dict[str, Any]:
-    """Fill a queue, let the pipeline deliver it, then replay it twice (a
-    fresh Spark session, as `taproot replay` runs, then a warm one)."""
+def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, count: int, size: int,
+                    connect_url: str | None = None) -> dict[str, Any]:
+    """Fill a queue, let the pipeline deliver it, then replay it: on the
+    pipeline's Spark Connect endpoint (`connect_url`: the warm engine
+    `taproot replay` uses when the cluster runs), then twice on a Spark of
+    its own (a fresh session, as `taproot replay` starts without an endpoint,
+    then the same one warm)."""
+    import os
+
     from pipelines.replay import replay
     from storage.spark import session
 
@@ -57,21 +63,33 @@ def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, coun
     out: dict[str, Any] = {"messages": count, "size": size, "fill_msg_s": fill(address, uri, count, size)}
     print(f"   filled at {out['fill_msg_s']:,.0f} msg/s; waiting for the pipeline to deliver them", flush=True)
     out["fill_delivered_s"] = _wait_delivered(data_dir, partitions, uri, count)
+
+    def measure(run: str, spark: Any) -> None:
+        started = time.monotonic()
+        target = f"{uri}-replay-{run}"
+        result = replay(spark, data_dir, partitions, [address], uri, target)
+        print(f"   {run}: {result.summary()}", flush=True)
+        _wait_delivered(data_dir, partitions, target, count)
+        delivered_s = time.monotonic() - started
+        print(f"   the pipeline had delivered all {count:,} replayed messages {delivered_s:.1f} s after the "
+              f"replay started", flush=True)
+        out[run] = {"acked": result.acked, "failed": result.failed, "post_seconds": result.seconds,
+                    "select_seconds": result.select_seconds, "post_msg_s": result.rate,
+                    "overall_msg_s": result.acked / (result.seconds + result.select_seconds),
+                    "delivered_seconds": delivered_s}
+
+    if connect_url is not None:
+        from pyspark.sql import SparkSession
+        remote = SparkSession.builder.remote(connect_url).getOrCreate()
+        try:
+            measure("endpoint", remote)
+        finally:
+            remote.stop()
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)   # a local session may start after it
     spark = session("taproot-bench-replay")
     try:
         for run in ("cold", "warm"):
-            started = time.monotonic()
-            target = f"{uri}-replay-{run}"
-            result = replay(spark, data_dir, partitions, [address], uri, target)
-            print(f"   {run} JVM: {result.summary()}", flush=True)
-            _wait_delivered(data_dir, partitions, target, count)
-            delivered_s = time.monotonic() - started
-            print(f"   the pipeline had delivered all {count:,} replayed messages {delivered_s:.1f} s after the "
-                  f"replay started", flush=True)
-            out[run] = {"acked": result.acked, "failed": result.failed, "post_seconds": result.seconds,
-                        "select_seconds": result.select_seconds, "post_msg_s": result.rate,
-                        "overall_msg_s": result.acked / (result.seconds + result.select_seconds),
-                        "delivered_seconds": delivered_s}
+            measure(run, spark)
     finally:
         spark.stop()
     return out
