@@ -261,16 +261,24 @@ VIEWS_REFRESH_S = 600.0
 def connect_endpoint(config: conf.ClusterConfig) -> tuple[dict[str, str], int | None]:
     """The Spark settings that serve Spark Connect from the pipeline's Spark
     (`[pipeline] connect_port`; 0: a free port picked now), and its port;
-    ({}, None) with the endpoint off."""
-    port = config.pipeline.connect_port
+    ({}, None) with the endpoint off, or when its port cannot be bound."""
+    import socket
+
+    port, host = config.pipeline.connect_port, config.pipeline.connect_host
     if port < 0:
         return {}, None
-    if port == 0:
-        import socket
+    # Spark fails to start at all when a plugin cannot bind its port: the
+    # authority must not stop for want of its query endpoint, so a port in
+    # use (another cluster's, a stale process's) leaves the endpoint off.
+    try:
         with socket.socket() as probe:
-            probe.bind((config.pipeline.connect_host, 0))
+            probe.bind((host, port))
             port = probe.getsockname()[1]
-    return {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": config.pipeline.connect_host,
+    except OSError as exc:
+        log.error("Spark Connect not served: %s:%d cannot be bound (%s); the pipeline runs without it",
+                  host, port, exc.strerror or exc)
+        return {}, None
+    return {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port)}, port
 
 
