@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import re
 import subprocess
 import sys
@@ -63,6 +64,7 @@ from taproot_ops.bench.native import (
     line,
     maven_jars,
     paced_result,
+    paced_run,
     stop,
 )
 from taproot_ops.bench.native import main as native_main
@@ -240,13 +242,8 @@ def run_all(records: int, fsync_records: int, paced_s: float,
                     [producer(b, topic, each) for topic in names], parse_produced,
                     [consumer(b, names[i % topics], each, f"g{i}") for i in range(max(topics, groups))],
                     parse_consumed))
-            cpu = b.cpu_s()
-            result = paced(b, b.topic("paced"), 10_000, paced_s)
-            runs.append({"system": "kafka", "scenario": PACED, "label": "10k msg/s", "durability": durability,
-                         "produce_msg_s": result["produce_msg_s"], "consume_msg_s": result["consume_msg_s"],
-                         "ack_ms": result["ack_ms"], "push_ms": result["push_ms"],
-                         "server_cpu_us_per_msg": (b.cpu_s() - cpu) * 1e6 / result["records"]})   # warm-up included
-            print(line("kafka", runs[-1]), flush=True)
+            runs.append(paced_run("kafka", "10k msg/s", durability, b.cpu_s,
+                                  functools.partial(paced, b, b.topic("paced"), 10_000, paced_s)))
             if not fsync:
                 latency = end_to_end(b, b.topic("e2e"))
                 runs.append({"system": "kafka", "scenario": PACED, "label": "1 record at a time",

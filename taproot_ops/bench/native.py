@@ -153,6 +153,21 @@ def full_speed(system: str, scenario: str, label: str, durability: str, cpu_s: C
     return run
 
 
+def paced_run(system: str, label: str, durability: str, cpu_s: Callable[[], float],
+              drive: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One paced run: `drive` runs a paced driver (`drivers/`) and returns its
+    result (`paced_result`); the server's CPU over it per message sent, the
+    driver's warm-up included. Printed, and returned."""
+    cpu = cpu_s()
+    result = drive()
+    run = {"system": system, "scenario": PACED, "label": label, "durability": durability,
+           "produce_msg_s": result["produce_msg_s"], "consume_msg_s": result["consume_msg_s"],
+           "ack_ms": result["ack_ms"], "push_ms": result["push_ms"],
+           "server_cpu_us_per_msg": (cpu_s() - cpu) * 1e6 / result["records"]}
+    print(line(system, run), flush=True)
+    return run
+
+
 def paced_result(text: str) -> dict[str, Any]:
     """A paced driver's JSON line (`drivers/`): every record acknowledged and
     received, or an error saying how many were not."""

@@ -49,13 +49,12 @@ from taproot_ops.bench.cpu import tree_cpu_seconds
 from taproot_ops.bench.native import (
     FANOUT,
     ONE_QUEUE,
-    PACED,
     TEN_QUEUES,
     PeerUnavailable,
     Tool,
     full_speed,
-    line,
     paced_result,
+    paced_run,
     stop,
 )
 from taproot_ops.bench.native import main as native_main
@@ -241,14 +240,8 @@ def run_all(messages: int, fsync_messages: int, paced_s: float,
                     [publisher(s, name, each) for name in names], tool(each),
                     [reader(s, name, each, consumer) for name, consumer in pairs], tool(each),
                     prepare=functools.partial(add_consumers, s, pairs)))
-            cpu = s.cpu_s()
-            result = paced(s, "paced", 10_000, paced_s)
-            runs.append({"system": "nats", "scenario": PACED, "label": "10k msg/s, async publishes",
-                         "durability": durability, "produce_msg_s": result["produce_msg_s"],
-                         "consume_msg_s": result["consume_msg_s"], "ack_ms": result["ack_ms"],
-                         "push_ms": result["push_ms"],
-                         "server_cpu_us_per_msg": (s.cpu_s() - cpu) * 1e6 / result["records"]})  # warm-up included
-            print(line("nats", runs[-1]), flush=True)
+            runs.append(paced_run("nats", "10k msg/s, async publishes", durability, s.cpu_s,
+                                  functools.partial(paced, s, "paced", 10_000, paced_s)))
     return runs
 
 
