@@ -8,12 +8,13 @@ through `spark.jars`, so they start without touching the network.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -147,6 +148,23 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+@contextlib.contextmanager
+def remote_session(url: str) -> Iterator["SparkSession"]:
+    """A Spark Connect session on `url` (sc://host:port: the pipeline's
+    endpoint), stopped after, leaving the process free to start a local
+    session: PySpark marks the process as a Connect client
+    (SPARK_CONNECT_MODE_ENABLED) when a remote session starts, and would
+    refuse a local one while the mark stays."""
+    from pyspark.sql import SparkSession
+
+    remote = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        yield remote
+    finally:
+        remote.stop()
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
 FETCH_ATTEMPTS = 3

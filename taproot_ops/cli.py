@@ -376,19 +376,16 @@ def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig) -> Iterator[
               "starting a Spark of its own instead", file=sys.stderr)
         yield None
         return
-    remote = _remote_spark(url)
-    try:
+    from storage.spark import remote_session
+
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # callers print the error
+    with remote_session(url) as remote:
         served = _served_data_dir(remote)
         if args.remote or served == absolute(config.data_dir):
             yield remote
             return
         print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
               f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
-    finally:
-        remote.stop()
-        # PySpark marks the process as a Connect client (this variable) when the remote
-        # session starts; a local SparkSession after it would be refused without it gone.
-        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     yield None
 
 
@@ -415,13 +412,6 @@ def _served_data_dir(spark: Any) -> str | None:
         return str(spark.sql("SELECT data_dir FROM taproot__cluster").first()[0])
     except Exception:  # not registered yet, or not a Taproot endpoint
         return None
-
-
-def _remote_spark(url: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
-    return SparkSession.builder.remote(url).getOrCreate()
 
 
 def _sql(spark: Any, args: argparse.Namespace) -> int:

@@ -54,10 +54,8 @@ def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, coun
     `taproot replay` uses when the cluster runs), then twice on a Spark of
     its own (a fresh session, as `taproot replay` starts without an endpoint,
     then the same one warm)."""
-    import os
-
     from pipelines.replay import replay
-    from storage.spark import session
+    from storage.spark import remote_session, session
 
     print(f"replay: posting {count:,} x {size} B to {uri} ...", flush=True)
     out: dict[str, Any] = {"messages": count, "size": size, "fill_msg_s": fill(address, uri, count, size)}
@@ -79,13 +77,8 @@ def replay_scenario(address: str, data_dir: str, partitions: int, uri: str, coun
                     "delivered_seconds": delivered_s}
 
     if connect_url is not None:
-        from pyspark.sql import SparkSession
-        remote = SparkSession.builder.remote(connect_url).getOrCreate()
-        try:
+        with remote_session(connect_url) as remote:   # a local session may start after it
             measure("endpoint", remote)
-        finally:
-            remote.stop()
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)   # a local session may start after it
     spark = session("taproot-bench-replay")
     try:
         for run in ("cold", "warm"):
