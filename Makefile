@@ -82,6 +82,7 @@ bench-compare: setup
 proto: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'grpcio-tools>=1.85.1'
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. protocol/taproot.proto
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. taproot_ops/sparkconnect/connect_subset.proto
 
 clean:
 	rm -rf $(VENV) .cache data

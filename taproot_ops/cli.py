@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import conf
 from taproot_ops.embedded import ClusterStartError
@@ -343,11 +343,12 @@ def _spark(app_name: str, config: conf.ClusterConfig) -> Any:
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run one Spark SQL query against the Taproot views: on the running
     pipeline's Spark Connect endpoint when one answers (its views are
-    registered there, its JVM warm), else on a local Spark of its own."""
+    registered there, its JVM warm; `taproot_ops.sparkconnect`, a thin
+    client), else on a local Spark of its own."""
     config = _config(args)
-    with _endpoint(args, config) as remote:
+    with _endpoint(args, config, thin=True) as remote:
         if remote is not None:
-            return _sql(remote, args)
+            return _sql_remote(remote, args)
     from storage.views import register_views
 
     spark = _spark("taproot-sql", config)
@@ -361,13 +362,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig) -> Iterator[Any]:
+def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig, thin: bool = False) -> Iterator[Any]:
     """A Spark Connect session on the running pipeline's endpoint (`--remote`,
     else the config's when it serves this data directory), or None, having
-    said why, when a Spark of its own must start instead (not with `--local`)."""
+    said why, when a Spark of its own must start instead (not with `--local`).
+    With `thin`, `taproot sql`'s own client (`taproot_ops.sparkconnect`),
+    else pyspark's."""
     from storage.tables import absolute
 
-    url = args.remote or (None if args.local else _connect_url(config))
+    url = args.remote or (None if args.local else conf.connect_url(config))
     if url is None:
         yield None
         return
@@ -376,10 +379,15 @@ def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig) -> Iterator[
               "starting a Spark of its own instead", file=sys.stderr)
         yield None
         return
-    from storage.spark import remote_session
-
-    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # callers print the error
-    with remote_session(url) as remote:
+    token = conf.connect_token(config)
+    if thin:
+        from taproot_ops.sparkconnect.client import Endpoint
+        session: Any = contextlib.closing(Endpoint(url, token=token))
+    else:
+        from storage.spark import remote_session
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # callers print the error
+        session = remote_session(conf.with_connect_token(url, token))
+    with session as remote:
         served = _served_data_dir(remote)
         if args.remote or served == absolute(config.data_dir):
             yield remote
@@ -387,12 +395,6 @@ def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig) -> Iterator[
         print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
               f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
     yield None
-
-
-def _connect_url(config: conf.ClusterConfig) -> str | None:
-    """The configured Spark Connect endpoint (`[pipeline] connect_port`), if it has a fixed port."""
-    port = config.pipeline.connect_port
-    return f"sc://{config.pipeline.connect_host}:{port}" if port > 0 else None
 
 
 def _answers(url: str, timeout_s: float = 1.0) -> bool:
@@ -406,12 +408,53 @@ def _answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+class EndpointRefused(Exception):
+    """The endpoint refused this client (UNAUTHENTICATED: no token, or a wrong one)."""
+
+
 def _served_data_dir(spark: Any) -> str | None:
-    """The data directory whose tables an endpoint's views read (None: it has no Taproot views yet)."""
+    """The data directory whose tables an endpoint's views read (None: it has
+    no Taproot views yet); EndpointRefused when it wants a token this client
+    does not have (a Spark of its own would only hide that)."""
     try:
-        return str(spark.sql("SELECT data_dir FROM taproot__cluster").first()[0])
-    except Exception:  # not registered yet, or not a Taproot endpoint
+        answer = spark.sql("SELECT data_dir FROM taproot__cluster")
+        return str(answer.first()[0] if hasattr(answer, "first") else answer.column(0)[0].as_py())
+    except Exception as exc:  # not registered yet, or not a Taproot endpoint
+        if "authentication token" in str(exc):   # Spark's words: "No authentication token provided", "Invalid ..."
+            said = "no token was presented" if "No authentication" in str(exc) else "the token presented is wrong"
+            raise EndpointRefused(
+                f"the Spark Connect endpoint requires a token ([auth] is on) and {said}: set "
+                f"{conf.CONNECT_TOKEN_ENV} to the endpoint's token (the file [auth] connect_token_file "
+                "names; with auto, <state_dir>/auth/connect.token), or use --local") from None
         return None
+
+
+def _sql_remote(endpoint: Any, args: argparse.Namespace) -> int:
+    """`_sql` on the thin client: Spark formats the table (ShowString), as `show()` would."""
+    from taproot_ops.sparkconnect.client import ConnectError
+    try:
+        if args.query.strip().lower() in ("views", "show views"):
+            print("\n".join(f"{v}: {', '.join(endpoint.columns(v))}" for v in _remote_views(endpoint)))
+        elif args.json:
+            for line in endpoint.json_lines(args.query, args.limit):
+                print(line)
+        else:
+            print(endpoint.show(args.query, args.limit, args.truncate or 0, args.vertical), end="")
+        return 0
+    except ConnectError as exc:
+        said = f"error: {_first_line(str(exc))}"
+        if "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+            said += _VIEWS_HINT.format(views=", ".join(_remote_views(endpoint)))
+        print(said, file=sys.stderr)
+        return 2
+
+
+def _first_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.strip()), text)
+
+
+_VIEWS_HINT = ("\n  the views: {views} (`taproot sql views` lists their columns); "
+               "a table by path: delta.`<data_dir>/partition-000/puts`")
 
 
 def _sql(spark: Any, args: argparse.Namespace) -> int:
@@ -435,16 +478,23 @@ def _sql(spark: Any, args: argparse.Namespace) -> int:
 
 def _views(spark: Any) -> list[str]:
     """The Taproot views this session has (not the helper views, `taproot__*`)."""
-    return sorted(t.name for t in spark.catalog.listTables()
-                  if t.name.startswith("taproot_") and not t.name.startswith("taproot__"))
+    return _taproot_only(t.name for t in spark.catalog.listTables())
+
+
+def _remote_views(endpoint: Any) -> list[str]:
+    """`_views` on the thin client."""
+    return _taproot_only(endpoint.sql("SHOW VIEWS").column("viewName").to_pylist())
+
+
+def _taproot_only(names: Iterable[str]) -> list[str]:
+    return sorted(n for n in names if n.startswith("taproot_") and not n.startswith("taproot__"))
 
 
 def _sql_error(exc: Exception, spark: Any) -> str:
     """Spark's first line, and for a table or view it does not know the views there are."""
-    said = f"error: {str(exc).splitlines()[0]}"
+    said = f"error: {_first_line(str(exc))}"
     if "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
-        said += (f"\n  the views: {', '.join(_views(spark))} (`taproot sql views` lists their columns); "
-                 "a table by path: delta.`<data_dir>/partition-000/puts`")
+        said += _VIEWS_HINT.format(views=", ".join(_views(spark)))
     return said
 
 
@@ -751,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterStartError as exc:
         print(f"taproot {args.command}: the embedded cluster did not start: {exc}", file=sys.stderr)
         return 1
+    except EndpointRefused as exc:
+        print(f"error: UNAUTHENTICATED: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as exc:
