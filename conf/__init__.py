@@ -182,8 +182,9 @@ class PipelineConfig:
     # Spark Connect (docs/tables.md): the pipeline's warm Spark serves the
     # Taproot views to `taproot sql` and to notebooks
     # (`SparkSession.builder.remote("sc://host:port")`). -1: none; 0: any free
-    # port (the pipeline's ready file says which). Loopback by default: Spark
-    # Connect checks no Taproot token.
+    # port (the pipeline's ready file says which). Loopback by default; with
+    # [auth] on the endpoint requires `[auth] connect_token_file`'s token, and
+    # only then may connect_host be another address.
     connect_port: int = 30127
     connect_host: str = "127.0.0.1"
     # Where the pipeline's Spark runs (and `taproot sql`, `replay`,
@@ -243,6 +244,11 @@ class AuthConfig:
     auto: bool = False
     tokens_file: str = ""             # [[tokens]]: name, sha256, rights, expires (`taproot auth add` writes it)
     cluster_token_file: str = ""      # the token roles present to each other (every right)
+    # The token the pipeline's Spark Connect endpoint requires (Spark Connect
+    # checks one token, and its SQL reaches every table: give it to data
+    # teams, not the cluster token). "": with `auto` <state_dir>/auth/connect.token
+    # (made with the others), else the cluster token.
+    connect_token_file: str = ""
 
     def files(self, data_dir: str) -> tuple[str, str]:
         """(tokens file, cluster token file): the configured ones, or with
@@ -250,6 +256,11 @@ class AuthConfig:
         base = Path(data_dir) / "auth"
         return (self.tokens_file or (str(base / "tokens.toml") if self.auto else ""),
                 self.cluster_token_file or (str(base / "cluster.token") if self.auto else ""))
+
+    def connect_file(self, data_dir: str) -> str:
+        """The Spark Connect endpoint's token file (`connect_token_file`)."""
+        return self.connect_token_file or (str(Path(data_dir) / "auth" / "connect.token") if self.auto
+                                           else self.files(data_dir)[1])
 
     def local_token_file(self, data_dir: str) -> str | None:
         """With `auto`: the every-right token for this machine's tools."""
@@ -747,10 +758,24 @@ def parse_cluster(raw: Mapping[str, Any], domains: Mapping[str, DomainConfig]) -
         unset = [f"auth.{f}" for f in ("tokens_file", "cluster_token_file") if not getattr(auth, f)]
         if unset:
             found.found.append(f"{unset[0]}: auth is enabled without auto: set {', '.join(unset)}")
+    pipeline = built["pipeline"]
+    if pipeline.connect_port != -1 and not auth.enabled and not _loopback(pipeline.connect_host):
+        found.found.append(f"pipeline.connect_host: {pipeline.connect_host!r} is not a loopback address, and "
+                           "with [auth] off Spark Connect would serve every table's SQL to anyone who reaches "
+                           "it: keep 127.0.0.1, turn [auth] on (the endpoint then requires a token) or set "
+                           "connect_port = -1")
     found.raise_any()
     return ClusterConfig(**top, nodes=nodes, proxies=proxies, primary=primary, pipeline=built["pipeline"],
                          maintenance=built["maintenance"], ha=ha, metrics=built["metrics"], tls=tls, auth=auth,
                          domains=dict(domains), storage=built["storage"], links=links)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 SECTIONS = ("cluster", "nodes", "proxies", "primary", "pipeline", "maintenance", "ha", "metrics", "tls", "auth",
@@ -947,6 +972,50 @@ def client_token(config: ClusterConfig) -> str | None:
     except AuthError as exc:
         raise ConfigError(f"auth: {exc}") from None
     return token
+
+
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"   # what pyspark's Connect client reads too
+
+
+def connect_token(config: ClusterConfig, serving: bool = False) -> str | None:
+    """The token of the pipeline's Spark Connect endpoint, with [auth] on
+    (`[auth] connect_token_file`). Serving, a file that cannot be read is a
+    ConfigError naming it; as a client (`taproot sql`, `replay`), the
+    SPARK_CONNECT_AUTHENTICATE_TOKEN variable comes first, and a file this
+    user cannot read is no token (the endpoint then says one is needed)."""
+    from protocol.auth import AuthError, read_token_file
+    if not serving and os.environ.get(CONNECT_TOKEN_ENV):
+        return os.environ[CONNECT_TOKEN_ENV].strip()
+    if not config.auth.enabled:
+        return None
+    try:
+        return read_token_file(config.auth.connect_file(config.local_dir))
+    except AuthError as exc:
+        if serving:
+            raise ConfigError(f"auth: {exc}{_AUTO_HINT if config.auth.auto else ''}") from None
+        return None
+
+
+def connect_url(config: ClusterConfig) -> str | None:
+    """The configured Spark Connect endpoint (`[pipeline] connect_port`), if it has a fixed port."""
+    port = config.pipeline.connect_port
+    host = config.pipeline.connect_host
+    return f"sc://{f'[{host}]' if ':' in host else host}:{port}" if port > 0 else None
+
+
+def with_connect_token(url: str, token: str | None) -> str:
+    """`url` for pyspark's Connect client, bearing `token` (when there is one
+    and the URL names none). PySpark's client sends a token over TLS, or over
+    a plain local connection when the host is literally "localhost"; the
+    endpoint serves no TLS, so a loopback address becomes localhost. The
+    result holds the token: never print it."""
+    if token is None or ";token=" in url:
+        return url
+    host_port, _, params = url.removeprefix("sc://").partition("/")
+    for loopback in ("127.0.0.1:", "[::1]:"):
+        if host_port.startswith(loopback):
+            host_port = "localhost:" + host_port[len(loopback):]
+    return f"sc://{host_port}/{params};token={token}"
 
 
 def link_token(link: LinkConfig) -> str | None:

@@ -278,8 +278,18 @@ def connect_endpoint(config: conf.ClusterConfig) -> tuple[dict[str, str], int | 
         log.error("Spark Connect not served: %s:%d cannot be bound (%s); the pipeline runs without it",
                   host, port, exc.strerror or exc)
         return {}, None
-    return {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
-            "spark.connect.grpc.binding.port": str(port)}, port
+    settings = {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
+                "spark.connect.grpc.binding.port": str(port)}
+    # With [auth] on, every call must bear the endpoint's token (Spark's own
+    # check; Spark redacts the value wherever it shows its configuration).
+    try:
+        token = conf.connect_token(config, serving=True)
+    except conf.ConfigError as exc:
+        log.error("Spark Connect not served: %s; the pipeline runs without it", exc)
+        return {}, None
+    if token is not None:
+        settings["spark.connect.authenticate.token"] = token
+    return settings, port
 
 
 class SharedViews:

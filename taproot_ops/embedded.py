@@ -131,6 +131,7 @@ class EmbeddedCluster:
         self.proxy_addresses: dict[str, str] = {}    # proxy name -> host:port
         self.http_ports: dict[str, int] = {}         # role name -> its metrics port (those that serve one)
         self.connect_url: str | None = None           # the pipeline's Spark Connect endpoint, once it is ready
+        self.connect_token: str | None = None
         self._run_dir = Path(tempfile.mkdtemp(prefix="taproot-run-"))
         # A command each role's process runs under, by its name (`ip netns exec
         # NS`: each role on a host of its own); none by default.
@@ -324,6 +325,7 @@ class EmbeddedCluster:
         self._note_http("pipeline", process)
         port = (process.info or {}).get("connect_port")
         self.connect_url = f"sc://{self.config.pipeline.connect_host}:{port}" if port else None
+        self.connect_token = conf.connect_token(self.config)   # what the endpoint requires, with [auth] on
 
     def start(self) -> None:
         try:

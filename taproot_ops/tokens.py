@@ -71,9 +71,9 @@ def revoke(path: Path, name: str) -> bool:
 
 def init(config: conf.ClusterConfig) -> bool:
     """With `[auth] enabled` and `auto`, make what is missing of
-    <state_dir>/auth: the cluster token, and a `local` token with every right
-    (local.token, for the tools on this machine) in tokens.toml. True if
-    anything was made."""
+    <state_dir>/auth: the cluster token, a `local` token with every right
+    (local.token, for the tools on this machine) in tokens.toml, and the
+    Spark Connect endpoint's token (connect.token). True if anything was made."""
     auth = config.auth
     if not (auth.enabled and auth.auto):
         return False
@@ -87,6 +87,10 @@ def init(config: conf.ClusterConfig) -> bool:
         revoke(tokens_file, "local")
         token = add(tokens_file, "local", produce=["*"], consume=["*"], admin=["*"])
         _write_private(local_file, token + "\n")
+        made = True
+    connect_file = Path(auth.connect_file(config.local_dir))
+    if not auth.connect_token_file and not connect_file.exists():
+        _write_private(connect_file, new_token() + "\n")
         made = True
     return made
 
@@ -127,7 +131,7 @@ def cmd_auth(args: argparse.Namespace) -> int:
             made = init(config)
             tokens_file, cluster_file = config.auth.files(config.local_dir)
             print(("made" if made else "kept (they exist)") + f": {tokens_file}, {cluster_file}, "
-                  f"{config.auth.local_token_file(config.local_dir)}")
+                  f"{config.auth.local_token_file(config.local_dir)}, {config.auth.connect_file(config.local_dir)}")
             return 0
         path = _tokens_path(config)
         if args.action == "add":

@@ -1,7 +1,7 @@
 """The pipeline's Spark Connect settings (`pipelines.runner.connect_endpoint`):
-which port it takes, and that a port in use leaves the endpoint off rather
+which port it takes, that a port in use leaves the endpoint off rather
 than stopping the pipeline (Spark would not start with a plugin that cannot
-bind)."""
+bind), the token it requires with [auth] on, and the addresses it may take."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from pipelines.runner import CONNECT_PLUGIN, connect_endpoint
 pytestmark = pytest.mark.unit
 
 
-def _config(port: int) -> conf.ClusterConfig:
-    shipped = conf.load(None, data_dir="/tmp/unused")
-    return dataclasses.replace(shipped, pipeline=dataclasses.replace(shipped.pipeline, connect_port=port))
+def _config(port: int, auth: bool = False, state_dir: str = "/tmp/unused") -> conf.ClusterConfig:
+    shipped = conf.load(None, data_dir="/tmp/unused", state_dir=state_dir)
+    return dataclasses.replace(shipped, pipeline=dataclasses.replace(shipped.pipeline, connect_port=port),
+                               auth=dataclasses.replace(shipped.auth, enabled=auth))
 
 
 def test_the_endpoint_takes_its_port_any_free_one_or_none():
@@ -28,6 +29,42 @@ def test_the_endpoint_takes_its_port_any_free_one_or_none():
     assert settings == {"spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": "127.0.0.1",
                         "spark.connect.grpc.binding.port": str(port)}
     assert connect_endpoint(_config(-1)) == ({}, None)
+
+
+def test_with_auth_on_the_endpoint_requires_its_own_token(tmp_path, caplog, monkeypatch):
+    from taproot_ops import tokens
+
+    config = _config(0, auth=True, state_dir=str(tmp_path))
+    with caplog.at_level(logging.ERROR):     # no token made yet: the endpoint stays off, the pipeline runs
+        assert connect_endpoint(config) == ({}, None)
+    assert "connect.token" in caplog.text and "taproot auth init" in caplog.text
+    assert tokens.init(config)
+    token = (tmp_path / "auth" / "connect.token").read_text().strip()
+    assert token != (tmp_path / "auth" / "cluster.token").read_text().strip()
+    settings, _ = connect_endpoint(config)
+    assert settings["spark.connect.authenticate.token"] == token
+    # What `taproot sql` presents: the variable pyspark's client reads too, else the file.
+    monkeypatch.delenv(conf.CONNECT_TOKEN_ENV, raising=False)
+    assert conf.connect_token(config) == token
+    monkeypatch.setenv(conf.CONNECT_TOKEN_ENV, "tpk_given")
+    assert conf.connect_token(config) == "tpk_given"
+
+
+def test_pyspark_gets_the_token_in_its_url_on_a_local_connection():
+    assert conf.with_connect_token("sc://127.0.0.1:30127", None) == "sc://127.0.0.1:30127"
+    assert conf.with_connect_token("sc://127.0.0.1:30127", "tpk_x") == "sc://localhost:30127/;token=tpk_x"
+    assert conf.with_connect_token("sc://[::1]:1/;user_id=a", "t") == "sc://localhost:1/;user_id=a;token=t"
+    assert conf.with_connect_token("sc://db.example:1/;token=mine", "t") == "sc://db.example:1/;token=mine"
+
+
+def test_the_endpoint_leaves_loopback_only_with_auth_on():
+    raw = {"pipeline": {"connect_host": "0.0.0.0"}, "auth": {"enabled": False}}
+    with pytest.raises(conf.ConfigError, match="pipeline.connect_host: '0.0.0.0' is not a loopback address"):
+        conf.parse_cluster(raw, {})
+    for allowed in ({**raw, "auth": {"enabled": True, "auto": True}},
+                    {"pipeline": {"connect_host": "0.0.0.0", "connect_port": -1}},
+                    {"pipeline": {"connect_host": "::1"}}, {"pipeline": {"connect_host": "localhost"}}):
+        conf.parse_cluster(allowed, {})
 
 
 def test_a_port_in_use_leaves_the_endpoint_off_and_says_so(caplog):

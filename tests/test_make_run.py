@@ -21,7 +21,7 @@ pexpect = pytest.importorskip("pexpect")
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED_PORTS = (30114, 30115, 30124, 30125, 30126)
+SHIPPED_PORTS = (30114, 30115, 30124, 30125, 30126, 30127)
 SPINNER = r"[|/\-\\]"
 
 
@@ -48,6 +48,29 @@ def _live_values(screen: str, what: str) -> list[int]:
     return [int(n) for n in re.findall(rf"\r {{0,3}}{SPINNER} {re.escape(what)}: (\d+) s", screen)]
 
 
+def _ask_the_endpoint(data: str, env: dict[str, str]) -> tuple[float, str, str]:
+    """`taproot sql` against the running cluster (seconds, what it printed),
+    and the code a Spark Connect client without the token meets."""
+    import subprocess
+    import sys
+
+    from taproot_ops.sparkconnect.client import ConnectError, Endpoint
+
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "sql", "--data-dir", data, "--json",
+                          "SELECT count(*) AS n FROM taproot_puts"], cwd=str(REPO), env=env,
+                         capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert out.returncode == 0 and "starting Spark" not in out.stderr, out.stderr[-2000:]
+    with Endpoint("sc://127.0.0.1:30127") as anonymous:
+        try:
+            anonymous.sql("SELECT 1")
+            refused = "answered"
+        except ConnectError as exc:
+            refused = exc.code
+    return took, out.stdout.strip(), refused
+
+
 def test_make_run_in_a_terminal_then_ctrl_c(tmp_path):
     busy = [p for p in SHIPPED_PORTS if _in_use(p)]
     if busy:
@@ -69,6 +92,7 @@ def test_make_run_in_a_terminal_then_ctrl_c(tmp_path):
         child.expect(r"the pipeline wrote ([\d,]+) delivery rows")
         decided = int(child.match.group(1).replace(",", ""))
         child.expect("Ctrl-C stops the cluster.")
+        sql_s, counted_rows, refused = _ask_the_endpoint(data, env)
         child.sendintr()
         child.expect(pexpect.EOF, timeout=90)
     finally:
@@ -85,6 +109,12 @@ def test_make_run_in_a_terminal_then_ctrl_c(tmp_path):
     while _left_behind(data) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _left_behind(data)
+
+    # The Spark Connect endpoint, as shipped ([auth] on): `taproot sql` finds
+    # its token in the state directory; a client with none is refused.
+    print(f"taproot sql on the endpoint: {sql_s:.2f} s")
+    assert counted_rows == '{"n":2006}'        # the demo's 2,000 and its fanout's 6
+    assert refused == "UNAUTHENTICATED"
 
     # The first delivery comes within seconds of "serving" (the express lane; Spark still starting).
     assert first_after_s < 5 and first_ms < 2000

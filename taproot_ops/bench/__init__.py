@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import conf
 from taproot_ops.bench.report import fmt_ms, plot
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 
@@ -293,7 +294,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             def pids() -> dict[str, int]:
                 return {**{name: p.popen.pid for name, p in cluster.processes.items()}, **engine_pids}
 
-            with SqlLoad(cluster.connect_url, getattr(args, "sql_every", 0.0)) as sql:
+            with SqlLoad(cluster.connect_url, getattr(args, "sql_every", 0.0), cluster.connect_token) as sql:
                 results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
                                      lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
             if sql.times_s:
@@ -317,9 +318,10 @@ class SqlLoad:
 
     QUERY = "SELECT * FROM taproot_backlog"
 
-    def __init__(self, url: str | None, every_s: float):
+    def __init__(self, url: str | None, every_s: float, token: str | None = None):
         import threading
         self.url, self.every_s = url, every_s
+        self.env = {**os.environ, **({conf.CONNECT_TOKEN_ENV: token} if token else {})}
         self.times_s: list[float] = []
         self.failed = 0
         self.stop = threading.Event()
@@ -349,7 +351,8 @@ class SqlLoad:
         while not self.stop.wait(self.every_s):
             started = time.monotonic()
             out = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "sql", "--remote", str(self.url),
-                                  "--json", self.QUERY], capture_output=True, text=True, timeout=300)
+                                  "--json", self.QUERY], capture_output=True, text=True, timeout=300,
+                                 env=self.env)
             if out.returncode == 0:
                 self.times_s.append(time.monotonic() - started)
             else:
@@ -486,7 +489,9 @@ def _replay_main(args: argparse.Namespace) -> int:
         with EmbeddedCluster(args.config, data_dir, ephemeral_ports=True) as cluster:
             os.environ.update(cluster.client_env())   # its TLS and token, as shipped, for the SDK here
             result = replay_scenario(cluster.client_address, cluster.data_dir, cluster.config.partitions,
-                                     "taproot://bench/history", args.replay, size, cluster.connect_url)
+                                     "taproot://bench/history", args.replay, size,
+                                     conf.with_connect_token(cluster.connect_url, cluster.connect_token)
+                                     if cluster.connect_url else None)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
