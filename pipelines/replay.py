@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
 
 BULK_ROWS = 5_000                  # messages per columnar PUT frame at full speed
-STAGE_FILE_BYTES = 64 * 1024 * 1024   # payload bytes per staged file (one is in memory at a time)
-STAGE_FILE_ROWS = 1_000_000           # and at most this many messages
+STAGE_FILE_ROWS = 1_000_000        # messages per staged file at most (Spark's maxRecordsPerFile)
+READ_BATCH_ROWS = 65_536           # staged rows read at a time (a Parquet row group at most)
 AckFuture = Union[Future[Any], PutFuture]   # a columnar frame's future, or one PUT's
 
 
@@ -150,7 +150,7 @@ class _Pacer:
 def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[str], source: str, target: str, *,
            since: str | None = None, until: str | None = None, version: int | None = None,
            where: str | None = None, rate: float = 0.0, original_rate: bool = False,
-           bulk_rows: int = BULK_ROWS, stage_file_bytes: int = STAGE_FILE_BYTES,
+           bulk_rows: int = BULK_ROWS, stage_file_rows: int = STAGE_FILE_ROWS,
            progress: Callable[[ReplayResult], None] | None = None, tls: ClientTls | None = None,
            token: str | None = None) -> ReplayResult:
     target_uri = parse_queue_uri(target)
@@ -161,7 +161,7 @@ def replay(spark: "SparkSession", data_dir: str, partitions: int, hosts: list[st
     result = ReplayResult()
     selecting = time.monotonic()
     with _Staged(data_dir) as stage:
-        result.selected = stage.write(history, stage_file_bytes)
+        result.selected = stage.write(history, stage_file_rows)
         result.select_seconds = time.monotonic() - selecting
         if result.selected == 0:
             return result
@@ -220,42 +220,53 @@ class _Staged:
         except (FileNotFoundError, OSError):
             pass
 
-    def write(self, history: "DataFrame", file_bytes: int) -> int:
-        """Run the Spark job; return how many messages were selected."""
-        from pyspark.sql import functions as F
-
-        size = history.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("payload")).alias("bytes")).first()
-        assert size is not None  # an aggregate has one row
-        count = int(size.n)
-        if count == 0:
-            return 0
-        files = max(_parallelism(history.sparkSession),  # sort on every core
-                    -(-int(size.bytes or 0) // file_bytes), -(-count // STAGE_FILE_ROWS))
-        (history.repartitionByRange(files, "seq").sortWithinPartitions("seq")
-         .write.mode("error").parquet(self.path))
-        return count
-
-    def read(self) -> Iterator[pa.Table]:
-        """The staged rows in `seq` order, a file at a time."""
+    def write(self, history: "DataFrame", file_rows: int) -> int:
+        """Run the Spark job; return how many messages were selected (from
+        the staged files' footers: counting first would run the selection
+        twice)."""
+        (history.repartitionByRange(_parallelism(history.sparkSession), "seq")  # sort on every core
+         .sortWithinPartitions("seq")
+         .write.option("maxRecordsPerFile", file_rows).mode("error").parquet(self.path))
         import pyarrow.parquet as pq
 
+        fs, _ = _filesystem(self.path)
+        return sum(pq.ParquetFile(name, filesystem=fs).metadata.num_rows for name in self._files())
+
+    def _files(self) -> list[str]:
+        """The staged files in `seq` order: by task (range partitions in
+        order), then by the piece of its sorted run (c000, c001, ...)."""
         fs, path = _filesystem(self.path)
-        names = [i.path for i in fs.get_file_info(pafs.FileSelector(path)) if i.base_name.startswith("part-")]
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(path))
+        except FileNotFoundError:
+            return []
+        return sorted((i.path for i in infos if i.base_name.startswith("part-")), key=_part_number)
+
+    def read(self) -> Iterator[pa.Table]:
+        """The staged rows in `seq` order, `READ_BATCH_ROWS` at a time (one
+        file's piece is in memory at once, however large the history)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        fs, _ = _filesystem(self.path)
         last = -1
-        for name in sorted(names, key=_part_number):
-            chunk = pq.read_table(name, filesystem=fs).sort_by("seq")
-            if chunk.num_rows == 0:
-                continue
-            first = chunk["seq"][0].as_py()
-            if first <= last:  # range partitions must not overlap; never post out of order
-                raise RuntimeError(f"staged replay files overlap at seq {first} (after {last})")
-            last = chunk["seq"][-1].as_py()
-            yield chunk
+        for name in self._files():
+            for batch in pq.ParquetFile(name, filesystem=fs).iter_batches(batch_size=READ_BATCH_ROWS):
+                if batch.num_rows == 0:
+                    continue
+                seq = batch.column("seq")
+                # Never post out of order: the range partitions and each run must not overlap.
+                if seq[0].as_py() <= last or (batch.num_rows > 1 and
+                                              not pc.all(pc.greater(seq[1:], seq[:-1])).as_py()):
+                    raise RuntimeError(f"staged replay rows out of order in {name} (after seq {last})")
+                last = seq[-1].as_py()
+                yield pa.Table.from_batches([batch])
 
 
-def _part_number(path: str) -> int:
-    name = path.rsplit("/", 1)[-1]  # part-00003-<uuid>-c000.snappy.parquet
-    return int(name.split("-")[1])
+def _part_number(path: str) -> tuple[int, int]:
+    name = path.rsplit("/", 1)[-1]  # part-00003-<uuid>-c001.snappy.parquet: task 3, its second file
+    piece = name.rsplit("-c", 1)[1].split(".", 1)[0]
+    return int(name.split("-")[1]), int(piece) if piece.isdigit() else 0
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:

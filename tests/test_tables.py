@@ -177,6 +177,53 @@ def test_replay_posts_selected_history_through_the_put_path_with_new_guids(clust
     assert all(m.properties == {"region": "EU"} for m in got)
 
 
+def test_replay_between_since_and_until_at_the_original_rate(cluster, spark):
+    """--since/--until select by PUT time, [since, until); --original-rate
+    posts with the original spacing: ten seconds of paced PUTs replay in ten
+    seconds (within 10 %), as the replayed rows' own PUT times show too."""
+    import datetime as dt
+
+    from pipelines.replay import replay
+
+    source, target = "taproot://keep/paced", "taproot://keep/paced-replayed"
+    before = post(cluster.proxy_address, source, [b"before%d" % i for i in range(3)])
+    time.sleep(1.1)
+    rate, seconds = 40, 10.0
+    paced: list[bytes] = []
+    with Session([cluster.proxy_address]) as session, session.open_queue(source, write=True) as queue:
+        started = time.monotonic()
+        futures = []
+        for i in range(int(rate * seconds)):
+            time.sleep(max(0.0, started + i / rate - time.monotonic()))
+            futures.append(queue.post(b"paced%04d" % i))
+            queue.flush()
+        paced = [f.result(timeout=60).guid for f in futures]
+    time.sleep(1.1)
+    after = post(cluster.proxy_address, source, [b"after%d" % i for i in range(3)])
+    paths = PartitionPaths(cluster.data_dir, 0)
+    wait_until(lambda: set(before + paced + after) <= guids_in(paths.delivery), 90, what="the source delivered")
+
+    puts = deltars.try_open(paths.puts).to_pyarrow_table(columns=["guid", "put_time"])
+    put_time = dict(zip(puts["guid"].to_pylist(), puts["put_time"].to_pylist()))
+    first, last = min(put_time[g] for g in paced), max(put_time[g] for g in paced)
+    since = first.strftime("%Y-%m-%d %H:%M:%S.%f")
+    until = (last + dt.timedelta(microseconds=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    result = replay(spark, cluster.data_dir, 1, [cluster.proxy_address], source, target,
+                    since=since, until=until, original_rate=True)
+    assert (result.selected, result.acked, result.failed) == (len(paced), len(paced), {})
+    span = (last - first).total_seconds()
+    print(f"original: {len(paced)} PUTs over {span:.2f} s; replayed at the original rate in {result.seconds:.2f} s")
+    assert abs(result.seconds - span) <= 0.1 * span
+
+    got = consume(cluster.proxy_address, target, len(paced))
+    assert [m.payload for m in got] == [b"paced%04d" % i for i in range(len(paced))]   # only [since, until)
+    wait_until(lambda: {m.guid for m in got} <= guids_in(paths.puts), 30, what="the replayed PUTs' rows")
+    replayed = deltars.try_open(paths.puts).to_pyarrow_table(columns=["guid", "put_time"])
+    times = dict(zip(replayed["guid"].to_pylist(), replayed["put_time"].to_pylist()))
+    again = (max(times[m.guid] for m in got) - min(times[m.guid] for m in got)).total_seconds()
+    assert abs(again - span) <= 0.1 * span, (again, span)
+
+
 def test_full_speed_replay_keeps_put_order_across_staged_files_and_cleans_up(cluster, spark):
     import pyarrow as pa
 
@@ -191,9 +238,9 @@ def test_full_speed_replay_keeps_put_order_across_staged_files_and_cleans_up(clu
     paths = PartitionPaths(cluster.data_dir, 0)
     wait_until(lambda: posted <= guids_in(paths.delivery), 90, what="the bulk messages delivered")
 
-    # Tiny staged files and frames: many files and many frames, all in PUT order.
+    # Tiny staged files and frames: many files (several per sorted run) and many frames, all in PUT order.
     result = replay(spark, cluster.data_dir, 1, [cluster.proxy_address], source, target,
-                    bulk_rows=250, stage_file_bytes=4000)
+                    bulk_rows=250, stage_file_rows=400)
     assert (result.selected, result.posted, result.acked, result.failed) == (3000, 3000, 3000, {})
     assert result.select_seconds > 0 and result.rate > 0
     assert not list((Path(cluster.data_dir) / "_replay").glob("*"))  # staging removed
