@@ -209,9 +209,10 @@ class EmbeddedCluster:
             # `[tls] auto`: a throwaway CA and certificate for this cluster, once.
             if tls_init.ensure(self._config_for_roles):
                 print(f"TLS on: a throwaway CA and certificate made in {self.state_dir}/tls", flush=True)
-            # `[auth] auto`: the cluster token and a local token with every right, once.
+            # `[auth] auto`: the cluster token, a local token with every right and the Spark Connect token, once.
             if tokens.init(self._config_for_roles):
-                print(f"auth on: the cluster token and a local token made in {self.state_dir}/auth", flush=True)
+                print(f"auth on: the cluster token, a local token and the Spark Connect token made in "
+                      f"{self.state_dir}/auth", flush=True)
         except OSError as exc:   # a file where the directory should be, no permission, a full disk
             what = "data directory" if self.state_dir == self.data_dir else "state directory"
             raise ClusterStartError(f"{what} {self.state_dir} cannot be used: cannot create "
