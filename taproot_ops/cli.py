@@ -63,9 +63,18 @@ def _http_port_arg(p: argparse.ArgumentParser) -> None:
                         "(default: the config's http_port)")
 
 
+def _connect_url_arg(text: str) -> str:
+    from taproot_ops.sparkconnect.client import Url
+    try:
+        Url.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
     """--remote and --local: where `sql` and `replay` run their Spark work."""
-    p.add_argument("--remote", metavar="sc://HOST:PORT",
+    p.add_argument("--remote", metavar="sc://HOST:PORT", type=_connect_url_arg,
                    help="the pipeline's Spark Connect endpoint (default: the config's [pipeline] connect_host and "
                         "connect_port, used when it serves this data directory); when none answers, a Spark of "
                         "its own starts")

@@ -77,3 +77,11 @@ def test_nothing_answering_is_an_error_with_a_code():
         with pytest.raises(client.ConnectError) as err:
             endpoint.sql("SELECT 1")
     assert err.value.code == "UNAVAILABLE"
+
+
+def test_a_bad_remote_url_is_refused_before_anything_starts(capsys):
+    from taproot_ops.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["sql", "--remote", "http://db:15002", "SELECT 1"])
+    assert exit_.value.code == 2
+    assert "'http://db:15002': a Spark Connect URL starts with sc://" in capsys.readouterr().err
