@@ -589,11 +589,25 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked: reading the package metadata
+    costs about 30 ms, which every other command (`taproot sql` on a warm
+    endpoint answers in about a second) would pay for nothing."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the program's version number and exit", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"taproot {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="taproot", description="Taproot: a Spark-native message queue",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=START_HERE)
-    parser.add_argument("--version", action="version", version=f"taproot {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="run an embedded cluster with demo traffic until Ctrl-C",
