@@ -51,7 +51,7 @@ test: setup $(BROWSER_STAMP)
 		$(BIN)/python -m storage.spark --object-store
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 # The unit tier on both cores (pytest-xdist): 33 s in one process on this machine, 21 s in two.
 test-fast: $(STAMP)
