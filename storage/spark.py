@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 DELTA_SPARK_VERSION = "4.4.0"  # the newest delta-spark_4.2_2.13 jar on Maven Central
 DELTA_PACKAGE = f"io.delta:delta-spark_4.2_2.13:{DELTA_SPARK_VERSION}"
 LOG4J2_FILE = Path(__file__).resolve().parent / "log4j2.properties"
+# More options for every Spark JVM Taproot starts: drivers, executors and a
+# standalone cluster's daemons (`taproot_ops.spark_standalone`). The test
+# suite sets `-XX:TieredStopAtLevel=1` (C1 only): its JVMs live seconds to
+# minutes, and C2's compilations were about 40 % of their CPU (docs/benchmarks.md).
+JVM_OPTIONS_ENV = "TAPROOT_JVM_OPTIONS"
+
+
+def jvm_options() -> str:
+    """$TAPROOT_JVM_OPTIONS, or "" (the JVM's defaults)."""
+    return os.environ.get(JVM_OPTIONS_ENV, "").strip()
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -123,7 +133,8 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
         # pyarrow and duckdb, which overflow outside 1677-2262): every reader
         # of the tables gets the values the primary wrote.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE}")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE} {jvm_options()}".strip())
+        .config("spark.executor.extraJavaOptions", jvm_options())
         .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
         # Delta rebuilds table state with this many tasks (default 50); in local
         # mode on a few cores that alone cost seconds per micro-batch (measured:
