@@ -49,6 +49,8 @@ spark = (SparkSession.builder.master("local[1]").appName("plain-reader")
          .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
          .config("spark.ui.enabled", "false")
+         # The suite's JIT setting (tests/conftest.py), read from the environment, not from Taproot's code.
+         .config("spark.driver.extraJavaOptions", os.environ.get("TAPROOT_JVM_OPTIONS", ""))
          # Delta's public setting for small local sessions: rebuilding a table's
          # state with its default 50 tasks cost 40 of this script's 65 s on 2 cores.
          .config("spark.databricks.delta.snapshotPartitions", "1").getOrCreate())
