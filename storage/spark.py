@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 DELTA_SPARK_VERSION = "4.4.0"  # the newest delta-spark_4.2_2.13 jar on Maven Central
 DELTA_PACKAGE = f"io.delta:delta-spark_4.2_2.13:{DELTA_SPARK_VERSION}"
 LOG4J2_FILE = Path(__file__).resolve().parent / "log4j2.properties"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
 # More options for every Spark JVM Taproot starts: drivers, executors and a
 # standalone cluster's daemons (`taproot_ops.spark_standalone`). The test
 # suite sets `-XX:TieredStopAtLevel=1` (C1 only): its JVMs live seconds to
@@ -32,7 +34,6 @@ JVM_OPTIONS_ENV = "TAPROOT_JVM_OPTIONS"
 def jvm_options() -> str:
     """$TAPROOT_JVM_OPTIONS, or "" (the JVM's defaults)."""
     return os.environ.get(JVM_OPTIONS_ENV, "").strip()
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def cache_dir() -> Path:
@@ -113,6 +114,7 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     os.environ.setdefault("SPARK_LOCAL_IP", driver_host)  # loopback only, unless told otherwise
     from pyspark.sql import SparkSession
 
+    jvm = jvm_options()
     builder = SparkSession.builder
     if not submitted():
         builder = (builder.master(master)
@@ -133,8 +135,7 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
         # pyarrow and duckdb, which overflow outside 1677-2262): every reader
         # of the tables gets the values the primary wrote.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE} {jvm_options()}".strip())
-        .config("spark.executor.extraJavaOptions", jvm_options())
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE} {jvm}".strip())
         .config("spark.databricks.delta.properties.defaults.checkpointInterval", "10")
         # Delta rebuilds table state with this many tasks (default 50); in local
         # mode on a few cores that alone cost seconds per micro-batch (measured:
@@ -148,6 +149,8 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
         .config("spark.databricks.delta.vacuum.fileListing.parallelism", str(max(2, shuffle_partitions)))
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, shuffle_partitions)))
     )
+    if jvm:   # only then: a spark-submit --conf of the executors' options stays in force otherwise
+        builder = builder.config("spark.executor.extraJavaOptions", jvm)
     jars = _cached_jars(object_store)
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
