@@ -49,6 +49,8 @@ test: setup $(BROWSER_STAMP)
 		--usually 240 -- $(BIN)/python -m taproot_ops.object_store
 	@$(STEP) --what "hadoop-aws and the AWS SDK bundle for Spark on S3 (once, about 690 MB)" --usually 120 -- \
 		$(BIN)/python -m storage.spark --object-store
+	@$(STEP) --what "a class-data archive of Spark's classes, so the suite's JVMs start faster (once)" \
+		--usually 40 -- $(BIN)/python -m taproot_ops.jvm_archive
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest --durations=25

@@ -13,11 +13,15 @@ from typing import Callable, Iterator
 
 import pytest
 
+from taproot_ops import jvm_archive
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Every Spark JVM of the suite (and of the roles it starts) with C1 only: they
 # live seconds to minutes, and C2's compilations were about 40 % of their CPU
-# on 2 cores (`storage.spark.JVM_OPTIONS_ENV`). `make run`'s test clears it.
-os.environ.setdefault("TAPROOT_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+# on 2 cores (`storage.spark.JVM_OPTIONS_ENV`); and with this machine's
+# class-data archive of a Spark driver's classes where `make test` made one
+# (`taproot_ops.jvm_archive`: 3 s less CPU per JVM start). `make run`'s test clears it.
+os.environ.setdefault("TAPROOT_JVM_OPTIONS", f"-XX:TieredStopAtLevel=1 {jvm_archive.archive_options()}".strip())
 # PySpark logs each failed query's whole plan as one JSON line; the exception says it all.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 
