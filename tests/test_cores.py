@@ -300,3 +300,26 @@ def test_taproot_sql_names_the_views_when_a_query_names_one_that_is_not_there():
     assert "the views: taproot_backlog, taproot_puts (" in said
     assert cli._sql_error(RuntimeError("[PARSE_SYNTAX_ERROR] at 'SELEC'"), spark) == \
         "error: [PARSE_SYNTAX_ERROR] at 'SELEC'"
+
+
+def test_the_jvm_archive_is_used_only_when_it_matches_this_jvm_and_these_jars(tmp_path, monkeypatch):
+    """`taproot_ops.jvm_archive`: the options name this machine's archive when
+    there is one; a changed jar (a pyspark or Delta upgrade) is another key,
+    so the old archive is not used."""
+    from taproot_ops import jvm_archive
+
+    monkeypatch.setenv("TAPROOT_CACHE_DIR", str(tmp_path))
+    jars = tmp_path / "ivy" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"v1")
+    assert jvm_archive.archive_options() == ""
+    path = jvm_archive.archive_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    options = jvm_archive.archive_options()
+    assert f"-XX:SharedArchiveFile={path}" in options and "-Xlog:cds=off" in options
+    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"v2, another size")
+    assert jvm_archive.archive_path() != path
+    assert jvm_archive.archive_options() == ""
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jvm"))   # a JVM it cannot read: no archive, no error
+    assert jvm_archive.archive_options() == ""
