@@ -90,6 +90,31 @@ def _quote(name: str) -> str:
 
 
 
+# `taproot_backlog`, over `taproot__targets` (a row per delivery and app),
+# `taproot_confirms` and `taproot_dead_letters`. One pass over the three,
+# grouped twice (by message and app, then by queue and app), rather than a
+# join of each with the targets: two shuffles, not four, which is most of a
+# warm query's time once Delta has listed the tables' files (issue 22 in
+# docs/benchmarks.md). A target counts once per delivery row: as confirmed if
+# its app confirmed it, else as dead-lettered if it was, else as waiting;
+# confirms and dead letters of nothing delivered count nowhere.
+BACKLOG_SQL = """
+    SELECT domain, queue, app_id,
+           sum(n) AS delivered,
+           sum(CASE WHEN c = 1 THEN n ELSE 0 END) AS confirmed,
+           sum(CASE WHEN c = 0 AND x = 1 THEN n ELSE 0 END) AS dead_lettered,
+           sum(CASE WHEN c = 0 AND x = 0 THEN n ELSE 0 END) AS backlog,
+           min(CASE WHEN c = 0 AND x = 0 THEN put_time END) AS oldest_waiting_put_time
+    FROM (SELECT guid, app_id, max(domain) AS domain, max(queue) AS queue, sum(d) AS n,
+                 max(c) AS c, max(x) AS x, min(put_time) AS put_time
+          FROM (SELECT guid, app_id, domain, queue, put_time, 1 AS d, 0 AS c, 0 AS x FROM taproot__targets
+                UNION ALL SELECT guid, app_id, NULL, NULL, NULL, 0, 1, 0 FROM taproot_confirms
+                UNION ALL SELECT guid, app_id, NULL, NULL, NULL, 0, 0, 1 FROM taproot_dead_letters)
+          GROUP BY guid, app_id)
+    WHERE n > 0
+    GROUP BY domain, queue, app_id"""
+
+
 def register_views(spark: "SparkSession", data_dir: str = "data", partitions: list[int] | None = None,
                    persistent: bool = False) -> list[str]:
     """Register every Taproot view on `spark`; returns their names. With
@@ -138,18 +163,7 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
     spark.sql(f"""CREATE OR REPLACE {kind} taproot__targets AS
         SELECT domain, queue, guid, seq, put_time, delivered_time, explode(coalesce(apps, array(''))) AS app_id
         FROM taproot_delivery""")
-    spark.sql(f"""CREATE OR REPLACE {kind} taproot_backlog AS
-        SELECT t.domain, t.queue, t.app_id,
-               count(*) AS delivered,
-               count(c.guid) AS confirmed,
-               count(CASE WHEN c.guid IS NULL AND x.guid IS NOT NULL THEN 1 END) AS dead_lettered,
-               count(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN 1 END) AS backlog,
-               min(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN t.put_time END) AS oldest_waiting_put_time
-        FROM taproot__targets t
-        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_confirms) c ON t.guid = c.guid AND t.app_id = c.app_id
-        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_dead_letters) x
-               ON t.guid = x.guid AND t.app_id = x.app_id
-        GROUP BY t.domain, t.queue, t.app_id""")
+    spark.sql(f"CREATE OR REPLACE {kind} taproot_backlog AS {BACKLOG_SQL}")
     spark.sql(f"""CREATE OR REPLACE {kind} taproot_latency AS
         SELECT t.domain, t.queue, t.app_id, t.guid, t.seq, t.put_time, t.delivered_time, c.confirm_time,
                (unix_micros(t.delivered_time) - unix_micros(t.put_time)) / 1000.0 AS delivery_ms,

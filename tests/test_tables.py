@@ -280,3 +280,50 @@ def test_spark_reads_a_durable_table_as_delta_rs_wrote_it_and_skips_files_by_its
     scanned = spark.read.format("delta").load(str(tmp_path / "durable")).where(between)
     files = scanned.inputFiles()
     assert len(files) == 1, files  # the statistics pruned the other two files
+
+
+def test_the_backlog_view_counts_as_a_join_of_each_table_with_the_deliveries_would(spark):
+    """`storage.views.BACKLOG_SQL` (one pass, grouped twice) against the join it
+    replaced, on random tables with what the real ones hold at times: a
+    message delivered twice, confirmed twice, confirmed and dead-lettered,
+    confirms and dead letters of nothing delivered, apps that never confirm."""
+    import datetime
+    import random
+
+    from storage.views import BACKLOG_SQL
+
+    rng = random.Random(22)
+    start = datetime.datetime(2026, 11, 28)
+    targets, confirms, dead = [], [], []
+    for i in range(400):
+        guid, queue = i.to_bytes(16, "big"), rng.choice(["q1", "q2", "q3"])
+        apps = rng.choice([[""], ["a"], ["a", "b"], ["a", "b", "c"]])
+        for _ in range(rng.choice([1, 1, 1, 2])):          # a delivery row twice now and then
+            put_time = start + datetime.timedelta(seconds=rng.randrange(1000))
+            targets += [("d", queue, guid, app, put_time) for app in apps]
+        for app in apps + ["zz"]:                           # "zz": an app it was never delivered to
+            if rng.random() < 0.5:
+                confirms += [(guid, app)] * rng.choice([1, 2])
+            if rng.random() < 0.2:
+                dead.append((guid, app))
+    for i in range(400, 420):                               # confirms of nothing delivered
+        confirms.append((i.to_bytes(16, "big"), "a"))
+    spark = spark.newSession()      # temporary views of its own: other tests' views stay as they were
+    spark.createDataFrame(targets, "domain string, queue string, guid binary, app_id string, put_time timestamp"
+                          ).createOrReplaceTempView("taproot__targets")
+    spark.createDataFrame(confirms, "guid binary, app_id string").createOrReplaceTempView("taproot_confirms")
+    spark.createDataFrame(dead, "guid binary, app_id string").createOrReplaceTempView("taproot_dead_letters")
+    joined = """
+        SELECT t.domain, t.queue, t.app_id, count(*) AS delivered, count(c.guid) AS confirmed,
+               count(CASE WHEN c.guid IS NULL AND x.guid IS NOT NULL THEN 1 END) AS dead_lettered,
+               count(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN 1 END) AS backlog,
+               min(CASE WHEN c.guid IS NULL AND x.guid IS NULL THEN t.put_time END) AS oldest_waiting_put_time
+        FROM taproot__targets t
+        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_confirms) c ON t.guid = c.guid AND t.app_id = c.app_id
+        LEFT JOIN (SELECT DISTINCT guid, app_id FROM taproot_dead_letters) x
+               ON t.guid = x.guid AND t.app_id = x.app_id
+        GROUP BY t.domain, t.queue, t.app_id"""
+    expected = sorted(map(tuple, spark.sql(joined).collect()))
+    got = sorted(map(tuple, spark.sql(BACKLOG_SQL).collect()))
+    assert got == expected
+    assert {row[2] for row in got} == {"", "a", "b", "c"} and all(row[4] and row[5] for row in got)
