@@ -71,6 +71,9 @@ def test_taproot_sql_asks_the_endpoint_and_names_the_views_when_one_is_missing(c
     out = subprocess.run(cli + ["--json", query], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == '{"n":4}', out.stderr[-2000:]
     assert "starting Spark" not in out.stderr   # the endpoint answered: no JVM of its own
+    assert "Kernel connector could not" not in out.stderr   # read with Delta's Kernel connector, as by default
+    classic = subprocess.run(cli + ["--json", "--classic-reads", query], capture_output=True, text=True, timeout=120)
+    assert classic.returncode == 0 and classic.stdout == out.stdout, classic.stderr[-2000:]
     missing = subprocess.run(cli + ["SELECT * FROM taproot_nope"], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "TABLE_OR_VIEW_NOT_FOUND" in missing.stderr and "taproot_backlog" in missing.stderr

@@ -323,3 +323,49 @@ def test_the_jvm_archive_is_used_only_when_it_matches_this_jvm_and_these_jars(tm
     assert jvm_archive.archive_options() == ""
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jvm"))   # a JVM it cannot read: no archive, no error
     assert jvm_archive.archive_options() == ""
+
+
+def test_taproot_sql_reads_with_deltas_kernel_connector_and_runs_a_query_it_fails_the_classic_way(capsys):
+    """On the endpoint, a query runs with `spark.databricks.delta.v2.enableMode`
+    STRICT in its session; other statements (DESCRIBE HISTORY, DELETE) and
+    `--classic-reads` do not; a query the Kernel connector fails is run again
+    with it NONE, with a note; errors either connector would give are not."""
+    import argparse
+
+    from taproot_ops import cli
+    from taproot_ops.sparkconnect.client import ConnectError
+
+    class Endpoint:
+        def __init__(self, fails_with: str | None = None):
+            self.said: list[str] = []
+            self.mode = "NONE"
+            self.fails_with = fails_with
+
+        def sql(self, query):
+            self.said.append(query)
+            self.mode = query.rsplit("=", 1)[1]
+
+        def show(self, query, rows, truncate, vertical):
+            self.said.append(f"show {query}")
+            if self.fails_with and (self.mode == "STRICT" or "UNRESOLVED" in self.fails_with):
+                raise ConnectError("INTERNAL", f"[{self.fails_with}] no")
+            return f"rows read with {self.mode}\n"
+
+    def run(query, fails_with=None, classic=False):
+        endpoint = Endpoint(fails_with)
+        args = argparse.Namespace(query=query, json=False, limit=20, truncate=0, vertical=False,
+                                  classic_reads=classic)
+        return cli._sql_remote(endpoint, args), endpoint.said, capsys.readouterr()
+
+    rc, said, out = run("  with x AS (SELECT 1) SELECT * FROM x")
+    assert rc == 0 and said[0] == f"SET {cli.KERNEL_READS}=STRICT" and out.out == "rows read with STRICT\n"
+    rc, said, out = run("DESCRIBE HISTORY delta.`/d/partition-000/puts`")
+    assert rc == 0 and not any(s.startswith("SET") for s in said) and out.out == "rows read with NONE\n"
+    rc, said, out = run("SELECT * FROM taproot_backlog", classic=True)
+    assert out.out == "rows read with NONE\n"
+    rc, said, out = run("(SELECT * FROM taproot_puts)", fails_with="UNSUPPORTED_FEATURE")
+    assert rc == 0 and out.out == "rows read with NONE\n" and said[-2] == f"SET {cli.KERNEL_READS}=NONE"
+    assert "Kernel connector could not run this query ([UNSUPPORTED_FEATURE] no)" in out.err
+    rc, said, out = run("SELECT nope FROM taproot_puts", fails_with="UNRESOLVED_COLUMN")
+    assert rc == 2 and len([s for s in said if s.startswith("show")]) == 1 and "Kernel" not in out.err
+    assert out.err.startswith("error: [UNRESOLVED_COLUMN] no")
