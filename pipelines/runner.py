@@ -332,14 +332,14 @@ class SharedViews:
 
     def _warm_up(self) -> None:
         """Run the backlog view as `taproot sql` does (Delta's Kernel reads,
-        `taproot_ops.cli.KERNEL_READS`) and as a notebook does (the classic
+        `storage.spark.DELTA_CONNECTOR_MODE`) and as a notebook does (the classic
         ones), a few times, in sessions of their own: a new cluster's first
         queries then take about a second, not 3-5 s (JIT, Delta's caches)."""
         started = time.monotonic()
         try:
             for mode in ("STRICT", "STRICT", "AUTO"):
                 session = self.spark.newSession()
-                session.conf.set("spark.databricks.delta.v2.enableMode", mode)
+                session.conf.set(spark_factory.DELTA_CONNECTOR_MODE, mode)
                 session.sql("SELECT * FROM taproot_backlog").collect()
         except Exception as exc:  # a warm-up that fails costs only the first queries' time
             log.warning("Spark Connect views not warmed up: %s", str(exc).splitlines()[0])

@@ -23,6 +23,11 @@ DELTA_SPARK_VERSION = "4.4.0"  # the newest delta-spark_4.2_2.13 jar on Maven Ce
 DELTA_PACKAGE = f"io.delta:delta-spark_4.2_2.13:{DELTA_SPARK_VERSION}"
 LOG4J2_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Which Delta connector a session reads tables with: STRICT, the Kernel-based one
+# (it lists a table's files in the driver, not with a Spark job; Delta calls the
+# mode a testing mode: DESCRIBE HISTORY and DELETE fail in it); AUTO, the
+# default, the classic one for path tables; NONE, the classic one always.
+DELTA_CONNECTOR_MODE = "spark.databricks.delta.v2.enableMode"
 
 # More options for every Spark JVM Taproot starts: drivers, executors and a
 # standalone cluster's daemons (`taproot_ops.spark_standalone`). The test

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import conf
+from storage.spark import DELTA_CONNECTOR_MODE
 from taproot_ops.embedded import ClusterStartError
 
 DEFAULT_HOST = "127.0.0.1:30115"
@@ -446,7 +447,7 @@ def _served_data_dir(spark: Any) -> str | None:
 # backlog view reads three (docs/benchmarks.md, issue 22). Delta calls the
 # mode a testing mode and it cannot run DESCRIBE HISTORY, DELETE and the like,
 # so only queries use it, and a query it fails is run again the classic way.
-KERNEL_READS = "spark.databricks.delta.v2.enableMode"
+KERNEL_READS = DELTA_CONNECTOR_MODE
 _QUERY_START = re.compile(r"\s*\(*\s*(select|with|table|values|from)\b", re.IGNORECASE)
 # Errors the classic connector would give too: no second run for them.
 _SAME_EITHER_WAY = ("TABLE_OR_VIEW_NOT_FOUND", "PARSE_SYNTAX_ERROR", "UNRESOLVED_", "AUTHENTICAT", "PATH_NOT_FOUND",

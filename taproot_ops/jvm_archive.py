@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # The archive's own messages (a class path that does not match, say) stay out
@@ -55,7 +56,7 @@ def _key() -> str:
     libjvm = home / "lib" / "server" / "libjvm.so"
     files = [libjvm if libjvm.is_file() else home / "bin" / "java"]
     files += sorted((Path(spec.origin).parent / "jars").glob("*.jar"))
-    files += sorted((spark_factory.cache_dir() / "ivy" / "jars").glob("*.jar"))
+    files += sorted((spark_factory._ivy_dir(object_store=False) / "jars").glob("*.jar"))
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()
@@ -107,7 +108,6 @@ def make(force: bool = False) -> Path:
         subprocess.run([sys.executable, "-c", _WORKLOAD, os.path.join(work, "t")], env=env, check=True,
                        cwd=Path(__file__).resolve().parents[1])
     # The driver JVM writes the archive as it exits, after the Python that started it.
-    import time
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not _complete(partial):
         time.sleep(0.5)
