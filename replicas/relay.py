@@ -41,14 +41,14 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Hashable, cast
+from typing import Any, Hashable, Iterable, cast
 
 import pyarrow as pa
 
 from protocol import ResultCode, columns, pb, status, wire
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
-from protocol.seqs import confirm_columns, confirm_columns_invalid, confirm_ranges
+from protocol.seqs import confirm_columns_invalid
 
 __all__ = ["UPSTREAM", "Out", "Relay", "RetransmissionLimits"]
 
@@ -336,22 +336,43 @@ class Relay:
         invalid = confirm_columns_invalid(body)
         if invalid:
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))]
-        up: dict[int, tuple[list[int], list[int]]] = {}
-        for queue_id, (starts, counts) in confirm_ranges(body).items():
-            up_qid = self._up.get((link, queue_id))
+        if not body.queue_ids:
+            up_qid = self._up.get((link, body.queue_id))
             if up_qid is None:
+                return []   # not open (any more): nothing of it is held here
+            _forget(self._routes[up_qid].unconfirmed, body.starts, body.counts)
+            return [(UPSTREAM, pb.Frame(confirm_columns=pb.ConfirmColumns(
+                queue_id=up_qid, starts=body.starts, counts=body.counts)))]
+        # Ranges of many queues: one pass in the frame's order, each range's
+        # queue id rewritten (a session of thousands of queues sends a range
+        # or two of each).
+        ups, routes = self._up, self._routes
+        held: dict[int, tuple[int, set[int]] | None] = {}
+        queue_ids: list[int] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        for queue_id, start, count in zip(body.queue_ids, body.starts, body.counts):
+            if queue_id in held:
+                entry = held[queue_id]
+            else:
+                up_qid = ups.get((link, queue_id))
+                entry = held[queue_id] = None if up_qid is None else (up_qid, routes[up_qid].unconfirmed)
+            if entry is None:
                 continue   # not open (any more): nothing of it is held here
-            unconfirmed = self._routes[up_qid].unconfirmed
-            for start, count in zip(starts, counts):
-                if count <= len(unconfirmed):
-                    unconfirmed.difference_update(range(start, start + count))
-                else:   # a wide range over few held: look at those
-                    unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
-            up[up_qid] = (starts, counts)
-        if not up:
+            if count == 1:
+                entry[1].discard(start)
+            else:
+                _forget(entry[1], (start,), (count,))
+            queue_ids.append(entry[0])
+            starts.append(start)
+            counts.append(count)
+        if not queue_ids:
             return []
         # A frame of its own: the one from below may be its sender's too (in-process links).
-        return [(UPSTREAM, pb.Frame(confirm_columns=confirm_columns(up)))]
+        one_queue = all(q == queue_ids[0] for q in queue_ids)
+        return [(UPSTREAM, pb.Frame(confirm_columns=pb.ConfirmColumns(
+            queue_id=queue_ids[0] if one_queue else 0, queue_ids=[] if one_queue else queue_ids,
+            starts=starts, counts=counts)))]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
         # Stop sending PUSHes to a stopping client: pause its consumers upstream.
@@ -740,3 +761,11 @@ def _regroup(frame: pb.Frame, field: str, batch_type: Any, by_link: dict[Hashabl
             return [(link, frame)]
     return [(link, pb.Frame(**{field: batch_type(messages=items)})) for link, items in by_link.items()]
 
+
+def _forget(unconfirmed: set[int], starts: Iterable[int], counts: Iterable[int]) -> None:
+    """Drop the seqs of these ranges from a route's unconfirmed set."""
+    for start, count in zip(starts, counts):
+        if count <= len(unconfirmed):
+            unconfirmed.difference_update(range(start, start + count))
+        else:   # a wide range over few held: look at those
+            unconfirmed.difference_update([s for s in unconfirmed if start <= s < start + count])
