@@ -25,7 +25,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +36,13 @@ import conf
 from conf import ClusterConfig, DomainConfig
 from primary import admission
 from primary.admission import PAUSED, Open, Refusal
-from primary.dispatcher import ConsumerOptions, Push, QueueDispatcher, StoredMessage
+from primary.dispatcher import ConsumerOptions, QueueDispatcher, StoredMessage
 from primary.leadership import Leadership, Where
 from primary.metrics import NodeMetrics
 from primary.partition import (
+    ConfirmEntry,
     Partition,
     PendingColumns,
-    PendingConfirms,
     PendingPut,
     QueueState,
     push_run,
@@ -681,12 +681,12 @@ class Node:
 
     def _on_confirm(self, link: Link, batch: pb.ConfirmBatch) -> None:
         """CONFIRMs one by one (seq, and the GUID checked against it)."""
-        by_queue: dict[int, tuple[list[int], list[bytes]]] = {}
+        seqs: dict[int, list[int]] = {}
+        guids: dict[int, list[bytes]] = {}
         for message in batch.messages:
-            seqs, guids = by_queue.setdefault(message.queue_id, ([], []))
-            seqs.append(message.sequence)
-            guids.append(message.guid)
-        self._confirm(link, by_queue)
+            seqs.setdefault(message.queue_id, []).append(message.sequence)
+            guids.setdefault(message.queue_id, []).append(message.guid)
+        self._confirm(link, seqs, guids)
 
     def _on_confirm_columns(self, link: Link, frame: pb.ConfirmColumns) -> None:
         """CONFIRMs as seq ranges (what the SDK sends), of one queue or of many."""
@@ -694,31 +694,31 @@ class Node:
         if invalid:
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))
             return
-        self._confirm(link, {queue_id: (seq_ranges.expand(starts, counts), None)
-                             for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame).items()})
+        self._confirm(link, seq_ranges.confirm_seqs(frame))
 
-    def _confirm(self, link: Link, by_queue: Mapping[int, tuple[list[int], list[bytes] | None]]) -> None:
+    def _confirm(self, link: Link, seqs_by_queue: Mapping[int, list[int]],
+                 guids_by_queue: Mapping[int, list[bytes]] | None = None) -> None:
         """Confirm each queue's seqs (GUIDs, when given, checked against
-        them): one dispatch per queue, one submission per partition's
-        confirm committer for the whole frame."""
+        them): one pass over a partition's queues for the whole frame
+        (`Partition.confirm`), one submission to its confirm committer."""
         handles = self._handles_of(link)
-        confirms: dict[Partition, list[PendingConfirms]] = {}
-        calls: dict[Partition, list[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]] = {}
-        for queue_id, (seqs, guids) in by_queue.items():
+        by_partition: dict[Partition, list[ConfirmEntry]] = {}
+        for queue_id, seqs in seqs_by_queue.items():
             handle = handles.get(queue_id)
             if handle is None or not handle.read or handle.broadcast:
                 # A confirm for a queue this link does not read is dropped: the
                 # message stays with whoever holds it (at-least-once). Broadcast
                 # keeps nothing, so there is nothing to confirm.
                 continue
-            done = confirms.setdefault(handle.partition, [])
-            calls.setdefault(handle.partition, []).append((handle.state, handle.app, functools.partial(
-                _confirm_in, key=(link, queue_id), seqs=seqs, guids=guids, handle=handle, done=done)))
-        for partition, queue_calls in calls.items():
-            partition.route_many(queue_calls)   # what the room they free lets through goes out together
-        for partition, pending in confirms.items():
-            if pending:
-                partition.confirm_committer.submit(pending, 0, sum(len(c.confirmed.guids) for c in pending))
+            entries = by_partition.get(handle.partition)
+            if entries is None:
+                entries = by_partition[handle.partition] = []
+            entries.append((handle.state, handle.app, (link, queue_id), seqs,
+                            None if guids_by_queue is None else guids_by_queue[queue_id]))
+        for partition, entries in by_partition.items():
+            done = partition.confirm(entries)   # what the room they free lets through goes out together
+            if done:
+                partition.confirm_committer.submit(done, 0, sum(len(c.confirmed.guids) for c in done))
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes, then answer.
@@ -731,17 +731,6 @@ class Node:
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:
         link.send(pb.Frame(heartbeat=beat))
-
-
-def _confirm_in(d: QueueDispatcher, *, key: tuple[Link, int], seqs: list[int], guids: list[bytes] | None,
-                handle: OpenHandle, done: list[PendingConfirms]) -> list[Push]:
-    """One queue's CONFIRMs in its app's dispatcher (one dispatch for them
-    all): what they confirmed joins `done`, for the confirm committer."""
-    confirmed, pushes = d.confirm_many(key, seqs, guids)
-    if confirmed.guids:
-        done.append(PendingConfirms(handle.state, handle.app, confirmed))
-        handle.state.apps_done(confirmed.guids, handle.app)
-    return pushes
 
 
 def _not_taken(partition: Partition) -> Refusal:

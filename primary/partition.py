@@ -31,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,7 @@ from conf import ClusterConfig, DomainConfig
 from primary.compaction import Compactor
 from primary.dispatcher import (
     ConfirmedRows,
+    ConsumerKey,
     ConsumerOptions,
     Dropped,
     MessageRun,
@@ -235,6 +236,11 @@ class PendingConfirms:
     ok: bool = False
 
 
+# One queue's part of a CONFIRM frame: its state, the app, the consumer that
+# confirms, the seqs, and the GUIDs they must hold (None: not checked).
+ConfirmEntry = tuple[QueueState, str, ConsumerKey, Iterable[int], Sequence[bytes] | None]
+
+
 class PurgeFailed(Exception):
     """A purge's record could not be made durable (the messages are gone
     from memory; after a restart they would come back)."""
@@ -371,8 +377,17 @@ class _SpanFrame:
             self._next_seq = first + count
 
     def add(self, queue_id: int, message: StoredMessage) -> None:
+        """One message (`_range` of one seq, inline: a span of thousands of
+        queues adds a message or two of each)."""
         self.singles.append(message)
-        self._range(queue_id, [message.seq])
+        seq = message.seq
+        if seq == self._next_seq and self.queue_ids and self.queue_ids[-1] == queue_id:
+            self.counts[-1] += 1
+        else:
+            self.queue_ids.append(queue_id)
+            self.starts.append(seq)
+            self.counts.append(1)
+        self._next_seq = seq + 1
         self.rows += 1
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
@@ -650,6 +665,36 @@ class Partition:
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
 
+    def confirm(self, entries: Iterable[ConfirmEntry]) -> list[PendingConfirms]:
+        """A CONFIRM frame's queues, in one pass under one hold of the locks:
+        each queue's seqs confirmed in its app's dispatcher, what the room they
+        free lets through sent together (frames spanning queues), and what
+        they confirmed returned for the confirm committer. No callable, tuple
+        of results or dispatcher is made per queue (a frame of a session with
+        thousands of queues holds a range or two of each)."""
+        done: list[PendingConfirms] = []
+        pushes: list[Push] = []
+        dropped: list[tuple[QueueState, str, list[Dropped]]] = []
+        with self._push_lock:
+            with self.lock:
+                for state, app, key, seqs, guids in entries:
+                    dispatcher = state.dispatchers.get(app)
+                    if dispatcher is None:
+                        continue   # no consumer of this app ever came: nothing is held
+                    confirmed, freed = dispatcher.confirm_many(key, seqs, guids)
+                    if freed:
+                        pushes.extend(freed)
+                    if dispatcher.dropped_waiting:
+                        dropped.append((state, app, dispatcher.take_dropped()))
+                    if confirmed.guids:
+                        done.append(PendingConfirms(state, app, confirmed))
+                        state.apps_done(confirmed.guids, app)
+            if pushes:
+                self._push(pushes)
+        for state, app, messages in dropped:
+            self._dead_letter(state, app, messages)
+        return done
+
     def _dispatch_all(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]
                       ) -> tuple[list[list[Push]], list[tuple[QueueState, str, list[Dropped]]]]:
         """Each action on its app's dispatcher, all under one hold of the
@@ -925,8 +970,25 @@ class Partition:
         commit. Returns the next row."""
         ttl_ms = state.domain.message_ttl_ms
         expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
+        rules = state.rules
+        if rules.filtered:
+            for i in range(offset, offset + count):
+                self._decide_and_target(targets, state, built.stored(i, first_seq + row, expires_us),
+                                        duplicates[row])
+                row += 1
+            return row
+        # No subscription: every row goes to every app (`_decide` without
+        # asking the rules row by row; with thousands of queues of a row or
+        # two each in a commit, this loop runs once a message).
+        apps = rules.apps
+        decided = self._reconciler.decided
         for i in range(offset, offset + count):
-            self._decide_and_target(targets, state, built.stored(i, first_seq + row, expires_us), duplicates[row])
+            message = built.stored(i, first_seq + row, expires_us)
+            if duplicates[row]:
+                decided(message.seq, state, message.guid, None)
+            else:
+                decided(message.seq, state, message.guid, apps)
+                _add_targets(targets, state, message, apps)
             row += 1
         return row
 
@@ -995,9 +1057,9 @@ class Partition:
         counts = [len(i.confirmed.guids) for i in items]
         total = sum(counts)
         batch = pa.table({
-            "domain": pa.array(_repeated([i.queue.uri.domain for i in items], counts), pa.string()),
-            "queue": pa.array(_repeated([i.queue.uri.queue for i in items], counts), pa.string()),
-            "app_id": pa.array(_repeated([i.app_id for i in items], counts), pa.string()),
+            "domain": _repeated([i.queue.uri.domain for i in items], counts),
+            "queue": _repeated([i.queue.uri.queue for i in items], counts),
+            "app_id": _repeated([i.app_id for i in items], counts),
             "guid": pa.array(itertools.chain.from_iterable(i.confirmed.guids for i in items), pa.binary(), size=total),
             "seq": pa.array(itertools.chain.from_iterable(i.confirmed.seqs for i in items), pa.int64(), size=total),
             "confirm_time": pa.array([now] * total, tables.TIMESTAMP),
@@ -1333,6 +1395,9 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
     """Count the message against its quota until `apps` are done, and queue
     it for each app (one StoredMessage per app, sharing payload and properties)."""
     state.delivered(message, apps)
+    if len(apps) == 1:
+        targets.setdefault((state, apps[0]), []).append(message)
+        return
     for n, app in enumerate(apps):
         targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
 
@@ -1428,9 +1493,14 @@ def _max_stat(table: DeltaTable, column: str) -> int:
     return -1 if value is None else int(value)
 
 
-def _repeated(values: list[str], counts: list[int]) -> list[str]:
-    """Each value `count` times, in order."""
-    return list(itertools.chain.from_iterable(itertools.repeat(v, n) for v, n in zip(values, counts)))
+def _repeated(values: list[str], counts: list[int]) -> pa.Array:
+    """Each value `count` times, in order, as a string column (an Arrow take:
+    a CONFIRM commit of thousands of queues has an item or two per queue)."""
+    column = pa.array(values, pa.string())
+    times = np.asarray(counts, np.int64)
+    if (times == 1).all():
+        return column
+    return column.take(np.repeat(np.arange(len(times)), times))
 
 
 def _message_columns(items: "list[DeadLetter]") -> dict[str, pa.Array]:

@@ -15,7 +15,7 @@ import numpy as np
 from protocol import taproot_pb2 as pb
 from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX
 
-__all__ = ["confirm_columns", "confirm_columns_invalid", "confirm_ranges", "expand", "ranges"]
+__all__ = ["confirm_columns", "confirm_columns_invalid", "confirm_seqs", "expand", "ranges"]
 
 # Below this many seqs a Python loop beats numpy's set-up.
 _NUMPY_MIN = 64
@@ -67,19 +67,18 @@ def confirm_columns_invalid(frame: Any) -> str | None:
     return None
 
 
-def confirm_ranges(frame: Any) -> dict[int, tuple[list[int], list[int]]]:
-    """A valid ConfirmColumns frame's ranges by queue id: {queue id:
-    (starts, counts)}, each queue's in the frame's order."""
+def confirm_seqs(frame: Any) -> dict[int, list[int]]:
+    """A valid ConfirmColumns frame's seqs by queue id ({queue id: seqs}),
+    each queue's in the frame's order."""
     if not frame.queue_ids:
-        return {frame.queue_id: (list(frame.starts), list(frame.counts))}
-    out: dict[int, tuple[list[int], list[int]]] = {}
+        return {frame.queue_id: expand(frame.starts, frame.counts)}
+    out: dict[int, list[int]] = {}
     for queue_id, start, count in zip(frame.queue_ids, frame.starts, frame.counts):
-        entry = out.get(queue_id)
-        if entry is None:
-            out[queue_id] = ([start], [count])
+        seqs = out.get(queue_id)
+        if seqs is None:
+            out[queue_id] = [start] if count == 1 else list(range(start, start + count))
         else:
-            entry[0].append(start)
-            entry[1].append(count)
+            seqs.extend(range(start, start + count))
     return out
 
 

@@ -346,11 +346,10 @@ class Primary(Endpoint):
                 queue_id=row_queues[i], guid=g, payload=p), queues[row_queues[i]][1])
                 for i, (g, p) in enumerate(rows) if i not in refused], refused))
         elif kind == "confirm_columns":  # as the node does: the frame's seqs at once
-            for queue_id, (starts, counts) in seq_ranges.confirm_ranges(frame.confirm_columns).items():
+            for queue_id, confirmed_seqs in seq_ranges.confirm_seqs(frame.confirm_columns).items():
                 if queue_id not in queues:
                     continue
-                stored, more = self.dispatcher(queues[queue_id][1]).confirm_many((link, queue_id),
-                                                                                  seq_ranges.expand(starts, counts))
+                stored, more = self.dispatcher(queues[queue_id][1]).confirm_many((link, queue_id), confirmed_seqs)
                 self.confirmed.update(stored.guids)
                 self._push(more)
         elif kind == "close_queue":
