@@ -238,3 +238,20 @@ def test_the_pipeline_bench_writes_a_put_log_as_the_primary_does(tmp_path):
     assert {len(p) for p in rows["payload"].to_pylist()} == {64}
     with pytest.raises(ValueError, match="at least one commit"):
         pipeline_cost(10, 1_000, 64)
+
+
+@pytest.mark.integration
+def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_queues(capsys):
+    from taproot_ops.bench.node_cost import main, measure
+
+    cost = measure(queues=7, rows=20, rounds=3, size=16)
+    # Every round's PUSHes came back and were confirmed: a row per queue and
+    # frame, so the CONFIRM frame names a range (or two) of each of the 7.
+    assert (cost.queues, cost.rows, cost.rounds) == (7, 20, 3)
+    assert 7 <= cost.ranges <= 20
+    assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0
+    assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3 queues cost" in out and "times 1's CPU a message" in out
+    with pytest.raises(SystemExit):
+        main(["--rows", "0"])

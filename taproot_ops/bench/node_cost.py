@@ -1,0 +1,172 @@
+"""What a node's process spends per message when a session's frames span
+many queues: a node in this process (one partition, real delta-rs tables,
+no sockets, no pipeline) and one link that opens Q queues for reading and
+writing, then, per round, posts one PUT frame of R 1 KiB rows spread over
+the queues (a row per queue when R <= Q, as a session of thousands of
+queues sends them), reads the ACK and the PUSH frames, and confirms them in
+one CONFIRM frame of their ranges, as the SDK does.
+
+    .venv/bin/python -m taproot_ops.bench.node_cost [--queues 1 2000] [--rows 500] [--rounds 100]
+
+Prints, per queue count, the process's CPU per message (every thread: the
+commit threads, dispatch, the Delta commits, and this driver's own frame
+building, which is the same for every Q), and the time `on_frame` takes for
+the PUT and the CONFIRM frames. The ratio between the rows is what
+`taproot bench --scenario queues` measures with real processes; this one
+isolates the node's per-queue Python from the proxy, the pipeline and the
+clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import tempfile
+import time
+from dataclasses import dataclass
+
+WARM_UP_ROUNDS = 5
+FRAME_WAIT_S = 30
+
+
+@dataclass
+class NodeCost:
+    queues: int
+    rows: int
+    rounds: int
+    cpu_us: float          # process CPU per message
+    put_us: float          # Node.on_frame of the PUT frames, per message
+    confirm_us: float      # Node.on_frame of the CONFIRM frames, per message
+    ranges: float          # CONFIRM ranges per frame
+
+    def line(self) -> str:
+        return (f"{self.queues:>6,} queues, {self.rows} rows a frame: {self.cpu_us:6.1f} us of CPU a message; "
+                f"on_frame PUT {self.put_us:.2f} us, CONFIRM {self.confirm_us:.2f} us a message "
+                f"({self.ranges:.0f} ranges a CONFIRM frame)")
+
+
+def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> NodeCost:
+    from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
+    from primary.node import Node
+    from protocol import columns, gc_tuning, pb
+    from protocol.stream import Link
+
+    with tempfile.TemporaryDirectory(prefix="taproot-node-cost-") as scratch:
+        config = ClusterConfig(data_dir=scratch, partitions=1, nodes=(NodeConfig("node1", port=1),),
+                               ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
+                               domains={"d": parse_domain("d", {})})
+        node = Node(config, "node1")
+        node.start("127.0.0.1:1")
+        try:
+            deadline = time.monotonic() + 30
+            while 0 not in node.partitions:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the node did not take partition 0 within 30 s")
+                time.sleep(0.05)
+            link = Link("bench")
+            node.open_link(link)
+
+            def take() -> pb.Frame:
+                try:
+                    return link.next_frame(FRAME_WAIT_S)
+                except queue.Empty:
+                    raise RuntimeError(f"the node sent nothing for {FRAME_WAIT_S} s") from None
+
+            def next_frame(kind: str) -> pb.Frame:
+                while True:
+                    frame = take()
+                    if frame.WhichOneof("body") == kind:
+                        return frame
+
+            for qid in range(1, queues + 1):
+                node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(
+                    request_id=qid, queue_id=qid, uri=f"taproot://d/q{qid}", write=True, read=True,
+                    columnar_push=True, push_group=1)))
+                next_frame("open_queue_response")
+            payload = b"x" * size
+            guid = 0
+
+            def one_round(first: int) -> tuple[float, float, int]:
+                nonlocal guid
+                qids = [1 + (first + i) % queues for i in range(rows)]
+                messages = [pb.PutMessage(queue_id=q, guid=(guid + i).to_bytes(16, "big"), payload=payload)
+                            for i, q in enumerate(qids)]
+                guid += rows
+                put = pb.Frame(put_columns=pb.PutColumns(
+                    arrow_ipc=columns.encode_puts(messages), per_message=True,
+                    guids=b"".join(m.guid for m in messages), queue_ids=qids))
+                started = time.perf_counter()
+                node.on_frame(link, put)
+                put_s = time.perf_counter() - started
+                acked, pushed = False, 0
+                ids: list[int] = []
+                starts: list[int] = []
+                counts: list[int] = []
+                while not acked or pushed < rows:
+                    frame = take()
+                    kind = frame.WhichOneof("body")
+                    if kind == "ack_columns":
+                        acked = True
+                    elif kind == "push_columns":
+                        push = frame.push_columns
+                        pushed += sum(push.seq_counts)
+                        ids.extend(push.range_queue_ids or [push.queue_id] * len(push.seq_starts))
+                        starts.extend(push.seq_starts)
+                        counts.extend(push.seq_counts)
+                    elif kind == "push":   # fewer than a columnar frame's minimum go as messages
+                        for message in frame.push.messages:
+                            pushed += 1
+                            ids.append(message.queue_id)
+                            starts.append(message.sequence)
+                            counts.append(1)
+                confirm = pb.Frame(confirm_columns=pb.ConfirmColumns(queue_ids=ids, starts=starts, counts=counts))
+                started = time.perf_counter()
+                node.on_frame(link, confirm)
+                return put_s, time.perf_counter() - started, len(ids)
+
+            gc_tuning.settle_for_serving()   # as a serving node does
+            for n in range(WARM_UP_ROUNDS):
+                one_round(n * rows)
+            cpu0 = time.process_time()
+            put_s = confirm_s = 0.0
+            ranges = 0
+            for n in range(rounds):
+                p, c, r = one_round((WARM_UP_ROUNDS + n) * rows)
+                put_s, confirm_s, ranges = put_s + p, confirm_s + c, ranges + r
+            partition = node.partitions[0]
+            while not partition.confirm_committer.idle:
+                time.sleep(0.005)
+            cpu = time.process_time() - cpu0
+        finally:
+            node.stop(graceful=False)
+    messages = rounds * rows
+    return NodeCost(queues, rows, rounds, cpu * 1e6 / messages, put_s * 1e6 / messages,
+                    confirm_s * 1e6 / messages, ranges / rounds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queues", type=int, nargs="+", default=[1, 2000], help="queue counts to compare")
+    parser.add_argument("--rows", type=int, default=500, help="rows a PUT frame")
+    parser.add_argument("--rounds", type=int, default=100, help="frames measured, after 5 of warm-up")
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes")
+    args = parser.parse_args(argv)
+    if min(args.queues) < 1 or args.rows < 1 or args.rounds < 1 or args.size < 0:
+        parser.error("--queues, --rows and --rounds must be at least 1, --size at least 0")
+    results = []
+    for queues in args.queues:
+        print(f"measuring {queues:,} queues ({args.rounds} frames of {args.rows} rows) ...", flush=True)
+        try:
+            results.append(measure(queues, args.rows, args.rounds, args.size))
+        except RuntimeError as exc:
+            print(f"node_cost: {exc}")
+            return 1
+        print("  " + results[-1].line(), flush=True)
+    base = results[0].cpu_us
+    for r in results[1:]:
+        print(f"{r.queues:,} queues cost {r.cpu_us / base:.2f} times {results[0].queues:,}'s CPU a message")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
