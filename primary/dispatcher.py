@@ -339,11 +339,6 @@ class QueueDispatcher:
         self.purged += len(done.seqs)
         return done
 
-    @property
-    def dropped_waiting(self) -> bool:
-        """Messages were dropped since the last `take_dropped`."""
-        return bool(self._dropped)
-
     def take_dropped(self) -> list[Dropped]:
         """Messages dropped since the last call (poison pills, expired)."""
         dropped, self._dropped = self._dropped, []

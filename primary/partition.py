@@ -365,29 +365,26 @@ class _SpanFrame:
         self._next_seq = -1
 
     def _range(self, queue_id: int, seqs: list[int]) -> None:
-        """The ranges extended by `seqs` (ascending) of `queue_id`; the first
-        joins the last range when it is the same queue's next seq."""
+        """The ranges extended by `seqs` (ascending) of `queue_id`."""
         for first, count in zip(*seq_ranges(seqs)):
-            if self.queue_ids and self.queue_ids[-1] == queue_id and first == self._next_seq:
-                self.counts[-1] += count
-            else:
-                self.queue_ids.append(queue_id)
-                self.starts.append(first)
-                self.counts.append(count)
-            self._next_seq = first + count
+            self._extend(queue_id, first, count)
 
-    def add(self, queue_id: int, message: StoredMessage) -> None:
-        """One message (`_range` of one seq, inline: a span of thousands of
-        queues adds a message or two of each)."""
-        self.singles.append(message)
-        seq = message.seq
-        if seq == self._next_seq and self.queue_ids and self.queue_ids[-1] == queue_id:
-            self.counts[-1] += 1
+    def _extend(self, queue_id: int, first: int, count: int) -> None:
+        """One more range of `queue_id`; it joins the last range when it is
+        the same queue's next seq."""
+        if first == self._next_seq and self.queue_ids and self.queue_ids[-1] == queue_id:
+            self.counts[-1] += count
         else:
             self.queue_ids.append(queue_id)
-            self.starts.append(seq)
-            self.counts.append(1)
-        self._next_seq = seq + 1
+            self.starts.append(first)
+            self.counts.append(count)
+        self._next_seq = first + count
+
+    def add(self, queue_id: int, message: StoredMessage) -> None:
+        """One message (its range made without `_range`'s computation: a span
+        of thousands of queues adds a message or two of each)."""
+        self.singles.append(message)
+        self._extend(queue_id, message.seq, 1)
         self.rows += 1
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
@@ -684,8 +681,9 @@ class Partition:
                     confirmed, freed = dispatcher.confirm_many(key, seqs, guids)
                     if freed:
                         pushes.extend(freed)
-                    if dispatcher.dropped_waiting:
-                        dropped.append((state, app, dispatcher.take_dropped()))
+                    gone = dispatcher.take_dropped()
+                    if gone:
+                        dropped.append((state, app, gone))
                     if confirmed.guids:
                         done.append(PendingConfirms(state, app, confirmed))
                         state.apps_done(confirmed.guids, app)
@@ -1395,9 +1393,6 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
     """Count the message against its quota until `apps` are done, and queue
     it for each app (one StoredMessage per app, sharing payload and properties)."""
     state.delivered(message, apps)
-    if len(apps) == 1:
-        targets.setdefault((state, apps[0]), []).append(message)
-        return
     for n, app in enumerate(apps):
         targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
 
