@@ -441,13 +441,12 @@ def _served_data_dir(spark: Any) -> str | None:
 
 
 # A query on the endpoint reads the Delta tables with Delta's Kernel-based
-# connector (`spark.databricks.delta.v2.enableMode=STRICT`, in this Connect
+# connector (`DELTA_CONNECTOR_MODE` STRICT, in this Connect
 # session only): it lists a table's files in the driver, where the classic
 # connector runs a Spark job per table, about 100 ms each here, and the
 # backlog view reads three (docs/benchmarks.md, issue 22). Delta calls the
 # mode a testing mode and it cannot run DESCRIBE HISTORY, DELETE and the like,
 # so only queries use it, and a query it fails is run again the classic way.
-KERNEL_READS = DELTA_CONNECTOR_MODE
 _QUERY_START = re.compile(r"\s*\(*\s*(select|with|table|values|from)\b", re.IGNORECASE)
 # Errors the classic connector would give too: no second run for them.
 _SAME_EITHER_WAY = ("TABLE_OR_VIEW_NOT_FOUND", "PARSE_SYNTAX_ERROR", "UNRESOLVED_", "AUTHENTICAT", "PATH_NOT_FOUND",
@@ -463,7 +462,7 @@ def _sql_remote(endpoint: Any, args: argparse.Namespace) -> int:
             return 0
         kernel = not args.classic_reads and _QUERY_START.match(args.query) is not None
         if kernel:
-            endpoint.sql(f"SET {KERNEL_READS}=STRICT")
+            endpoint.sql(f"SET {DELTA_CONNECTOR_MODE}=STRICT")
         try:
             answer = _remote_answer(endpoint, args)
         except ConnectError as exc:
@@ -471,7 +470,7 @@ def _sql_remote(endpoint: Any, args: argparse.Namespace) -> int:
                 raise
             print(f"note: Delta's Kernel connector could not run this query ({_first_line(str(exc))}); "
                   "running it with the classic one (--classic-reads does so from the start)", file=sys.stderr)
-            endpoint.sql(f"SET {KERNEL_READS}=NONE")
+            endpoint.sql(f"SET {DELTA_CONNECTOR_MODE}=NONE")
             answer = _remote_answer(endpoint, args)
         print(answer, end="")
         return 0

@@ -358,13 +358,13 @@ def test_taproot_sql_reads_with_deltas_kernel_connector_and_runs_a_query_it_fail
         return cli._sql_remote(endpoint, args), endpoint.said, capsys.readouterr()
 
     rc, said, out = run("  with x AS (SELECT 1) SELECT * FROM x")
-    assert rc == 0 and said[0] == f"SET {cli.KERNEL_READS}=STRICT" and out.out == "rows read with STRICT\n"
+    assert rc == 0 and said[0] == f"SET {cli.DELTA_CONNECTOR_MODE}=STRICT" and out.out == "rows read with STRICT\n"
     rc, said, out = run("DESCRIBE HISTORY delta.`/d/partition-000/puts`")
     assert rc == 0 and not any(s.startswith("SET") for s in said) and out.out == "rows read with NONE\n"
     rc, said, out = run("SELECT * FROM taproot_backlog", classic=True)
     assert out.out == "rows read with NONE\n"
     rc, said, out = run("(SELECT * FROM taproot_puts)", fails_with="UNSUPPORTED_FEATURE")
-    assert rc == 0 and out.out == "rows read with NONE\n" and said[-2] == f"SET {cli.KERNEL_READS}=NONE"
+    assert rc == 0 and out.out == "rows read with NONE\n" and said[-2] == f"SET {cli.DELTA_CONNECTOR_MODE}=NONE"
     assert "Kernel connector could not run this query ([UNSUPPORTED_FEATURE] no)" in out.err
     rc, said, out = run("SELECT nope FROM taproot_puts", fails_with="UNRESOLVED_COLUMN")
     assert rc == 2 and len([s for s in said if s.startswith("show")]) == 1 and "Kernel" not in out.err
