@@ -844,7 +844,8 @@ class Partition:
         # recorded: a delivery row for these seqs cannot be reconciled before.
         with self._decisions_lock:
             try:
-                version = self._puts.append(batch)
+                # Answered before the handle moves to this commit (`settle` below).
+                version = self._puts.append(batch, settle=False)
                 self.compactors[0].on_commit()
             except Fenced as exc:
                 # A newer primary has the partition: nothing was written. No ACK:
@@ -867,9 +868,21 @@ class Partition:
             targets = self._express(batch, items, now_us)
         if targets:
             self._route_targets(targets)
+        self._settle_puts()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
                       (time.perf_counter() - started) * 1000, (started - build_started) * 1000)
+
+    def _settle_puts(self) -> None:
+        """The PUT log's handle to the commit just answered: off the ACK and
+        PUSH path, before the next group. A failure here is retried by the
+        next commit (`Appender.append` settles first), which refuses its PUTs
+        if it fails again."""
+        try:
+            self._puts.settle()
+        except Exception:
+            log.warning("partition %d: updating the PUT log's handle failed; the next commit retries it",
+                        self.index, exc_info=True)
 
     def _count_puts(self, singles: list[PendingPut], bulks: list[PendingColumns]) -> None:
         """Each queue's committed messages (`QueueState.puts`), and PUT->ACK

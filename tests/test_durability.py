@@ -123,6 +123,43 @@ def test_a_durable_append_that_conflicts_commits_its_file_again(tmp_path):
     assert len(glob.glob(os.path.join(root, "*.parquet"))) == 2
 
 
+def test_an_unsettled_append_reads_its_version_from_the_log_and_settles_before_the_next(tmp_path, monkeypatch):
+    """`settle=False`: the version comes from the log, not from a handle update;
+    the commit is as durable as a settled one; the next append (or `settle`)
+    moves the handle first, so its commit does not race its own previous one."""
+    root = str(tmp_path / "puts")
+    appender = deltars.Appender(root, tables.PUTS_SCHEMA, epoch=1)   # version 0 creates, 1 claims
+    updates = []
+    real = appender.table.update_incremental
+    monkeypatch.setattr(appender.table, "update_incremental", lambda: (updates.append(1), real())[1])
+    calls = fsynced_paths(monkeypatch)
+    assert appender.append(puts(3, 0), settle=False) == 2
+    assert updates == [] and appender.table.version() == 1
+    assert calls[-2:] == [os.path.join(root, "_delta_log", f"{2:020d}.json"), os.path.join(root, "_delta_log")]
+    assert appender.append(puts(3, 3), settle=False) == 3   # settled first: one update, then a commit
+    assert updates == [1]
+    appender.settle()
+    appender.settle()                                          # once only
+    assert updates == [1, 1] and appender.table.version() == 3
+    assert sorted(DeltaTable(root).to_pyarrow_table()["seq"].to_pylist()) == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_unsettled_append_finds_its_commit_past_another_writers(tmp_path):
+    """Another writer's commit lands between the handle's version and ours:
+    the version read from the log is ours, the one naming our data file."""
+    root = str(tmp_path / "puts")
+    appender = deltars.Appender(root, tables.PUTS_SCHEMA)
+    appender.append(puts(1, 0))
+    other = deltars.Appender(root, tables.PUTS_SCHEMA)
+    other.append(puts(2, 10))                                  # version 2; our handle is at 1
+    version = appender.append(puts(3, 20), settle=False)
+    assert version == 3
+    assert deltars.committed_version(root, 1, last_add(root)["path"]) == 3
+    assert deltars.committed_version(root, 1, "part-00000-not-there.parquet") is None
+    appender.settle()
+    assert appender.table.version() == 3
+
+
 def test_os_durability_and_object_stores_keep_delta_rs_s_writer(tmp_path, monkeypatch):
     calls = fsynced_paths(monkeypatch)
     appender = deltars.Appender(str(tmp_path / "puts"), tables.PUTS_SCHEMA, durable=False)

@@ -165,6 +165,21 @@ def test_a_stale_primarys_commit_is_refused_after_a_new_primary_fences_the_table
     assert sorted(rows) == [1, 2]
 
 
+def test_a_stale_primary_is_fenced_after_an_unsettled_append_too(table_root):
+    """The primary answers its PUTs before its handle moves to their commit
+    (`settle=False`); a newer primary's claim in between is still seen by the
+    next append, which settles first."""
+    path = f"{table_root}/puts"
+    schema = pa.schema([pa.field("x", pa.int64())])
+    old = deltars.Appender(path, schema, epoch=1)
+    old.append(pa.table({"x": [1]}, schema=schema), settle=False)
+    new = deltars.Appender(path, schema, epoch=2)
+    with pytest.raises(Fenced):
+        old.append(pa.table({"x": [99]}, schema=schema), settle=False)
+    new.append(pa.table({"x": [2]}, schema=schema), settle=False)
+    assert sorted(deltars.try_open(path).to_pyarrow_table()["x"].to_pylist()) == [1, 2]
+
+
 # -- the transition table, exhaustively ------------------------------------------
 def machine_in(state: LeaseState) -> LeaseMachine:
     """A machine brought to `state` through its own transitions."""
