@@ -51,7 +51,9 @@ class Leadership:
         names = [n.name for n in config.nodes]
         me = names.index(name) if name in names else 0
         self._machines = [LeaseMachine(name, (me - p) % len(names), self.ha.lease_duration_ms,
-                                       self.ha.lease_renew_interval_ms) for p in range(config.partitions)]
+                                       self.ha.lease_renew_interval_ms,
+                                       ranks={n: (i - p) % len(names) for i, n in enumerate(names)})
+                          for p in range(config.partitions)]
         self._tables = [LeaseTable(tables.PartitionPaths(config.data_dir, p).lease) for p in range(config.partitions)]
         self._views: list[LeaseView | None] = [None] * config.partitions
         self.partitions: dict[int, "Partition"] = {}   # led and serving

@@ -25,6 +25,11 @@ Why these rules:
   rank delay (`rank * lease_duration_ms / 2`) lets the partition's preferred
   node (rank 0) take a free lease first, so the static assignment holds when
   every node is up, whatever order they start in.
+- The holder of a lease that lapsed or was released does not count in the
+  rank: the first node in line after it takes over as soon as the lease runs
+  out, without waiting half a lease for a node that just went quiet. (The
+  rank delay only keeps two takeovers from racing; the conditional commits
+  decide the race anyway.)
 - A lease held under this node's own name was left by a previous run of this
   node that died without releasing: nobody else can renew it, so it is taken
   back at once.
@@ -33,6 +38,7 @@ Why these rules:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -132,11 +138,15 @@ del F, A, P, S, E, NONE
 class LeaseMachine:
     """One node's view of one partition's lease (see the module docstring)."""
 
-    def __init__(self, node: str, rank: int, lease_duration_ms: int, renew_interval_ms: int):
+    def __init__(self, node: str, rank: int, lease_duration_ms: int, renew_interval_ms: int,
+                 ranks: Mapping[str, int] | None = None):
+        """`ranks`: every node's rank for this partition (this node's is
+        `rank`), so a takeover can leave the holder out of the line."""
         if renew_interval_ms * 2 > lease_duration_ms:
             raise ValueError("renew at least twice per lease")
         self.node = node
         self.rank = rank
+        self.ranks = dict(ranks or {})
         self.lease_duration_ms = lease_duration_ms
         self.renew_interval_ms = renew_interval_ms
         self.state = LeaseState.FOLLOWER
@@ -157,6 +167,14 @@ class LeaseMachine:
     def rank_delay_ms(self) -> float:
         return self.rank * self.lease_duration_ms / 2
 
+    def rank_delay_after_ms(self, holder: str | None) -> float:
+        """The rank delay with `holder` (the node whose lease lapsed or was
+        released) out of the line."""
+        rank = self.rank
+        if holder is not None and holder != self.node and self.ranks.get(holder, rank) < rank:
+            rank -= 1
+        return rank * self.lease_duration_ms / 2
+
     def takeable(self, view: LeaseView | None, now_ms: float) -> bool:
         """Whether this read of the table shows a lease this node may take
         now. Notes the read: a follower times the quiet from the last change."""
@@ -167,8 +185,8 @@ class LeaseMachine:
         quiet_ms = now_ms - self._seen_since_ms
         free = view is None or view.released or view.epoch == 0
         mine = view is not None and view.holder == self.node and not view.released
-        return (free and quiet_ms >= self.rank_delay_ms) or mine or \
-            quiet_ms >= self.lease_duration_ms + self.rank_delay_ms
+        delay_ms = self.rank_delay_after_ms(None if view is None or view.epoch == 0 else view.holder)
+        return (free and quiet_ms >= delay_ms) or mine or quiet_ms >= self.lease_duration_ms + delay_ms
 
     def observed(self, view: LeaseView | None, now_ms: float) -> Action:
         """A follower read the table (None: it does not exist yet)."""

@@ -41,6 +41,32 @@ def test_a_follower_takes_over_only_after_a_full_lease_without_renewal():
     assert follower.acquired(4, t) is Action.BECOME_PRIMARY and follower.epoch == 4
 
 
+def test_the_next_node_in_line_after_the_holder_takes_a_lapsed_lease_without_a_rank_delay():
+    """The holder whose lease ran out is not waited for: of three nodes, the
+    preferred one (n1) went quiet; n2 takes over when the lease runs out and
+    n3 half a lease later. Had n2 held it, n1 and n3 would be first and
+    second in line."""
+    ranks = {"n1": 0, "n2": 1, "n3": 2}
+    second, third = (LeaseMachine(n, ranks[n], LEASE_MS, RENEW_MS, ranks=ranks) for n in ("n2", "n3"))
+    for m in (second, third):
+        assert m.observed(view(7, 3, "n1"), 0) is Action.NONE
+    assert second.observed(view(7, 3, "n1"), LEASE_MS - 1) is Action.NONE
+    assert second.observed(view(7, 3, "n1"), LEASE_MS) is Action.ACQUIRE
+    assert third.observed(view(7, 3, "n1"), LEASE_MS + 999) is Action.NONE
+    assert third.observed(view(7, 3, "n1"), LEASE_MS + 1000) is Action.ACQUIRE
+    first, third = (LeaseMachine(n, ranks[n], LEASE_MS, RENEW_MS, ranks=ranks) for n in ("n1", "n3"))
+    for m in (first, third):
+        assert m.observed(view(9, 4, "n2"), 0) is Action.NONE
+    assert first.observed(view(9, 4, "n2"), LEASE_MS) is Action.ACQUIRE
+    assert third.observed(view(9, 4, "n2"), LEASE_MS + 999) is Action.NONE   # n1 is still ahead
+    assert third.observed(view(9, 4, "n2"), LEASE_MS + 1000) is Action.ACQUIRE
+    # Released by n1 (a graceful stop): n2 takes it at once, n3 after half a lease.
+    second, third = (LeaseMachine(n, ranks[n], LEASE_MS, RENEW_MS, ranks=ranks) for n in ("n2", "n3"))
+    assert second.observed(view(8, 3, "n1", released=True), 0) is Action.ACQUIRE
+    assert third.observed(view(8, 3, "n1", released=True), 0) is Action.NONE
+    assert third.observed(view(8, 3, "n1", released=True), 1000) is Action.ACQUIRE
+
+
 def test_a_released_lease_or_one_held_under_this_nodes_own_name_is_taken_at_once():
     assert LeaseMachine("n2", 0, LEASE_MS, RENEW_MS).observed(view(5, 2, released=True), 0) is Action.ACQUIRE
     assert LeaseMachine("n1", 2, LEASE_MS, RENEW_MS).observed(view(5, 2, "n1"), 0) is Action.ACQUIRE
