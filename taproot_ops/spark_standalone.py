@@ -89,8 +89,8 @@ class SparkStandalone:
             try:
                 if ready():
                     return
-            except OSError:
-                pass
+            except (OSError, ValueError):
+                pass  # not up yet; a web UI that has just bound its port may answer an empty page
             time.sleep(0.3)
         raise SparkStandaloneError(f"{what}: not ready within {timeout_s:.0f} s; see {self.directory}/*.log")
 
