@@ -42,8 +42,10 @@ def tree(spark_cluster, tmp_path_factory):
     cluster_file.write_text(cluster_file.read_text().replace("[pipeline]\n", (
         f'[pipeline]\nspark_master = "{spark_cluster.master_url}"\nexecutor_memory = "1g"\n'
         "executor_cores = 1\nmax_cores = 1\n"), 1))
+    # No JIT warm-up: nothing here times a message (it costs the pipeline
+    # about 25 s of CPU, and its views' warm-up 30 more).
     with EmbeddedCluster(str(cluster_file), data_dir=str(tmp_path_factory.mktemp("data")),
-                         ephemeral_ports=True) as cluster:
+                         ephemeral_ports=True, warm_up=False) as cluster:
         cluster.config_path = cluster_file     # type: ignore[attr-defined]
         yield cluster
 

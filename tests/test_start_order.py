@@ -13,6 +13,7 @@ depends on in at least one place; `pytest --long` runs all 24.
 from __future__ import annotations
 
 import itertools
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -89,7 +90,12 @@ def delivered_guids(data_dir: str) -> set[bytes]:
 
 def test_roles_started_in_any_order_converge(order, tmp_path):
     from taproot_ops.embedded import EmbeddedCluster
-    conf_file = Path(__file__).resolve().parent / "cluster_conf" / "cluster.toml"
+    # The shared test cluster's configuration without the Spark Connect
+    # endpoint: no shipped port taken, and no views registered (12-30 s of CPU).
+    conf_dir = tmp_path / "conf"
+    shutil.copytree(Path(__file__).resolve().parent / "cluster_conf", conf_dir)
+    conf_file = conf_dir / "cluster.toml"
+    conf_file.write_text(conf_file.read_text().replace("[pipeline]\n", "[pipeline]\nconnect_port = -1\n", 1))
     node_port, proxy_port = free_port(), free_port()
     cluster = EmbeddedCluster(str(conf_file), data_dir=str(tmp_path / "data"))
     node = cluster.config.nodes[0].name
