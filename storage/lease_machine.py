@@ -163,13 +163,10 @@ class LeaseMachine:
             self._seen_since_ms = None  # a follower again: watch the lease afresh
         return action
 
-    @property
-    def rank_delay_ms(self) -> float:
-        return self.rank * self.lease_duration_ms / 2
-
     def rank_delay_after_ms(self, holder: str | None) -> float:
-        """The rank delay with `holder` (the node whose lease lapsed or was
-        released) out of the line."""
+        """The rank delay (`rank * lease_duration_ms / 2`) with `holder` (the
+        node whose lease lapsed or was released; None: there is none) out of
+        the line."""
         rank = self.rank
         if holder is not None and holder != self.node and self.ranks.get(holder, rank) < rank:
             rank -= 1
