@@ -134,6 +134,13 @@ def file_system(path: str) -> tuple[pafs.FileSystem, str]:
     return store, str(within)
 
 
+def _local_log_entry(root: str, version: int) -> bytes:
+    """The bytes of one version's commit file in a local table's log
+    (FileNotFoundError if it is not there)."""
+    with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), "rb") as fh:
+        return fh.read()
+
+
 def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
     """The commitInfo of one version, read from its log file; None if the
     file is gone (log cleanup) or holds none. delta-rs's `history()` cannot
@@ -144,8 +151,7 @@ def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
     root = local_root(uri)
     try:
         if root is not None:
-            with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), "rb") as fh:
-                data = fh.read()
+            data = _local_log_entry(root, version)
         else:
             store, base = file_system(uri)
             with store.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as stream:
@@ -361,13 +367,11 @@ def committed_version(root: str, after: int, path: str) -> int | None:
     """The version, after `after`, of the commit that names data file `path`
     (a local table's `_delta_log`, read in version order from `after` + 1
     until a version is missing), or None if none does."""
-    log_dir = os.path.join(root, "_delta_log")
     needle = json.dumps(path).encode()   # as the commit's JSON quotes it
     version = after + 1
     while True:
         try:
-            with open(os.path.join(log_dir, f"{version:020d}.json"), "rb") as fh:
-                entry = fh.read()
+            entry = _local_log_entry(root, version)
         except FileNotFoundError:
             return None
         if needle in entry:
