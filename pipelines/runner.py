@@ -28,6 +28,7 @@ from protocol.tls import channel as tls_channel
 from storage import deltars, tables
 from storage import spark as spark_factory
 from storage.leases import LeaseTable
+from storage.property_kinds import PropertyKinds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -252,9 +253,12 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
 
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
-# The endpoint's views are registered again this often, for the property
-# columns of `taproot_messages` (a full scan of the PUT logs' property
-# names), and within 10 s when a table they read appears.
+# The endpoint's views are registered again within 10 s when a table they
+# read appears; within PROPERTIES_CHECK_S when the PUT logs hold a property
+# name or type the views lack (a column of `taproot_messages`: only the data
+# files written since the last check are read, `storage.property_kinds`);
+# and every VIEWS_REFRESH_S (a table's columns, which a newer writer adds).
+PROPERTIES_CHECK_S = 60.0
 VIEWS_REFRESH_S = 600.0
 
 
@@ -295,37 +299,55 @@ def connect_endpoint(config: conf.ClusterConfig) -> tuple[dict[str, str], int | 
 class SharedViews:
     """The Taproot views in the pipeline's session catalog, where every Spark
     Connect session sees them; registered again when a table they read
-    appears (a partition's first dead letter, say) and every
-    `VIEWS_REFRESH_S` (new message properties become columns)."""
+    appears (a partition's first dead letter, say), when messages bring a
+    new property (it becomes a column) and every `VIEWS_REFRESH_S`."""
 
     def __init__(self, spark: "SparkSession", config: conf.ClusterConfig, warm: bool = False):
         self.spark, self.config = spark, config
         self.present: frozenset[str] = frozenset()
-        self.next_refresh = self.next_check = 0.0
+        self.next_refresh = self.next_check = self.next_properties = 0.0
         self.warm = warm
+        self.properties = PropertyKinds()           # kept between registrations: new files are read only
+        self.registered: dict[str, frozenset[str]] | None = None   # the properties the views have columns for
+
+    def _paths(self) -> list[tables.PartitionPaths]:
+        return [tables.PartitionPaths(self.config.data_dir, i) for i in range(self.config.partitions)]
 
     def _tables(self) -> frozenset[str]:
-        paths = [tables.PartitionPaths(self.config.data_dir, i) for i in range(self.config.partitions)]
-        return frozenset(path for p in paths for path in (p.puts, p.delivery, p.confirms, p.dead_letters,
-                                                          p.disagreements) if deltars.try_open(path) is not None)
+        every = (path for p in self._paths() for path in (p.puts, p.delivery, p.confirms, p.dead_letters,
+                                                          p.disagreements))
+        return frozenset(path for path in every if deltars.try_open(path) is not None)
+
+    def _new_properties(self, now: float) -> bool:
+        if now < self.next_properties:
+            return False
+        self.next_properties = now + PROPERTIES_CHECK_S
+        try:
+            return self.properties.read([p.puts for p in self._paths()]) != self.registered
+        except Exception as exc:  # read again at the next check
+            log.warning("message properties not read: %s", str(exc).splitlines()[0])
+            return False
 
     def refresh(self, now: float) -> None:
         if now < self.next_check:   # opening every table's log is not free: every 10 s at most
             return
         self.next_check = now + 10
         present = self._tables()
-        if present == self.present and now < self.next_refresh:
+        if present == self.present and now < self.next_refresh and not self._new_properties(now):
             return
         from storage.views import register_views
         started = time.monotonic()
         try:
-            register_views(self.spark, self.config.data_dir, list(range(self.config.partitions)), persistent=True)
+            register_views(self.spark, self.config.data_dir, list(range(self.config.partitions)), persistent=True,
+                           properties=self.properties)
         except Exception as exc:  # a view that cannot be made now is tried again; the pipeline goes on
             log.warning("Spark Connect views not registered: %s", str(exc).splitlines()[0])
             self.next_refresh = now + 30
             return
         self.present, self.next_refresh = present, now + VIEWS_REFRESH_S
-        log.info("Spark Connect views registered over %d tables in %.1f s", len(present), time.monotonic() - started)
+        self.registered, self.next_properties = self.properties.last, now + PROPERTIES_CHECK_S
+        log.info("Spark Connect views registered over %d tables in %.1f s (%d message properties)", len(present),
+                 time.monotonic() - started, len(self.registered))
         if self.warm:
             self.warm = False
             self._warm_up()

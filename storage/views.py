@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from protocol.expression import sql_string
 from storage import tables
+from storage.property_kinds import PropertyKinds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,11 +117,13 @@ BACKLOG_SQL = """
 
 
 def register_views(spark: "SparkSession", data_dir: str = "data", partitions: list[int] | None = None,
-                   persistent: bool = False) -> list[str]:
+                   persistent: bool = False, properties: PropertyKinds | None = None) -> list[str]:
     """Register every Taproot view on `spark`; returns their names. With
     `persistent`, as views of the session catalog, which every session of
     the same Spark application sees (the Spark Connect endpoint's sessions:
-    `pipelines/runner.py`); otherwise as temporary views of `spark` alone."""
+    `pipelines/runner.py`); otherwise as temporary views of `spark` alone.
+    `properties`: what a caller that registers again keeps between
+    registrations, so that only new data files are read for property names."""
     kind = "VIEW" if persistent else "TEMP VIEW"
     # Which tables these views read: `taproot sql` checks it before it uses a running endpoint's views.
     served = sql_string(tables.absolute(data_dir))
@@ -135,15 +138,13 @@ def register_views(spark: "SparkSession", data_dir: str = "data", partitions: li
         spark.sql(f"CREATE OR REPLACE {kind} {name} AS {union}")
 
     # Properties as columns: one per property name; typed when all messages agree.
-    kinds = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM "
-                      "(SELECT property_types, explode(map_keys(properties)) AS k FROM taproot_puts) GROUP BY k"
-                      ).collect()
+    kinds = (properties or PropertyKinds()).read([p.puts for p in parts])
     base = {f.name for f in tables.PUTS_SCHEMA} | {"partition", "guid_hex", "delivered_time", "apps"}
     columns = []
-    for row in sorted(kinds, key=lambda r: r.k):
-        name = row.k if row.k not in base else f"property_{row.k}"
-        value = f"p.properties[{sql_string(row.k)}]"
-        types = set(row.types)
+    for key in sorted(kinds):
+        name = key if key not in base else f"property_{key}"
+        value = f"p.properties[{sql_string(key)}]"
+        types = kinds[key]
         if len(types) == 1 and next(iter(types)) in _SQL_TYPES:
             value = f"TRY_CAST({value} AS {_SQL_TYPES[next(iter(types))]})"
         elif types == {"binary"}:

@@ -327,3 +327,33 @@ def test_the_backlog_view_counts_as_a_join_of_each_table_with_the_deliveries_wou
     got = sorted(map(tuple, spark.sql(BACKLOG_SQL).collect()))
     assert got == expected
     assert {row[2] for row in got} == {"", "a", "b", "c"} and all(row[4] and row[5] for row in got)
+
+
+def test_the_property_columns_are_what_spark_finds_in_the_put_logs(spark, tmp_path):
+    """storage.property_kinds reads the PUT logs' files with pyarrow; Spark's
+    query over the same rows is the oracle. Rows whose types disagree with
+    their properties (missing, extra, another order, null) included."""
+    from storage import tables
+    from storage.property_kinds import PropertyKinds
+    from tests.test_property_kinds import puts
+
+    data = str(tmp_path / "data")
+    path = PartitionPaths(data, 0).puts
+    appender = deltars.Appender(path, tables.PUTS_SCHEMA, durable=False)
+    appender.append(puts(0, [[("region", "EU"), ("n", "1")], [("region", "US"), ("n", "2")]],
+                         [[("region", "string"), ("n", "int64")], [("n", "int64"), ("region", "string")]]))
+    appender.append(puts(2, [[("flag", "true"), ("blob", "AAE=")], [("odd", "x")], []],
+                         [[("flag", "bool"), ("blob", "binary"), ("extra", "int64")], [], [("odd", None)]]))
+    appender.append(puts(5, [[("mixed", "1")], [("mixed", "a")]], [[("mixed", "int64")], [("mixed", "string")]]))
+    kinds = PropertyKinds().read([path])
+    found = spark.sql("SELECT k, collect_set(property_types[k]) AS types FROM (SELECT property_types, "
+                      f"explode(map_keys(properties)) AS k FROM delta.`{path}`) GROUP BY k").collect()
+    assert kinds == {r.k: frozenset(r.types) for r in found}
+    assert set(kinds) == {"region", "n", "flag", "blob", "odd", "mixed"}
+
+    register_views(spark, data, [0])
+    columns = {f.name: f.dataType.simpleString() for f in spark.table("taproot_messages").schema.fields}
+    assert {k: columns[k] for k in kinds} == {"region": "string", "n": "bigint", "flag": "boolean", "blob": "binary",
+                                              "odd": "string", "mixed": "string"}
+    rows = spark.sql("SELECT seq, n, flag, blob FROM taproot_messages WHERE seq IN (1, 2) ORDER BY seq").collect()
+    assert [tuple(r) for r in rows] == [(1, 2, None, None), (2, None, True, b"\x00\x01")]
