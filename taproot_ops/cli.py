@@ -824,6 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spark-cluster", action="store_true",
                    help="the pipeline on a Spark standalone cluster (master and worker on loopback, every core) "
                         "instead of Spark in local mode")
+    p.add_argument("--no-pipeline", action="store_true",
+                   help="the embedded cluster without its Spark pipeline: the express lane alone delivers and no "
+                        "authority lag is measured (what the pipeline's JVM costs the node's and proxy's latency)")
     p.add_argument("--sql-every", type=float, default=0.0, metavar="S",
                    help="the embedded cluster: while the runs go, `taproot sql` queries taproot_backlog on the "
                         "pipeline's Spark Connect endpoint every S seconds (what sharing the pipeline's Spark costs)")

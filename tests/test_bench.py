@@ -125,6 +125,16 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
     assert "logs are in" not in run.stdout      # no pointer to logs that cannot exist
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("extra", [["--spark-cluster"], ["--sql-every", "5"]])
+def test_no_pipeline_with_an_option_that_needs_spark_is_a_clear_error(extra):
+    from taproot_ops import bench, cli
+
+    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", "--no-pipeline", *extra])
+    with pytest.raises(SystemExit, match="--no-pipeline runs no Spark"):
+        bench._run_taproot(scenarios_from(args), args, None)
+
+
 def test_payloads_carry_their_send_time():
     payload = payload_factory(1024)()
     assert len(payload) == 1024

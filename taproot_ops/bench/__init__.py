@@ -267,6 +267,9 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     if getattr(args, "object_store", False) and args.data_dir:
         raise SystemExit("error: --object-store puts the tables in a bucket of its own server; run it without "
                          "--data-dir")
+    with_pipeline = not getattr(args, "no_pipeline", False)
+    if not with_pipeline and (getattr(args, "spark_cluster", False) or getattr(args, "sql_every", 0.0)):
+        raise SystemExit("error: --no-pipeline runs no Spark: it takes neither --spark-cluster nor --sql-every")
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
@@ -275,7 +278,8 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     data_dir = f"s3://{OBJECT_STORE_BUCKET}/bench" if object_store else args.data_dir or str(work / "data")
     # The roles' logs (and TLS and token files): with the tables in the bucket, beside the bench's other files.
     state_dir = str(work / "state") if object_store else data_dir
-    security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth)) if on)
+    security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth),
+                                                  ("no pipeline", not with_pipeline)) if on)
     results: list[dict[str, Any]] = []
     engines = contextlib.ExitStack()
     try:
@@ -283,7 +287,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
         config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline)
         print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
               flush=True)
-        with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True,
+        with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True, with_pipeline=with_pipeline,
                              state_dir=state_dir) as cluster:
             # The load generator's processes find the CA and the token here
             # (`ClientTls.from_env`, `protocol.auth.token_from_env`).
@@ -296,7 +300,10 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
 
             with SqlLoad(cluster.connect_url, getattr(args, "sql_every", 0.0), cluster.connect_token) as sql:
                 results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
-                                     lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), cluster)
+                                     lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()),
+                                     cluster if with_pipeline else None)
+            for r in results:
+                r["pipeline"] = with_pipeline
             if sql.times_s:
                 for r in results:
                     r["sql_load"] = sql.summary()
