@@ -49,7 +49,8 @@ def batch_kinds(properties: pa.Array | pa.ChunkedArray, property_types: pa.Array
         paired = pa.table({"row": rows, "key": keys}).join(
             pa.table({"row": type_rows, "key": type_keys, "type": types}), ["row", "key"], join_type="left outer")
         keys, types = paired["key"], paired["type"]
-    # Each distinct (name, type) once; a name holds no NUL after which a type follows.
+    # Each distinct (name, type) pair once, joined by a NUL; split at the
+    # last one, since a type name holds none (a property name may).
     for pair in pc.unique(pc.binary_join_element_wise(keys, types, "\x00")).to_pylist():
         if pair is not None:
             key, kind = pair.rsplit("\x00", 1)

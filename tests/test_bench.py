@@ -126,12 +126,14 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("extra", [["--spark-cluster"], ["--sql-every", "5"]])
-def test_no_pipeline_with_an_option_that_needs_spark_is_a_clear_error(extra):
+@pytest.mark.parametrize("extra, says", [(["--no-pipeline", "--spark-cluster"], "--no-pipeline runs no Spark"),
+                                         (["--no-pipeline", "--sql-every", "5"], "--no-pipeline runs no Spark"),
+                                         (["--config", "conf/cluster.toml"], "--config is read with --replay")])
+def test_options_the_embedded_cluster_cannot_follow_are_a_clear_error(extra, says):
     from taproot_ops import bench, cli
 
-    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", "--no-pipeline", *extra])
-    with pytest.raises(SystemExit, match="--no-pipeline runs no Spark"):
+    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", *extra])
+    with pytest.raises(SystemExit, match=says):
         bench._run_taproot(scenarios_from(args), args, None)
 
 

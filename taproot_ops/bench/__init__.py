@@ -256,6 +256,10 @@ def _compare_main(args: argparse.Namespace) -> int:
 
 
 def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: Path | None) -> list[dict[str, Any]]:
+    if getattr(args, "config", None) and not args.hosts:
+        raise SystemExit("error: --config is read with --replay, or with --hosts; an embedded cluster runs the "
+                         "shipped cluster.toml with the scenarios' domains (its [pipeline] follows "
+                         "--spark-cluster and --no-pipeline)")
     federated = [s for s in scenarios if s.federated]
     if federated:
         if args.hosts:
