@@ -39,13 +39,16 @@ from primary.compaction import Compactor
 from storage import deltars, tables
 
 
-def _batch(rows: int, first_seq: int, size: int) -> pa.Table:
+def put_batch(rows: int, first_seq: int, size: int, properties: list[list[tuple[str, str]]] | None = None,
+              property_types: list[list[tuple[str, str]]] | None = None) -> pa.Table:
+    """PUT-log rows as the primary commits them: `size`-byte payloads, the
+    given properties and their types per row (none by default)."""
     now = datetime.now(timezone.utc)
     return pa.table({
         "domain": ["bench"] * rows, "queue": ["q"] * rows, "guid": [os.urandom(16) for _ in range(rows)],
         "seq": list(range(first_seq, first_seq + rows)), "payload": [b"x" * size] * rows,
-        "properties": pa.array([[]] * rows, tables.PROPERTY_MAP),
-        "property_types": pa.array([[]] * rows, tables.PROPERTY_MAP),
+        "properties": pa.array(properties or [[]] * rows, tables.PROPERTY_MAP),
+        "property_types": pa.array(property_types or [[]] * rows, tables.PROPERTY_MAP),
         "producer_time": pa.array([now] * rows, tables.TIMESTAMP), "put_time": pa.array([now] * rows, tables.TIMESTAMP),
         "epoch": [1] * rows, "compression": pa.nulls(rows, pa.string())}, schema=tables.PUTS_SCHEMA)
 
@@ -96,7 +99,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
     settles: list[float] = []
     try:
         for i in range(1, args.commits + 1):
-            batch = _batch(args.rows, (i - 1) * args.rows, args.size)
+            batch = put_batch(args.rows, (i - 1) * args.rows, args.size)
             started = time.perf_counter()
             appender.append(batch, settle=args.settle)
             single.append((time.perf_counter() - started) * 1000)

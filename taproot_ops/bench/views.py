@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-import uuid
-
-import pyarrow as pa
 
 from storage import deltars, tables
+from taproot_ops.bench.commits import put_batch
 
 
 def write_log(path: str, rows: int, files: int) -> None:
@@ -33,15 +31,7 @@ def write_log(path: str, rows: int, files: int) -> None:
         if commit == files - 1:
             properties[0] = properties[0] + [("late", "x")]
             types = [types[0] + [("late", "string")]] + types[1:]
-        start = commit * per
-        appender.append(pa.table({
-            "domain": ["bench"] * per, "queue": ["views"] * per, "guid": [uuid.uuid4().bytes for _ in range(per)],
-            "seq": list(range(start, start + per)), "payload": [b"x" * 1024] * per,
-            "properties": pa.array(properties, tables.PROPERTY_MAP),
-            "property_types": pa.array(types, tables.PROPERTY_MAP),
-            "producer_time": pa.nulls(per, tables.TIMESTAMP),
-            "put_time": pa.array([1_700_000_000_000_000] * per, tables.TIMESTAMP),
-            "epoch": [1] * per, "compression": pa.nulls(per, pa.string())}, schema=tables.PUTS_SCHEMA))
+        appender.append(put_batch(per, commit * per, 1024, properties, types))
 
 
 def main(argv: list[str] | None = None) -> int:
