@@ -126,13 +126,19 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("extra, says", [(["--no-pipeline", "--spark-cluster"], "--no-pipeline runs no Spark"),
-                                         (["--no-pipeline", "--sql-every", "5"], "--no-pipeline runs no Spark"),
-                                         (["--config", "conf/cluster.toml"], "--config is read with --replay")])
-def test_options_the_embedded_cluster_cannot_follow_are_a_clear_error(extra, says):
+@pytest.mark.parametrize("scenario, extra, says", [
+    ("priority-1q", ["--no-pipeline", "--spark-cluster"], "--no-pipeline runs no Spark"),
+    ("priority-1q", ["--no-pipeline", "--sql-every", "5"], "--no-pipeline runs no Spark"),
+    ("priority-1q", ["--config", "conf/cluster.toml"], "--config is read with --replay"),
+    ("priority-1q", ["--hosts", "127.0.0.1:1", "--no-pipeline"], "--no-pipeline shapes the embedded cluster"),
+    ("priority-1q", ["--hosts", "127.0.0.1:1", "--tls", "--spark-cluster", "--data-dir", "d"],
+     "--tls, --spark-cluster, --data-dir shape the embedded cluster"),
+    ("federation-push", ["--no-pipeline"], "federation scenarios .* take no --no-pipeline"),
+    ("federation-push", ["--object-store", "--sql-every", "5"], "take no --object-store, --sql-every")])
+def test_options_the_embedded_cluster_cannot_follow_are_a_clear_error(scenario, extra, says):
     from taproot_ops import bench, cli
 
-    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", *extra])
+    args = cli.build_parser().parse_args(["bench", "--scenario", scenario, *extra])
     with pytest.raises(SystemExit, match=says):
         bench._run_taproot(scenarios_from(args), args, None)
 

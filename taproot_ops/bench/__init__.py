@@ -255,7 +255,30 @@ def _compare_main(args: argparse.Namespace) -> int:
     return run_comparison(args, lambda scenarios: _run_taproot(scenarios, args, out_dir), out_dir)
 
 
+# The flags that shape the embedded cluster `taproot bench` starts: a running
+# cluster (--hosts) has its own configuration, and the federation scenarios'
+# two clusters run as shipped.
+EMBEDDED_ONLY = (("tls", "--tls"), ("auth", "--auth"), ("object_store", "--object-store"),
+                 ("spark_cluster", "--spark-cluster"), ("no_pipeline", "--no-pipeline"),
+                 ("sql_every", "--sql-every"))
+
+
+def _given(args: argparse.Namespace, flags: tuple[tuple[str, str], ...]) -> list[str]:
+    return [flag for attr, flag in flags if getattr(args, attr, None)]
+
+
 def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: Path | None) -> list[dict[str, Any]]:
+    if args.hosts:
+        ignored = _given(args, EMBEDDED_ONLY + (("data_dir", "--data-dir"),))
+        if ignored:
+            verb = "shapes" if len(ignored) == 1 else "shape"
+            raise SystemExit(f"error: {', '.join(ignored)} {verb} the embedded cluster; --hosts benchmarks a "
+                             "running one, as its own configuration has it (drop one or the other)")
+    if any(s.federated for s in scenarios):
+        ignored = _given(args, EMBEDDED_ONLY[2:])
+        if ignored:
+            raise SystemExit(f"error: the federation scenarios start their two clusters as shipped; they take "
+                             f"no {', '.join(ignored)}")
     if getattr(args, "config", None) and not args.hosts:
         raise SystemExit("error: --config is read with --replay, or with --hosts; an embedded cluster runs the "
                          "shipped cluster.toml with the scenarios' domains (its [pipeline] follows "
