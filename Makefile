@@ -53,6 +53,7 @@ test: setup $(BROWSER_STAMP)
 		--usually 40 -- $(BIN)/python -m taproot_ops.jvm_archive
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
+	@echo "pytest on two workers: the modules that start no JVM beside the rest (tests/conftest.py, BESIDE)"
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
 
 # The unit tier on both cores (pytest-xdist): 33 s in one process on this machine, 21 s in two.
