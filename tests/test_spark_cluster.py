@@ -121,7 +121,8 @@ def test_spark_submit_decides_the_master(spark_cluster, tree):
     cli = Path(__file__).resolve().parents[1] / "taproot_ops" / "cli.py"
     # The driver as the suite's other JVMs (tests/conftest.py): C1 only and the
     # class-data archive (33 -> 13 s of CPU for a driver's start and one query here).
-    driver_options = ["--driver-java-options", spark_factory.jvm_options()] if spark_factory.jvm_options() else []
+    jvm = spark_factory.jvm_options()
+    driver_options = ["--driver-java-options", jvm] if jvm else []
     out = subprocess.run([str(spark_home() / "bin" / "spark-submit"), "--master", spark_cluster.master_url,
                           *driver_options, "--packages", spark_factory.DELTA_PACKAGE,
                           "--conf", f"spark.jars.ivy={spark_factory.cache_dir() / 'ivy'}",

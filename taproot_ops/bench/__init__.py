@@ -257,10 +257,10 @@ def _compare_main(args: argparse.Namespace) -> int:
 
 # The flags that shape the embedded cluster `taproot bench` starts: a running
 # cluster (--hosts) has its own configuration, and the federation scenarios'
-# two clusters run as shipped.
-EMBEDDED_ONLY = (("tls", "--tls"), ("auth", "--auth"), ("object_store", "--object-store"),
-                 ("spark_cluster", "--spark-cluster"), ("no_pipeline", "--no-pipeline"),
-                 ("sql_every", "--sql-every"))
+# two clusters run as shipped (`_run_federated` refuses --tls and --auth, and says why).
+TREE_FLAGS = (("object_store", "--object-store"), ("spark_cluster", "--spark-cluster"),
+              ("no_pipeline", "--no-pipeline"), ("sql_every", "--sql-every"))
+EMBEDDED_ONLY = (("tls", "--tls"), ("auth", "--auth")) + TREE_FLAGS
 
 
 def _given(args: argparse.Namespace, flags: tuple[tuple[str, str], ...]) -> list[str]:
@@ -275,7 +275,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             raise SystemExit(f"error: {', '.join(ignored)} {verb} the embedded cluster; --hosts benchmarks a "
                              "running one, as its own configuration has it (drop one or the other)")
     if any(s.federated for s in scenarios):
-        ignored = _given(args, EMBEDDED_ONLY[2:])
+        ignored = _given(args, TREE_FLAGS)
         if ignored:
             raise SystemExit(f"error: the federation scenarios start their two clusters as shipped; they take "
                              f"no {', '.join(ignored)}")
