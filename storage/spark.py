@@ -34,11 +34,20 @@ DELTA_CONNECTOR_MODE = "spark.databricks.delta.v2.enableMode"
 # suite sets `-XX:TieredStopAtLevel=1` (C1 only): its JVMs live seconds to
 # minutes, and C2's compilations were about 40 % of their CPU (docs/benchmarks.md).
 JVM_OPTIONS_ENV = "TAPROOT_JVM_OPTIONS"
+# Netty 4.2 (Spark's RPC and Spark Connect's gRPC server) emits JFR events
+# from its buffer allocators; the first one sets up JFR's metadata in the
+# thread that happens to reallocate a buffer. Once, in the test suite's CI
+# run (2026-11-29), that set-up failed in the pipeline's Connect endpoint:
+# "Could not initialize class io.netty.buffer.ReallocateBufferEvent" from then
+# on, every answer with large headers (an error's) broke the HTTP/2 stream, and
+# a pyspark client retried it for minutes. Taproot records no JFR: off.
+NETTY_JFR_OFF = "-Dio.netty.jfr.enabled=false"
 
 
 def jvm_options() -> str:
-    """$TAPROOT_JVM_OPTIONS, or "" (the JVM's defaults)."""
-    return os.environ.get(JVM_OPTIONS_ENV, "").strip()
+    """Options for every Spark JVM Taproot starts: `NETTY_JFR_OFF`, then
+    $TAPROOT_JVM_OPTIONS (which may set it back)."""
+    return f"{NETTY_JFR_OFF} {os.environ.get(JVM_OPTIONS_ENV, '')}".strip()
 
 
 def cache_dir() -> Path:
@@ -154,7 +163,7 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
         .config("spark.databricks.delta.vacuum.fileListing.parallelism", str(max(2, shuffle_partitions)))
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, shuffle_partitions)))
     )
-    if jvm:   # only then: a spark-submit --conf of the executors' options stays in force otherwise
+    if os.environ.get(JVM_OPTIONS_ENV) or not submitted():   # a spark-submit --conf of them stays in force
         builder = builder.config("spark.executor.extraJavaOptions", jvm)
     jars = _cached_jars(object_store)
     if jars:
@@ -169,6 +178,9 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     return spark
 
 
+CONNECT_RETRIES, CONNECT_MAX_BACKOFF_MS = 6, 5000   # 50 ms, x4 each time, at most 5 s: about 15 s in all
+
+
 @contextlib.contextmanager
 def remote_session(url: str) -> Iterator["SparkSession"]:
     """A Spark Connect session on `url` (sc://host:port: the pipeline's
@@ -177,8 +189,13 @@ def remote_session(url: str) -> Iterator["SparkSession"]:
     (SPARK_CONNECT_MODE_ENABLED) when a remote session starts, and would
     refuse a local one while the mark stays."""
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
 
     remote = SparkSession.builder.remote(url).getOrCreate()
+    # PySpark retries an endpoint that answers UNAVAILABLE 15 times, backing
+    # off to a minute: about 7 minutes before a caller hears of it. A pipeline
+    # that restarts is back within seconds; one that stays broken is an error.
+    remote.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=CONNECT_MAX_BACKOFF_MS)])
     try:
         yield remote
     finally:

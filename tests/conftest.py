@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -53,6 +54,54 @@ def pytest_runtest_protocol(item, nextitem):
     cpu, own, wall = _busy_cpu_s(), time.process_time(), time.monotonic()
     yield
     _CPU_SPENT[item.nodeid] = (_busy_cpu_s() - cpu, time.process_time() - own, time.monotonic() - wall)
+
+
+_LOG_OFFSETS = pytest.StashKey[dict]()
+_WORTH_SHOWING = re.compile(r"ERROR|Error|Exception|Caused by|Traceback|Could not|FATAL|refused|GOAWAY")
+
+
+def _role_logs(item) -> dict[str, Path]:
+    """The log files of the embedded clusters a test uses (its fixtures' values)."""
+    logs = {}
+    for value in getattr(item, "funcargs", {}).values():
+        for name, process in (getattr(value, "processes", None) or {}).items():
+            if isinstance(getattr(process, "log_file", None), Path):
+                logs[name] = process.log_file
+    return logs
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    offsets = {}
+    for name, path in _role_logs(item).items():
+        with contextlib.suppress(OSError):
+            offsets[name] = path.stat().st_size
+    item.stash[_LOG_OFFSETS] = offsets
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a cluster (a shared one runs for the whole
+    session) reports what its roles logged of errors while it ran: CI keeps
+    only pytest's output."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.failed:
+        return
+    for name, start in item.stash.get(_LOG_OFFSETS, {}).items():
+        path = _role_logs(item).get(name)
+        try:
+            with open(path, "rb") as log:
+                log.seek(start)
+                written = log.read().decode(errors="replace").splitlines()
+        except (OSError, TypeError):
+            continue
+        worth = [line for line in written if _WORTH_SHOWING.search(line)]
+        if worth:
+            shown = worth[:40] + ([f"... and {len(worth) - 40} more such lines"] if len(worth) > 40 else [])
+            report.sections.append((f"{name}'s log while the test ran ({path}): its error lines",
+                                    "\n".join(line[:400] for line in shown)))
 
 
 def pytest_terminal_summary(terminalreporter, config):

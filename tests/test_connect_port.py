@@ -75,3 +75,46 @@ def test_a_port_in_use_leaves_the_endpoint_off_and_says_so(caplog):
         with caplog.at_level(logging.ERROR):
             assert connect_endpoint(_config(busy)) == ({}, None)
     assert f"127.0.0.1:{busy} cannot be bound" in caplog.text and "runs without it" in caplog.text
+
+
+@pytest.mark.timeout(60)   # without the bound, PySpark would still be retrying
+def test_a_remote_session_gives_up_on_an_endpoint_that_stays_unavailable(monkeypatch):
+    """`storage.spark.remote_session` bounds PySpark's retries (its default is
+    15 of them, about 7 minutes): an endpoint that answers every call with
+    UNAVAILABLE (as a broken HTTP/2 stream reads to the client) is an error
+    soon, not a hang. Fewer retries here, so the test takes a second."""
+    import time
+    from concurrent import futures
+
+    import grpc
+
+    from storage import spark as spark_factory
+
+    calls = []
+
+    class Unavailable(grpc.GenericRpcHandler):
+        def service(self, handler_call_details):
+            calls.append(handler_call_details.method)
+
+            def refuse(request, context):
+                context.abort(grpc.StatusCode.UNAVAILABLE, "GOAWAY: failed encoding headers block")
+
+            return grpc.unary_unary_rpc_method_handler(refuse) if "Execute" not in handler_call_details.method \
+                else grpc.unary_stream_rpc_method_handler(refuse)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[Unavailable()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setattr(spark_factory, "CONNECT_RETRIES", 3)
+    monkeypatch.setattr(spark_factory, "CONNECT_MAX_BACKOFF_MS", 300)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            with spark_factory.remote_session(f"sc://127.0.0.1:{port}") as remote:
+                remote.sql("SELECT 1").collect()
+        took = time.monotonic() - started
+    finally:
+        server.stop(0)
+    assert "UNAVAILABLE" in str(raised.value) or "unavailable" in str(raised.value).lower(), raised.value
+    assert took < 30, took   # PySpark's own policy would still be retrying (50 ms, x4, up to 60 s, 15 times)
+    assert 2 <= len(calls) <= 3 * 4 + 4, calls   # some retries, bounded by ours
