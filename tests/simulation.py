@@ -32,7 +32,7 @@ import heapq
 import itertools
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from typing import Callable
 
 from conf import parse_domain
 from primary import admission
@@ -51,13 +51,6 @@ URI = "taproot://sim/q"
 def uri_of(queue_id: int) -> str:
     """Queue 1 is `URI`; with several queues per client, 2, 3, ... follow it."""
     return URI if queue_id == 1 else f"{URI}{queue_id}"
-
-
-@dataclass(order=True)
-class _Event:
-    at: int
-    order: int
-    action: object = field(compare=False)
 
 
 class Link:
@@ -122,6 +115,7 @@ class Client(Endpoint):
         self.link: Link | None = None
         self.acks: dict[bytes, int] = {}       # GUID -> answers with SUCCESS the application saw
         self.failed: dict[bytes, int] = {}     # GUID -> answers with a failure
+        self.answered = 0                       # answers of either kind, counted as they come
         self.delivered: list[bytes] = []
         self.delivered_to: dict[bytes, int] = {}   # GUID -> the queue it was pushed on
 
@@ -140,6 +134,7 @@ class Client(Endpoint):
                                  self.sim.now)
         if refused is not None:
             self.failed[guid] = self.failed.get(guid, 0) + 1
+            self.answered += 1
         self._carry_out()
 
     def _carry_out(self) -> None:
@@ -155,6 +150,7 @@ class Client(Endpoint):
         for token, result in effects.answered:
             bucket = self.failed if isinstance(result, Exception) else self.acks
             bucket[token] = bucket.get(token, 0) + 1
+            self.answered += 1
         for token, response in effects.responses:
             if isinstance(token, tuple) and token[0] == "open" and not isinstance(response, Exception) \
                     and response.status.code == ResultCode.SUCCESS:
@@ -428,7 +424,7 @@ class Simulation:
         self.now = 0
         self.link_ids = itertools.count(1)
         self.log: list[str] = []
-        self._events: list[_Event] = []
+        self._events: list[tuple[int, int, Callable[[], None]]] = []   # (at, order, action): a heap
         self._order = itertools.count()
         limits = limits or RetransmissionLimits(timeout_ms=10**9)
         self.primary = Primary(self, refuse_rows)
@@ -445,7 +441,7 @@ class Simulation:
         self.posted: list[bytes] = []
 
     def schedule(self, delay: int, action) -> None:
-        heapq.heappush(self._events, _Event(self.now + delay, next(self._order), action))
+        heapq.heappush(self._events, (self.now + delay, next(self._order), action))
 
     def _links(self) -> list[Link]:
         links = [self.producer.link, self.consumer.link, self.proxy.up, self.replica.up]
@@ -475,9 +471,8 @@ class Simulation:
         self.schedule(0, self._tick)
         self.horizon_ms = horizon_ms
         while self._events and self.now < horizon_ms:
-            event = heapq.heappop(self._events)
-            self.now = event.at
-            event.action()
+            self.now, _, action = heapq.heappop(self._events)
+            action()
             self.check_always()
 
     def _tick(self) -> None:
@@ -496,7 +491,7 @@ class Simulation:
 
     def check_always(self) -> None:
         """Invariants after every step (the ACK checks only when ACKs changed)."""
-        answered = sum(self.producer.acks.values()) + sum(self.producer.failed.values())
+        answered = self.producer.answered
         if answered == getattr(self, "_answered", -1):
             return
         self._answered = answered

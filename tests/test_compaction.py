@@ -304,8 +304,8 @@ def test_checkpoints_drop_the_tombstones_of_compacted_files_once_their_retention
         appender.append(rows(1000 + appender.table.version(), 1))
     assert checkpoint_removes(path) == 12       # still within the retention
 
-    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
-    time.sleep(1.5)
+    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 300 milliseconds"})
+    time.sleep(0.5)
     appender.append(rows(2000, 1))
     while appender.table.version() % 10 != 9:
         appender.append(rows(2000 + appender.table.version(), 1))
@@ -321,11 +321,11 @@ def test_maintenance_vacuum_deletes_compacted_files_whose_tombstones_expired_and
 
     path = str(tmp_path / "puts")
     appender = deltars.Appender(path, tables.PUTS_SCHEMA)
-    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+    appender.table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 300 milliseconds"})
     for i in range(12):
         appender.append(rows(i * 4, 4))
     assert Compactor(path, every_commits=1, name="test").compact_now()["numFilesRemoved"] == 12
-    time.sleep(1.5)
+    time.sleep(0.5)
     for i in range(12, 24):              # past a checkpoint: it drops the expired tombstones
         appender.append(rows(i * 4, 4))
     live = {os.path.basename(u) for u in deltars.try_open(path).file_uris()}

@@ -106,7 +106,7 @@ def test_a_remote_session_gives_up_on_an_endpoint_that_stays_unavailable(monkeyp
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     monkeypatch.setattr(spark_factory, "CONNECT_RETRIES", 3)
-    monkeypatch.setattr(spark_factory, "CONNECT_MAX_BACKOFF_MS", 300)
+    monkeypatch.setattr(spark_factory, "CONNECT_MAX_BACKOFF_MS", 50)
     try:
         started = time.monotonic()
         with pytest.raises(Exception) as raised:

@@ -431,7 +431,7 @@ def test_a_session_waiting_for_a_host_ends_when_stopped():
 
     thread = threading.Thread(target=start)
     thread.start()
-    thread.join(1.5)
+    thread.join(0.5)   # ten reconnect intervals
     assert thread.is_alive(), "start() gave up although told to wait"
     session.stop(timeout_s=1)
     thread.join(5)
