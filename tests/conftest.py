@@ -171,10 +171,20 @@ def pytest_xdist_make_scheduler(config, log):
     return TwoGroups(config, log)
 
 
+SESSION_FIXTURES = {"cluster", "spark", "object_store"}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("integration", "spark")):
             item.add_marker(pytest.mark.unit)
+        if _module(item.nodeid) in BESIDE:   # what would break running beside the JVMs' worker
+            shared = SESSION_FIXTURES & set(getattr(item, "fixturenames", ()))
+            if shared or item.get_closest_marker("spark"):
+                raise pytest.UsageError(
+                    f"{item.nodeid} is in BESIDE (tests/conftest.py) but "
+                    f"{'uses ' + ', '.join(sorted(shared)) if shared else 'is marked spark'}: "
+                    "take its module out of BESIDE")
     rank = {name: i for i, name in enumerate(BESIDE)}
     # Stable: the other modules keep their order; BESIDE's follow, heaviest first.
     items.sort(key=lambda item: rank.get(_module(item.nodeid), -1))
