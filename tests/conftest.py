@@ -64,7 +64,10 @@ def _role_logs(item) -> dict[str, Path]:
     """The log files of the embedded clusters a test uses (its fixtures' values)."""
     logs = {}
     for value in getattr(item, "funcargs", {}).values():
-        for name, process in (getattr(value, "processes", None) or {}).items():
+        processes = getattr(value, "processes", None)
+        if not isinstance(processes, dict):   # not an embedded cluster (a standalone Spark's is a list)
+            continue
+        for name, process in processes.items():
             if isinstance(getattr(process, "log_file", None), Path):
                 logs[name] = process.log_file
     return logs
