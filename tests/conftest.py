@@ -137,22 +137,26 @@ def pytest_configure(config):
 
 
 # `make test` runs the suite on two workers (`-n 2 --dist loadgroup`, with
-# the scheduler below): these modules on one, every other module on the
-# other, each in the order collected. They start no JVM, share no session
-# fixture (the shared cluster, the test Spark, the object store) and bind no
-# shipped port, so they use what the other worker leaves of the cores (1.44
-# of 2 in a serial run): about 230 s of a serial run's 1,300, at about 150 s
-# of CPU. The JVMs' tests, the failover bounds and the shipped ports stay on
-# one worker, serially, as before. Heaviest first: what runs beside the other
-# worker's first minutes (the shared cluster's start) takes the CPU, what
-# runs later is light. A module missing here runs with the JVMs' (safe).
-BESIDE = ("test_federation", "test_express_partition", "test_node_parking", "test_disk_full", "test_compaction",
+# the scheduler below): BESIDE's modules on one, every other module on the
+# other, each in the order below. BESIDE's modules share no session fixture
+# (the shared cluster, the test Spark, the object store), bind no shipped port
+# and time nothing against a bound; the JVMs' shared fixtures and the shipped
+# ports stay on the other worker, serially. Heaviest first: the two at the
+# front start JVMs of their own (a cold pipeline for each start-up order; a
+# standalone Spark cluster), about 190 s of the JVM worker's 17 minutes
+# before; the rest start no JVM (about 230 s of a serial run, at 150 s of
+# CPU). BESIDE's worker is done within minutes; the modules that time
+# failovers against bounds (LAST) run at the end of the other worker, so no
+# JVM starts beside them. A module missing from both runs with the JVMs'.
+BESIDE = ("test_start_order", "test_spark_cluster",
+          "test_federation", "test_express_partition", "test_node_parking", "test_disk_full", "test_compaction",
           "test_simulation", "test_tls", "test_auth", "test_fuzz_frames", "test_leases", "test_imports",
           "test_liveness", "test_fuzz_config", "test_express", "test_columns", "test_dispatcher",
           "test_session_core", "test_mirror", "test_spanning_frames", "test_stream", "test_seqs", "test_relay",
           "test_retransmit_deferral", "test_links", "test_durability", "test_property_kinds", "test_put_future",
           "test_quota_and_domains", "test_admission", "test_forwarding", "test_gc_tuning", "test_console",
           "test_cores", "test_bench_peers", "test_connect_port", "test_sparkconnect")
+LAST = ("test_faults", "test_hosts")
 
 
 def _module(nodeid: str) -> str:
@@ -183,14 +187,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
         if _module(item.nodeid) in BESIDE:   # what would break running beside the JVMs' worker
             shared = SESSION_FIXTURES & set(getattr(item, "fixturenames", ()))
-            if shared or item.get_closest_marker("spark"):
-                raise pytest.UsageError(
-                    f"{item.nodeid} is in BESIDE (tests/conftest.py) but "
-                    f"{'uses ' + ', '.join(sorted(shared)) if shared else 'is marked spark'}: "
-                    "take its module out of BESIDE")
-    rank = {name: i for i, name in enumerate(BESIDE)}
-    # Stable: the other modules keep their order; BESIDE's follow, heaviest first.
-    items.sort(key=lambda item: rank.get(_module(item.nodeid), -1))
+            if shared:
+                raise pytest.UsageError(f"{item.nodeid} is in BESIDE (tests/conftest.py) but uses "
+                                        f"{', '.join(sorted(shared))}: take its module out of BESIDE")
+    rank = {name: i for i, name in enumerate(BESIDE)} | {name: i - len(LAST) for i, name in enumerate(LAST)}
+    # Stable: the other modules keep their order, then LAST's, then BESIDE's.
+    items.sort(key=lambda item: rank.get(_module(item.nodeid), -len(LAST) - 1))
 
 
 @pytest.fixture(scope="session")
