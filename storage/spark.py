@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -178,7 +179,11 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
     return spark
 
 
-CONNECT_RETRIES, CONNECT_MAX_BACKOFF_MS = 6, 5000   # 50 ms, x4 each time, at most 5 s: about 15 s in all
+# A call is retried 4 times, 50 ms x 4 each time up to 2 s between: about
+# 3 s. A `taproot replay --remote` on an endpoint that stays UNAVAILABLE
+# says so after about 20 s in all (a query is two calls; closing waits up to
+# 10 s for PySpark's releases of what it ran).
+CONNECT_RETRIES, CONNECT_MAX_BACKOFF_MS = 4, 2000
 
 
 @contextlib.contextmanager
@@ -191,16 +196,33 @@ def remote_session(url: str) -> Iterator["SparkSession"]:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    # The caller says what failed (`unavailable`); PySpark's own warning would only add a line.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
     remote = SparkSession.builder.remote(url).getOrCreate()
     # PySpark retries an endpoint that answers UNAVAILABLE 15 times, backing
-    # off to a minute: about 7 minutes before a caller hears of it. A pipeline
-    # that restarts is back within seconds; one that stays broken is an error.
+    # off to a minute: about 7 minutes before a caller hears of it. A blip
+    # passes in a moment; an endpoint that stays broken is an error.
     remote.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=CONNECT_MAX_BACKOFF_MS)])
     try:
         yield remote
     finally:
-        remote.stop()
+        # Releasing the session is tried once: a broken endpoint has had its retries.
+        remote.client.set_retry_policies([DefaultPolicy(max_retries=0)])
+        with contextlib.suppress(Exception):
+            remote.stop()
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """What a Spark Connect endpoint that cannot serve said, as
+    "UNAVAILABLE: <details>", when `exc` is PySpark's error for that (its
+    text is gRPC's description of the call); None for any other error."""
+    text = str(exc)
+    code = re.search(r"StatusCode\.(UNAVAILABLE|DEADLINE_EXCEEDED)", text)
+    if code is None:
+        return None
+    details = re.search(r'details = "(.*)"', text)
+    return f"{code.group(1)}: {details.group(1) if details else 'no details'}"
 
 
 FETCH_ATTEMPTS = 3

@@ -399,12 +399,20 @@ def _endpoint(args: argparse.Namespace, config: conf.ClusterConfig, thin: bool =
         logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # callers print the error
         session = remote_session(conf.with_connect_token(url, token))
     with session as remote:
-        served = _served_data_dir(remote)
-        if args.remote or served == absolute(config.data_dir):
-            yield remote
-            return
-        print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
-              f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
+        try:
+            served = _served_data_dir(remote)
+        except EndpointUnavailable as exc:
+            if args.remote:
+                raise EndpointUnavailable(f"the Spark Connect endpoint at {url} does not answer queries: {exc}") \
+                    from None
+            print(f"the Spark Connect endpoint at {url} does not answer queries ({exc}): "
+                  "starting a Spark of its own instead", file=sys.stderr)
+        else:
+            if args.remote or served == absolute(config.data_dir):
+                yield remote
+                return
+            print(f"the Spark Connect endpoint at {url} serves {served or 'no Taproot views yet'}, not "
+                  f"{absolute(config.data_dir)}: starting a Spark of its own instead", file=sys.stderr)
     yield None
 
 
@@ -423,6 +431,11 @@ class EndpointRefused(Exception):
     """The endpoint refused this client (UNAUTHENTICATED: no token, or a wrong one)."""
 
 
+class EndpointUnavailable(Exception):
+    """The endpoint accepts connections but answers no query (UNAVAILABLE
+    after the bounded retries of `storage.spark.remote_session`)."""
+
+
 def _served_data_dir(spark: Any) -> str | None:
     """The data directory whose tables an endpoint's views read (None: it has
     no Taproot views yet); EndpointRefused when it wants a token this client
@@ -431,6 +444,9 @@ def _served_data_dir(spark: Any) -> str | None:
         answer = spark.sql("SELECT data_dir FROM taproot__cluster")
         return str(answer.first()[0] if hasattr(answer, "first") else answer.column(0)[0].as_py())
     except Exception as exc:  # not registered yet, or not a Taproot endpoint
+        from storage.spark import unavailable
+        if said := unavailable(exc):
+            raise EndpointUnavailable(said) from None
         if "authentication token" in str(exc):   # Spark's words: "No authentication token provided", "Invalid ..."
             said = "no token was presented" if "No authentication" in str(exc) else "the token presented is wrong"
             raise EndpointRefused(
@@ -569,7 +585,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except Exception as exc:  # a bad --where, a version that does not exist: Spark says which
-            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            from storage.spark import unavailable
+            print(f"error: {unavailable(exc) or str(exc).splitlines()[0]}", file=sys.stderr)
             return 2
         print(result.summary())
         return 1 if result.failed else 0
@@ -863,6 +880,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except EndpointRefused as exc:
         print(f"error: UNAUTHENTICATED: {exc}", file=sys.stderr)
+        return 2
+    except EndpointUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -77,20 +77,18 @@ def test_a_port_in_use_leaves_the_endpoint_off_and_says_so(caplog):
     assert f"127.0.0.1:{busy} cannot be bound" in caplog.text and "runs without it" in caplog.text
 
 
-@pytest.mark.timeout(60)   # without the bound, PySpark would still be retrying
-def test_a_remote_session_gives_up_on_an_endpoint_that_stays_unavailable(monkeypatch):
-    """`storage.spark.remote_session` bounds PySpark's retries (its default is
-    15 of them, about 7 minutes): an endpoint that answers every call with
-    UNAVAILABLE (as a broken HTTP/2 stream reads to the client) is an error
-    soon, not a hang. Fewer retries here, so the test takes a second."""
-    import time
+@pytest.fixture
+def unavailable_endpoint(monkeypatch):
+    """A gRPC server that answers every call UNAVAILABLE (as a broken HTTP/2
+    stream reads to a client), and `storage.spark`'s retries made short, so
+    a test takes a second: (its sc:// URL, the calls it got)."""
     from concurrent import futures
 
     import grpc
 
     from storage import spark as spark_factory
 
-    calls = []
+    calls: list[str] = []
 
     class Unavailable(grpc.GenericRpcHandler):
         def service(self, handler_call_details):
@@ -99,22 +97,47 @@ def test_a_remote_session_gives_up_on_an_endpoint_that_stays_unavailable(monkeyp
             def refuse(request, context):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "GOAWAY: failed encoding headers block")
 
-            return grpc.unary_unary_rpc_method_handler(refuse) if "Execute" not in handler_call_details.method \
-                else grpc.unary_stream_rpc_method_handler(refuse)
+            streams = any(m in handler_call_details.method for m in ("Execute", "Reattach"))
+            return grpc.unary_stream_rpc_method_handler(refuse) if streams \
+                else grpc.unary_unary_rpc_method_handler(refuse)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[Unavailable()])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     monkeypatch.setattr(spark_factory, "CONNECT_RETRIES", 3)
     monkeypatch.setattr(spark_factory, "CONNECT_MAX_BACKOFF_MS", 50)
-    try:
-        started = time.monotonic()
-        with pytest.raises(Exception) as raised:
-            with spark_factory.remote_session(f"sc://127.0.0.1:{port}") as remote:
-                remote.sql("SELECT 1").collect()
-        took = time.monotonic() - started
-    finally:
-        server.stop(0)
-    assert "UNAVAILABLE" in str(raised.value) or "unavailable" in str(raised.value).lower(), raised.value
+    yield f"sc://127.0.0.1:{port}", calls
+    server.stop(0)
+
+
+@pytest.mark.timeout(60)   # without the bound, PySpark would still be retrying
+def test_a_remote_session_gives_up_on_an_endpoint_that_stays_unavailable(unavailable_endpoint):
+    """`storage.spark.remote_session` bounds PySpark's retries (its default is
+    15 of them, about 7 minutes): an endpoint that answers every call with
+    UNAVAILABLE is an error soon, not a hang, and says so."""
+    import time
+
+    from storage import spark as spark_factory
+
+    url, calls = unavailable_endpoint
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        with spark_factory.remote_session(url) as remote:
+            remote.sql("SELECT 1").collect()
+    took = time.monotonic() - started
+    assert spark_factory.unavailable(raised.value) == "UNAVAILABLE: GOAWAY: failed encoding headers block"
+    assert spark_factory.unavailable(ValueError("[TABLE_OR_VIEW_NOT_FOUND] x")) is None
     assert took < 30, took   # PySpark's own policy would still be retrying (50 ms, x4, up to 60 s, 15 times)
-    assert 2 <= len(calls) <= 3 * 4 + 4, calls   # some retries, bounded by ours
+    assert 2 <= len(calls) <= 4 * 4 + 4, calls   # some retries, bounded by ours
+
+
+@pytest.mark.timeout(60)
+def test_replay_on_an_endpoint_that_stays_unavailable_is_an_error_that_says_so(unavailable_endpoint, capsys):
+    from taproot_ops import cli
+
+    url, _ = unavailable_endpoint
+    code = cli.main(["replay", "--remote", url, "--from", "taproot://demo/a", "--to", "taproot://demo/b",
+                     "--hosts", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "RETRIES_EXCEEDED" not in err
+    assert f"error: the Spark Connect endpoint at {url} does not answer queries: UNAVAILABLE: GOAWAY" in err, err
