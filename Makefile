@@ -60,7 +60,7 @@ test: setup $(BROWSER_STAMP)
 		--usually 40 -- $(BIN)/python -m taproot_ops.jvm_archive
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m mypy
-	@echo "pytest on two workers: the modules that start no JVM beside the rest (tests/conftest.py, BESIDE)"
+	@echo "pytest on two workers: the modules that share no session fixture and no shipped port beside the rest (tests/conftest.py, BESIDE)"
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
 
 # The unit tier on both cores (pytest-xdist): about 27 s here (2026-11-29), 32 s the first time (no __pycache__ yet).

@@ -181,8 +181,8 @@ def session(app_name: str = "taproot", *, master: str = "local[*]", driver_host:
 
 # A call is retried 4 times, 50 ms x 4 each time up to 2 s between: about
 # 3 s. A `taproot replay --remote` on an endpoint that stays UNAVAILABLE
-# says so after about 20 s in all (a query is two calls; closing waits up to
-# 10 s for PySpark's releases of what it ran).
+# said so after 12 s here (a query is two calls; closing waits up to 10 s
+# for PySpark's releases of what it ran).
 CONNECT_RETRIES, CONNECT_MAX_BACKOFF_MS = 4, 2000
 
 
