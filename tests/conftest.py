@@ -61,15 +61,19 @@ _WORTH_SHOWING = re.compile(r"ERROR|Error|Exception|Caused by|Traceback|Could no
 
 
 def _role_logs(item) -> dict[str, Path]:
-    """The log files of the embedded clusters a test uses (its fixtures' values)."""
+    """The log files of the embedded clusters a test uses (its fixtures'
+    values); never raises: the hooks below must not fail a test."""
     logs = {}
-    for value in getattr(item, "funcargs", {}).values():
-        processes = getattr(value, "processes", None)
-        if not isinstance(processes, dict):   # not an embedded cluster (a standalone Spark's is a list)
-            continue
-        for name, process in processes.items():
-            if isinstance(getattr(process, "log_file", None), Path):
-                logs[name] = process.log_file
+    try:
+        for value in getattr(item, "funcargs", {}).values():
+            processes = getattr(value, "processes", None)
+            if not isinstance(processes, dict):   # not an embedded cluster (a standalone Spark's is a list)
+                continue
+            for name, process in processes.items():
+                if isinstance(getattr(process, "log_file", None), Path):
+                    logs[name] = process.log_file
+    except Exception:   # a fixture value of another kind: nothing to show
+        return {}
     return logs
 
 
