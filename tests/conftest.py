@@ -113,6 +113,11 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_terminal_summary(terminalreporter, config):
     count = config.getoption("--cpu-report")
+    if count and getattr(config.option, "numprocesses", None):
+        # The figures are gathered in the workers, and the machine's busy CPU
+        # would count both workers' tests in each: only a serial run has them.
+        terminalreporter.write_line("--cpu-report: no report on pytest-xdist's workers; run with -n 0")
+        return
     if not count or not _CPU_SPENT:
         return
     cpu, own, wall = (sum(spent[i] for spent in _CPU_SPENT.values()) for i in range(3))
