@@ -58,8 +58,8 @@ class SparkStandalone:
         env = dict(os.environ, **self.env, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=self.host,
                    SPARK_LOG_DIR=str(self.directory), SPARK_WORKER_DIR=str(self.directory / "work"))
         from storage.spark import jvm_options
-        if jvm := jvm_options():   # the master's and worker's own JVMs
-            env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {jvm}".strip()
+        # The master's and worker's own JVMs.
+        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {jvm_options()}".strip()
         with open(self.directory / f"{name}.log", "ab") as log:
             process = subprocess.Popen([*self.launch_prefix, str(spark_home() / "bin" / "spark-class"), *args],
                                        stdout=log,

@@ -96,8 +96,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.when != "call" or not report.failed:
         return
+    logs = _role_logs(item)
     for name, start in item.stash.get(_LOG_OFFSETS, {}).items():
-        path = _role_logs(item).get(name)
+        path = logs.get(name)
         try:
             with open(path, "rb") as log:
                 log.seek(start)

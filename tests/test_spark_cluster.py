@@ -121,10 +121,9 @@ def test_spark_submit_decides_the_master(spark_cluster, tree):
     cli = Path(__file__).resolve().parents[1] / "taproot_ops" / "cli.py"
     # The driver as the suite's other JVMs (tests/conftest.py): C1 only and the
     # class-data archive (33 -> 13 s of CPU for a driver's start and one query here).
-    jvm = spark_factory.jvm_options()
-    driver_options = ["--driver-java-options", jvm] if jvm else []
     out = subprocess.run([str(spark_home() / "bin" / "spark-submit"), "--master", spark_cluster.master_url,
-                          *driver_options, "--packages", spark_factory.DELTA_PACKAGE,
+                          "--driver-java-options", spark_factory.jvm_options(),
+                          "--packages", spark_factory.DELTA_PACKAGE,
                           "--conf", f"spark.jars.ivy={spark_factory.cache_dir() / 'ivy'}",
                           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.cores.max=1",
                           str(cli), "sql", "--data-dir", tree.data_dir, "--json",
