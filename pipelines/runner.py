@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import grpc
 import pyarrow as pa
@@ -179,6 +179,21 @@ def run_maintenance(spark: "SparkSession", config: conf.ClusterConfig) -> None:
         log.exception("maintenance failed; next attempt in %d s", config.maintenance.interval_s)
 
 
+@dataclasses.dataclass(frozen=True)
+class DedupState:
+    """The dedup operator's state after a micro-batch, from its progress."""
+    rows: int            # GUIDs held
+    eviction_ms: int     # its tasks' time expiring GUIDs (a scan of every one of them)
+
+    @classmethod
+    def of(cls, progress: Mapping[str, Any]) -> "DedupState | None":
+        operators = progress.get("stateOperators") or []
+        if not operators:
+            return None
+        return cls(rows=sum(int(o.get("numRowsTotal", 0)) for o in operators),
+                   eviction_ms=sum(int(o.get("allRemovalsTimeMs", 0)) for o in operators))
+
+
 class PipelineStats:
     """The micro-batches of each query, for the pipeline's metrics."""
 
@@ -188,30 +203,44 @@ class PipelineStats:
         self.rows: dict[str, int] = {}
         self.seconds: dict[str, WeightedHistogram] = {}
         self.active: dict[str, bool] = {}
+        self.state_rows: dict[str, int] = {}        # GUIDs in the dedup history after the last batch
+        self.eviction_s: dict[str, float] = {}      # time its tasks spent expiring the history, all batches
 
-    def batch(self, query: str, rows: int, seconds: float) -> None:
+    def batch(self, query: str, rows: int, seconds: float, state: DedupState | None = None) -> None:
         with self._lock:
             self.batches[query] = self.batches.get(query, 0) + 1
             self.rows[query] = self.rows.get(query, 0) + rows
             self.seconds.setdefault(query, WeightedHistogram(LATENCY_BUCKETS)).observe(seconds)
+            if state is not None:
+                self.state_rows[query] = state.rows
+                self.eviction_s[query] = self.eviction_s.get(query, 0.0) + state.eviction_ms / 1000
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             batches, rows, seconds, active = dict(self.batches), dict(self.rows), dict(self.seconds), \
                 dict(self.active)
+            state_rows, eviction_s = dict(self.state_rows), dict(self.eviction_s)
         done = CounterMetricFamily("taproot_pipeline_batches", "micro-batches finished", labels=["query"])
         read = CounterMetricFamily("taproot_pipeline_input_rows", "PUT-log rows the micro-batches read",
                                    labels=["query"])
         took = HistogramMetricFamily("taproot_pipeline_batch_seconds", "one micro-batch, start to commit",
                                      labels=["query"])
         running = GaugeMetricFamily("taproot_pipeline_query_active", "1 while the query runs", labels=["query"])
+        history = GaugeMetricFamily("taproot_pipeline_dedup_history_guids",
+                                    "GUIDs the dedup state holds (the domain's history window)", labels=["query"])
+        evicting = CounterMetricFamily("taproot_pipeline_dedup_eviction_seconds",
+                                       "task time spent scanning the dedup state for expired GUIDs "
+                                       "(Spark scans all of it every micro-batch)", labels=["query"])
         for name in sorted(set(batches) | set(active)):
             done.add_metric([name], batches.get(name, 0))
             read.add_metric([name], rows.get(name, 0))
             if name in seconds:
                 seconds[name].add_to(took, (name,))
             running.add_metric([name], int(active.get(name, False)))
-        yield from (done, read, took, running)
+            if name in state_rows:
+                history.add_metric([name], state_rows[name])
+                evicting.add_metric([name], eviction_s[name])
+        yield from (done, read, took, running, history, evicting)
 
 
 def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: PipelineStats | None = None) -> None:
@@ -222,11 +251,14 @@ def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: Pipelin
             continue
         logged[query.name] = batch
         durations = progress.get("durationMs", {})
+        state = DedupState.of(progress)
         if stats is not None:
-            stats.batch(query.name, progress.get("numInputRows", 0), durations.get("triggerExecution", 0) / 1000)
-        log.info("%s batch %d: %d rows in %d ms (%s)", query.name, batch, progress.get("numInputRows", 0),
+            stats.batch(query.name, progress.get("numInputRows", 0), durations.get("triggerExecution", 0) / 1000,
+                        state)
+        log.info("%s batch %d: %d rows in %d ms (%s)%s", query.name, batch, progress.get("numInputRows", 0),
                  durations.get("triggerExecution", 0),
-                 ", ".join(f"{k} {v}" for k, v in sorted(durations.items()) if k != "triggerExecution"))
+                 ", ".join(f"{k} {v}" for k, v in sorted(durations.items()) if k != "triggerExecution"),
+                 "" if state is None else f"; dedup history {state.rows} GUIDs, expiring them {state.eviction_ms} ms")
 
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,

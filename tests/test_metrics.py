@@ -75,6 +75,34 @@ def test_queue_labels_stay_bounded():
     assert QueueLabels(0).label("d", "a") == OTHER_QUEUES
 
 
+@pytest.mark.unit
+def test_the_pipeline_counts_its_dedup_history_and_the_time_spent_expiring_it(caplog):
+    """From each micro-batch's progress: the GUIDs its dedup state holds
+    and the task time spent scanning them for expired ones."""
+    from pipelines.runner import DedupState, PipelineStats, log_progress
+
+    def progress(batch: int, rows: int, removals_ms: int) -> dict:
+        return {"batchId": batch, "numInputRows": 1000, "durationMs": {"triggerExecution": 900, "addBatch": 800},
+                "stateOperators": [{"numRowsTotal": rows // 2, "allRemovalsTimeMs": removals_ms},
+                                   {"numRowsTotal": rows - rows // 2, "allRemovalsTimeMs": 1}]}
+
+    class Query:
+        name = "taproot-dedup-000"
+        recentProgress = [progress(0, 1000, 40), progress(1, 2001, 250)]
+
+    assert DedupState.of({"stateOperators": []}) is None
+    assert DedupState.of(progress(1, 2001, 250)) == DedupState(rows=2001, eviction_ms=251)
+    stats, logged = PipelineStats(), {}
+    with caplog.at_level("INFO", logger="pipelines.runner"):
+        log_progress(Query(), logged, stats)   # type: ignore[arg-type]
+        log_progress(Query(), logged, stats)   # type: ignore[arg-type]  # nothing new: counted once
+    assert "dedup history 2001 GUIDs, expiring them 251 ms" in caplog.text
+    samples = {(s.name, tuple(s.labels.values())): s.value for family in stats.collect() for s in family.samples}
+    assert samples[("taproot_pipeline_dedup_history_guids", ("taproot-dedup-000",))] == 2001
+    assert samples[("taproot_pipeline_dedup_eviction_seconds_total", ("taproot-dedup-000",))] == pytest.approx(0.292)
+    assert samples[("taproot_pipeline_batches_total", ("taproot-dedup-000",))] == 2
+
+
 @pytest.mark.integration   # a server on a loopback port
 def test_the_http_server_serves_metrics_and_routes_and_says_what_it_cannot():
     from prometheus_client.core import GaugeMetricFamily
@@ -218,6 +246,9 @@ def test_metrics_after_known_traffic_count_it_exactly(cluster):
     assert value(samples, "taproot_pipeline_batches_total", query=query) >= 1
     assert value(samples, "taproot_pipeline_batch_seconds_count", query=query) == \
         value(samples, "taproot_pipeline_batches_total", query=query)
+    # The dedup history holds at least these 87 GUIDs (posted well inside its window).
+    assert value(samples, "taproot_pipeline_dedup_history_guids", query=query) >= 87
+    assert ("taproot_pipeline_dedup_eviction_seconds_total", (("query", query),)) in samples
 
 
 @pytest.mark.integration
