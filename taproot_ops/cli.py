@@ -856,6 +856,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: the dedup pipeline alone over a PUT log of N rows written as the primary "
                         "writes it (commits of --batch rows, default 1000; --size, default 1024): the JVM's "
                         "CPU per row, marginal over a pass of N/3")
+    p.add_argument("--history", type=int, default=0, metavar="N",
+                   help="instead: the dedup pipeline over a PUT log of N rows in micro-batches of --per-batch "
+                        "rows (commits of --batch rows, default 10000; --size, default 16), printing per batch "
+                        "the GUIDs its history holds and the time spent expiring them")
+    p.add_argument("--per-batch", type=int, default=100_000, metavar="ROWS",
+                   help="--history: rows per micro-batch (default 100000; a multiple of --batch)")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -256,6 +256,11 @@ def test_the_pipeline_bench_writes_a_put_log_as_the_primary_does(tmp_path):
     assert {len(p) for p in rows["payload"].to_pylist()} == {64}
     with pytest.raises(ValueError, match="at least one commit"):
         pipeline_cost(10, 1_000, 64)
+    from taproot_ops.bench.pipeline import history_cost
+    with pytest.raises(ValueError, match="--history needs N >= --per-batch"):
+        history_cost(50_000, 10_000, 100_000, 16)
+    with pytest.raises(ValueError, match="--history needs N >= --per-batch"):
+        history_cost(200_000, 10_000, 5_000, 16)
 
 
 @pytest.mark.integration

@@ -7,6 +7,7 @@
     taproot bench --scenario all --compare-python   # RabbitMQ and NATS through Python clients, same scenarios
     taproot bench --replay 1000000 --size 32        # replay throughput
     taproot bench --pipeline 600000                 # the dedup pipeline's CPU per row, alone
+    taproot bench --history 6000000                 # the dedup's cost as its GUID history grows
 
 Producers and consumers run as separate processes against an embedded cluster
 (temp dir, ephemeral ports, the domains the scenarios need) or a running one
@@ -179,6 +180,8 @@ def main(args: argparse.Namespace) -> int:
         return _replay_main(args)
     if getattr(args, "pipeline", 0):
         return _pipeline_main(args)
+    if getattr(args, "history", 0):
+        return _history_main(args)
     if args.system in NATIVE_PEERS:
         # A peer with its own load tools: its module's own runs, the duration given as its flag.
         module, duration_flag = NATIVE_PEERS[args.system]
@@ -498,6 +501,21 @@ def _pipeline_main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_pipeline_cost(result)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+def _history_main(args: argparse.Namespace) -> int:
+    from taproot_ops.bench.pipeline import history_cost, print_history_cost
+
+    try:
+        result = history_cost(args.history, args.batch or 10_000, args.per_batch, args.size or 16)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_history_cost(result)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

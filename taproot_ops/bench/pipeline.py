@@ -115,3 +115,60 @@ def print_pipeline_cost(result: dict[str, Any]) -> None:
           f"{result['median_rows_per_s']:,.0f} rows/s, JVM CPU {result['median_cpu_us_per_row']:.1f} us per row "
           f"(passes: {', '.join(f'{v:.1f}' for v in result['cpu_us_per_row'])}; each with its query's start)",
           flush=True)
+
+
+def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
+                 history_window_ms: int = 300_000) -> dict[str, Any]:
+    """`taproot bench --history N`: what the dedup costs as its GUID history
+    grows. One query over a PUT log of N rows (all inside the window), in
+    micro-batches of `per_batch` rows; per batch, the GUIDs its state holds
+    after it and the task time spent expiring them. Spark's
+    `dropDuplicatesWithinWatermark` scans its whole state for expired GUIDs
+    after every micro-batch, whether or not any expired, so that time grows
+    with the history, not with the batch."""
+    from pipelines.dedup import start_dedup_query
+    from pipelines.runner import DedupState, create_delivery_table
+    from storage import spark as spark_factory
+    from storage.tables import PartitionPaths
+
+    if per_batch < per_commit or rows < per_batch:
+        raise ValueError(f"--history needs N >= --per-batch ({per_batch:,}) >= --batch ({per_commit:,})")
+    with tempfile.TemporaryDirectory(prefix="taproot-bench-history-") as work:
+        paths = PartitionPaths(str(Path(work) / "history"), 0)
+        Path(paths.puts).parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing a PUT log of {rows:,} rows in commits of {per_commit:,} ...", flush=True)
+        write_put_log(paths.puts, rows, per_commit, size)
+        print("starting Spark (local mode; Delta's jars on first use) ...", flush=True)
+        spark = spark_factory.session("taproot-bench-history", shuffle_partitions=2)
+        try:
+            create_delivery_table(spark, paths.delivery)
+            cpu, started = _jvm_cpu_s(), time.monotonic()
+            query = start_dedup_query(spark, paths, history_window_ms, available_now=True,
+                                      max_files_per_trigger=per_batch // per_commit)
+            query.awaitTermination()
+            wall_s, jvm_cpu_s = time.monotonic() - started, _jvm_cpu_s() - cpu
+            batches = []
+            for progress in query.recentProgress:
+                state = DedupState.of(progress)
+                operators = progress.get("stateOperators") or [{}]
+                batches.append({"rows": progress["numInputRows"], "history": state.rows if state else 0,
+                                "eviction_ms": state.eviction_ms if state else 0,
+                                "updates_ms": sum(int(o.get("allUpdatesTimeMs", 0)) for o in operators),
+                                "batch_ms": progress["durationMs"].get("triggerExecution")})
+        finally:
+            spark.stop()
+    return {"rows": rows, "rows_per_commit": per_commit, "rows_per_batch": per_batch, "size": size,
+            "wall_s": wall_s, "jvm_cpu_s": jvm_cpu_s, "batches": batches}
+
+
+def print_history_cost(result: dict[str, Any]) -> None:
+    print(f"dedup history: {result['rows']:,} rows in micro-batches of {result['rows_per_batch']:,}; "
+          f"JVM CPU {result['jvm_cpu_s']:.1f} s in {result['wall_s']:.1f} s "
+          f"({result['jvm_cpu_s'] / result['rows'] * 1e6:.1f} us per row, JIT and start included)")
+    print(f"  {'batch':>5} {'rows':>9} {'history GUIDs':>13} {'batch ms':>9} {'dedup tasks ms':>14} "
+          f"{'expiring ms':>11} {'us/history GUID':>15}")
+    for i, b in enumerate(result["batches"]):
+        per_guid = b["eviction_ms"] * 1000 / b["history"] if b["history"] else 0.0
+        print(f"  {i:>5} {b['rows']:>9,} {b['history']:>13,} {b['batch_ms'] or 0:>9,} {b['updates_ms']:>14,} "
+              f"{b['eviction_ms']:>11,} {per_guid:>15.2f}")
+    print("  (task times are summed over the shuffle partitions' tasks, which run in parallel)", flush=True)
