@@ -181,18 +181,26 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
         with Session([address]) as session:
             if scenario.batch_consumer:
                 return _batch_consumer(session, scenario, queue_indexes, n, shared)
+            # One queue: per-message iteration (`Queue.get`), as a consumer
+            # of one queue would read it. Several: a callback per queue into
+            # one inbox, since `get` waits on one queue.
+            single = len(queue_indexes) == 1
             queues = _open_all(session, [
                 (uri(scenario, q, n), {"read": True, "max_unconfirmed_messages": CONSUMER_WINDOW,
-                                       "on_message": lambda m, q=q: inbox.put((q, m))})
+                                       "on_message": None if single else (lambda m, q=q: inbox.put((q, m)))})
                 for q in queue_indexes])
             with shared.ready.get_lock():
                 shared.ready.value += len(queue_indexes)
             last_message, last_report = time.monotonic(), time.monotonic()
             while True:
-                try:
-                    queue_index, message = inbox.get(timeout=0.2)
-                except _queue.Empty:
-                    queue_index, message = -1, None
+                if single:
+                    message = queues[0].get(timeout_s=0.2)
+                    queue_index = queue_indexes[0] if message is not None else -1
+                else:
+                    try:
+                        queue_index, message = inbox.get(timeout=0.2)
+                    except _queue.Empty:
+                        queue_index, message = -1, None
                 now = time.monotonic()
                 if message is not None:
                     pushes.add(time.time(), push_latency_ms(message.payload, time.time_ns()))
