@@ -209,11 +209,6 @@ class PendingColumns:
             runs.append((state, sum(1 for _ in group)))
         return runs
 
-    @property
-    def queues(self) -> list[QueueState]:
-        """Each admitted row's queue."""
-        return self.row_queues if self.row_queues is not None else [self.queue] * self.table.num_rows
-
     def unadmit(self) -> None:
         """Give the admitted rows' quota back (the frame was not committed)."""
         guids = self.table["guid"].to_pylist()
@@ -912,13 +907,14 @@ class Partition:
             if isinstance(singles_or_bulk, PendingColumns):
                 t = singles_or_bulk.table
                 producer_us = t[PUT_TIME] if PUT_TIME in t.column_names else pa.nulls(t.num_rows, pa.int64())
-                parts.append(self._rows(singles_or_bulk.queues, t["guid"], t["payload"],
+                parts.append(self._rows(singles_or_bulk.runs, t["guid"], t["payload"],
                                         t["properties"], t["property_types"], producer_us, t["compression"], now_us))
                 continue
             singles = singles_or_bulk
             props = [wire_to_maps(i.message.properties) for i in singles]
             parts.append(self._rows(
-                [i.queue for i in singles], pa.array([i.message.guid for i in singles], pa.binary()),
+                [(state, sum(1 for _ in group)) for state, group in itertools.groupby(i.queue for i in singles)],
+                pa.array([i.message.guid for i in singles], pa.binary()),
                 pa.array([i.message.payload for i in singles], pa.binary()),
                 pa.array([p[0] for p in props], tables.PROPERTY_MAP),
                 pa.array([p[1] for p in props], tables.PROPERTY_MAP),
@@ -1043,23 +1039,26 @@ class Partition:
         if apps is not None:
             _add_targets(targets, state, message, apps)
 
-    def _rows(self, queues: list[QueueState], guid: Any, payload: Any, properties: Any, property_types: Any,
-              producer_us: Any, compression: Any, now_us: int) -> pa.Table:
-        """PUT-log rows, numbered from the partition's next sequence number."""
-        count = len(queues)
+    def _rows(self, runs: list[tuple[QueueState, int]], guid: Any, payload: Any, properties: Any,
+              property_types: Any, producer_us: Any, compression: Any, now_us: int) -> pa.Table:
+        """PUT-log rows, numbered from the partition's next sequence number;
+        `runs`: their queues, as (queue, consecutive rows), in order. No
+        Python object per row: the columns of one value are repeated."""
+        counts = [n for _, n in runs]
+        count = sum(counts)
         first_seq = self._next_seq
         self._next_seq += count
         return pa.table({
-            "domain": pa.array([q.uri.domain for q in queues], pa.string()),
-            "queue": pa.array([q.uri.queue for q in queues], pa.string()),
+            "domain": _repeated([q.uri.domain for q, _ in runs], counts),
+            "queue": _repeated([q.uri.queue for q, _ in runs], counts),
             "guid": guid,
-            "seq": pa.array(range(first_seq, first_seq + count), pa.int64()),
+            "seq": pa.array(np.arange(first_seq, first_seq + count, dtype=np.int64)),
             "payload": payload,
             "properties": properties,
             "property_types": property_types,
             "producer_time": producer_us.cast(tables.TIMESTAMP),
-            "put_time": pa.array([now_us] * count, pa.int64()).cast(tables.TIMESTAMP),
-            "epoch": pa.array([self.epoch] * count, pa.int64()),
+            "put_time": pa.repeat(pa.scalar(now_us, tables.TIMESTAMP), count),
+            "epoch": pa.repeat(pa.scalar(self.epoch, pa.int64()), count),
             "compression": compression,
         }, schema=tables.PUTS_SCHEMA)
 
@@ -1073,7 +1072,7 @@ class Partition:
             "app_id": _repeated([i.app_id for i in items], counts),
             "guid": pa.array(itertools.chain.from_iterable(i.confirmed.guids for i in items), pa.binary(), size=total),
             "seq": pa.array(itertools.chain.from_iterable(i.confirmed.seqs for i in items), pa.int64(), size=total),
-            "confirm_time": pa.array([now] * total, tables.TIMESTAMP),
+            "confirm_time": pa.repeat(pa.scalar(now, tables.TIMESTAMP), total),
         }, schema=tables.CONFIRMS_SCHEMA)
         # Not fatal for correctness: an unpersisted confirm means the message
         # is delivered again after a restart (at-least-once).
@@ -1504,6 +1503,8 @@ def _max_stat(table: DeltaTable, column: str) -> int:
 def _repeated(values: list[str], counts: list[int]) -> pa.Array:
     """Each value `count` times, in order, as a string column (an Arrow take:
     a CONFIRM commit of thousands of queues has an item or two per queue)."""
+    if len(values) == 1:
+        return pa.repeat(pa.scalar(values[0], pa.string()), counts[0])   # a frame of one queue
     column = pa.array(values, pa.string())
     times = np.asarray(counts, np.int64)
     if (times == 1).all():
