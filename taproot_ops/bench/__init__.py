@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import conf
 from taproot_ops.bench.report import fmt_ms, plot
@@ -495,29 +495,29 @@ def _warm_up(address: str, scenarios: list[Scenario], args: argparse.Namespace,
 def _pipeline_main(args: argparse.Namespace) -> int:
     from taproot_ops.bench.pipeline import pipeline_cost, print_pipeline_cost
 
-    try:
-        result = pipeline_cost(args.pipeline, args.batch or 1000, args.size or 1024)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_pipeline_cost(result)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    return 0
+    return _pipeline_alone(lambda: pipeline_cost(args.pipeline, args.batch or 1000, args.size or 1024),
+                           print_pipeline_cost, args.json)
 
 
 def _history_main(args: argparse.Namespace) -> int:
     from taproot_ops.bench.pipeline import history_cost, print_history_cost
 
+    return _pipeline_alone(lambda: history_cost(args.history, args.batch or 10_000, args.per_batch, args.size or 16),
+                           print_history_cost, args.json)
+
+
+def _pipeline_alone(measure: Callable[[], dict[str, Any]], show: Callable[[dict[str, Any]], None],
+                    json_path: str | None) -> int:
+    """`--pipeline` and `--history`: run, print, and write the JSON if asked;
+    a bad size is exit 2 with its message."""
     try:
-        result = history_cost(args.history, args.batch or 10_000, args.per_batch, args.size or 16)
+        result = measure()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_history_cost(result)
-    if args.json:
-        with open(args.json, "w") as fh:
+    show(result)
+    if json_path:
+        with open(json_path, "w") as fh:
             json.dump(result, fh, indent=2)
     return 0
 
