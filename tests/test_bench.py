@@ -261,6 +261,8 @@ def test_the_pipeline_bench_writes_a_put_log_as_the_primary_does(tmp_path):
         history_cost(50_000, 10_000, 100_000, 16)
     with pytest.raises(ValueError, match="--history needs N >= --per-batch"):
         history_cost(200_000, 10_000, 5_000, 16)
+    with pytest.raises(ValueError, match="must be at most 100"):
+        history_cost(1_000_001, 1_000, 10_000, 16)
 
 
 @pytest.mark.integration

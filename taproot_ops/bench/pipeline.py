@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 WARM_UP_ROWS = 100_000
+RECENT_PROGRESS = 100   # a query keeps this many batches' progress (spark.sql.streaming.numRecentProgressUpdates)
 
 
 def _jvm_cpu_s() -> float:
@@ -133,6 +134,9 @@ def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
 
     if per_batch < per_commit or rows < per_batch:
         raise ValueError(f"--history needs N >= --per-batch ({per_batch:,}) >= --batch ({per_commit:,})")
+    if -(-rows // per_batch) > RECENT_PROGRESS:
+        raise ValueError(f"--history reads the batches from Spark's last {RECENT_PROGRESS} progress reports: "
+                         f"N / --per-batch must be at most {RECENT_PROGRESS}")
     with tempfile.TemporaryDirectory(prefix="taproot-bench-history-") as work:
         paths = PartitionPaths(str(Path(work) / "history"), 0)
         Path(paths.puts).parent.mkdir(parents=True, exist_ok=True)
