@@ -204,10 +204,7 @@ class PendingColumns:
         come next."""
         if self.row_queues is None:
             return [(self.queue, self.table.num_rows)]
-        runs: list[tuple[QueueState, int]] = []
-        for state, group in itertools.groupby(self.row_queues):
-            runs.append((state, sum(1 for _ in group)))
-        return runs
+        return _queue_runs(self.row_queues)
 
     def unadmit(self) -> None:
         """Give the admitted rows' quota back (the frame was not committed)."""
@@ -913,7 +910,7 @@ class Partition:
             singles = singles_or_bulk
             props = [wire_to_maps(i.message.properties) for i in singles]
             parts.append(self._rows(
-                [(state, sum(1 for _ in group)) for state, group in itertools.groupby(i.queue for i in singles)],
+                _queue_runs(i.queue for i in singles),
                 pa.array([i.message.guid for i in singles], pa.binary()),
                 pa.array([i.message.payload for i in singles], pa.binary()),
                 pa.array([p[0] for p in props], tables.PROPERTY_MAP),
@@ -1498,6 +1495,11 @@ def _max_stat(table: DeltaTable, column: str) -> int:
         values = values.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
     value = pc.max(values).as_py()
     return -1 if value is None else int(value)
+
+
+def _queue_runs(queues: Iterable[QueueState]) -> list[tuple[QueueState, int]]:
+    """Rows' queues as runs: each queue and how many of the rows come next."""
+    return [(state, sum(1 for _ in group)) for state, group in itertools.groupby(queues)]
 
 
 def _repeated(values: list[str], counts: list[int]) -> pa.Array:

@@ -64,8 +64,11 @@ def write_put_log(path: str, rows: int, per_commit: int, size: int) -> int:
     return commits
 
 
-def _pass(spark: Any, root: Path, name: str, rows: int, per_commit: int, size: int,
-          history_window_ms: int) -> dict[str, Any]:
+def _dedup_over_put_log(spark: Any, root: Path, name: str, rows: int, per_commit: int, size: int,
+                        history_window_ms: int, max_files_per_trigger: int = 1000) -> dict[str, Any]:
+    """Write a PUT log of `rows` rows under `root/name`, then run the dedup
+    query over it to the end (availableNow). Returns its paths, query,
+    commits, wall time and the JVM's CPU."""
     from pipelines.dedup import start_dedup_query
     from pipelines.runner import create_delivery_table
     from storage.tables import PartitionPaths
@@ -76,12 +79,19 @@ def _pass(spark: Any, root: Path, name: str, rows: int, per_commit: int, size: i
     commits = write_put_log(paths.puts, rows, per_commit, size)
     create_delivery_table(spark, paths.delivery)
     cpu, started = _jvm_cpu_s(), time.monotonic()
-    query = start_dedup_query(spark, paths, history_window_ms, available_now=True)
+    query = start_dedup_query(spark, paths, history_window_ms, available_now=True,
+                              max_files_per_trigger=max_files_per_trigger)
     query.awaitTermination()
-    result = {"rows": rows, "commits": commits, "wall_s": time.monotonic() - started,
-              "jvm_cpu_s": _jvm_cpu_s() - cpu,
-              "batches": [(p["numInputRows"], p["durationMs"].get("addBatch")) for p in query.recentProgress]}
-    delivered = spark.read.format("delta").load(paths.delivery).count()
+    return {"paths": paths, "query": query, "commits": commits, "wall_s": time.monotonic() - started,
+            "jvm_cpu_s": _jvm_cpu_s() - cpu}
+
+
+def _pass(spark: Any, root: Path, name: str, rows: int, per_commit: int, size: int,
+          history_window_ms: int) -> dict[str, Any]:
+    run = _dedup_over_put_log(spark, root, name, rows, per_commit, size, history_window_ms)
+    result = {"rows": rows, "commits": run["commits"], "wall_s": run["wall_s"], "jvm_cpu_s": run["jvm_cpu_s"],
+              "batches": [(p["numInputRows"], p["durationMs"].get("addBatch")) for p in run["query"].recentProgress]}
+    delivered = spark.read.format("delta").load(run["paths"].delivery).count()
     if delivered != rows:
         raise RuntimeError(f"{name}: {delivered:,} delivery rows for {rows:,} PUTs")
     print(f"  {name}: {rows:,} rows in {result['wall_s']:.1f} s, JVM CPU {result['jvm_cpu_s']:.1f} s", flush=True)
@@ -127,10 +137,8 @@ def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
     `dropDuplicatesWithinWatermark` scans its whole state for expired GUIDs
     after every micro-batch, whether or not any expired, so that time grows
     with the history, not with the batch."""
-    from pipelines.dedup import start_dedup_query
-    from pipelines.runner import DedupState, create_delivery_table
+    from pipelines.runner import DedupState
     from storage import spark as spark_factory
-    from storage.tables import PartitionPaths
 
     if per_batch < per_commit or rows < per_batch:
         raise ValueError(f"--history needs N >= --per-batch ({per_batch:,}) >= --batch ({per_commit:,})")
@@ -138,21 +146,13 @@ def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
         raise ValueError(f"--history reads the batches from Spark's last {RECENT_PROGRESS} progress reports: "
                          f"N / --per-batch must be at most {RECENT_PROGRESS}")
     with tempfile.TemporaryDirectory(prefix="taproot-bench-history-") as work:
-        paths = PartitionPaths(str(Path(work) / "history"), 0)
-        Path(paths.puts).parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing a PUT log of {rows:,} rows in commits of {per_commit:,} ...", flush=True)
-        write_put_log(paths.puts, rows, per_commit, size)
         print("starting Spark (local mode; Delta's jars on first use) ...", flush=True)
         spark = spark_factory.session("taproot-bench-history", shuffle_partitions=2)
         try:
-            create_delivery_table(spark, paths.delivery)
-            cpu, started = _jvm_cpu_s(), time.monotonic()
-            query = start_dedup_query(spark, paths, history_window_ms, available_now=True,
+            run = _dedup_over_put_log(spark, Path(work), "history", rows, per_commit, size, history_window_ms,
                                       max_files_per_trigger=per_batch // per_commit)
-            query.awaitTermination()
-            wall_s, jvm_cpu_s = time.monotonic() - started, _jvm_cpu_s() - cpu
             batches = []
-            for progress in query.recentProgress:
+            for progress in run["query"].recentProgress:
                 state = DedupState.of(progress)
                 operators = progress.get("stateOperators") or [{}]
                 batches.append({"rows": progress["numInputRows"], "history": state.rows if state else 0,
@@ -162,7 +162,7 @@ def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
         finally:
             spark.stop()
     return {"rows": rows, "rows_per_commit": per_commit, "rows_per_batch": per_batch, "size": size,
-            "wall_s": wall_s, "jvm_cpu_s": jvm_cpu_s, "batches": batches}
+            "wall_s": run["wall_s"], "jvm_cpu_s": run["jvm_cpu_s"], "batches": batches}
 
 
 def print_history_cost(result: dict[str, Any]) -> None:
