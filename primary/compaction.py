@@ -33,6 +33,7 @@ checkpoint bounds it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -55,10 +56,12 @@ NO_READER = 1 << 62        # no reader bound: the newest checkpoint is the floor
 class Compactor:
     def __init__(self, path: str, every_commits: int, name: str, target_file_bytes: int = 16 << 20,
                  durable: bool = True, log_retention_s: float | None = None,
-                 log_needed_from: Callable[[], int | None] | None = None):
+                 log_needed_from: Callable[[], int | None] | None = None,
+                 commit_lock: threading.Lock | None = None):
         """`every_commits` 0: no compaction. `log_retention_s` None: no log
         trimming; else it runs every `every_commits` commits (every
-        `TRIM_EVERY_COMMITS` when compaction is off)."""
+        `TRIM_EVERY_COMMITS` when compaction is off). `commit_lock`: held
+        for the compaction's commit (the table's appender's, `Appender.commit_lock`)."""
         self.path = path
         self.root = deltars.local_root(path) if durable else None
         self.compact = every_commits > 0
@@ -67,6 +70,7 @@ class Compactor:
         self.name = name
         self.log_retention_s = log_retention_s
         self.log_needed_from = log_needed_from
+        self.commit_lock = commit_lock
         self.compactions = 0
         self.trimmed_log_files = 0
         self._commits = 0
@@ -98,7 +102,7 @@ class Compactor:
     def compact_now(self) -> dict[str, Any]:
         table = DeltaTable(self.path)
         if self.root is not None:
-            metrics = compact_durably(table, self.root, self.target_file_bytes)
+            metrics = compact_durably(table, self.root, self.target_file_bytes, commit_lock=self.commit_lock)
         else:
             metrics = table.optimize.compact(target_size=self.target_file_bytes)
         self.compactions += 1
@@ -215,11 +219,12 @@ def _chunks(root: str, paths: list[str], schema: pa.Schema, rest_ratio: float = 
 
 
 def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
-                    rest_ratio: float = REST_RATIO) -> dict[str, Any]:
+                    rest_ratio: float = REST_RATIO, commit_lock: threading.Lock | None = None) -> dict[str, Any]:
     """Merge the files `plan_compaction` picks. Each output is written a
     chunk at a time (paced by `rest_ratio`, `_chunks`) and fsynced before
     the one commit that adds the outputs and removes their inputs
-    (dataChange=false); then that commit is fsynced. Returns optimize's
+    (dataChange=false); then that commit is fsynced, under `commit_lock`
+    if given (the appender's commits wait for it). Returns optimize's
     metric names: numFilesAdded, numFilesRemoved."""
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     sizes = dict(zip(files["path"], files["size_bytes"]))
@@ -235,6 +240,7 @@ def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
         add.data_change = False
         actions.append(add)
         actions += [RemoveAction(p, False, now_ms, size=sizes[p]) for p in paths]
-    deltars.commit_files(table, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}),
-                         sync_root=root)
+    with commit_lock or contextlib.nullcontext():
+        deltars.commit_files(table, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}),
+                             sync_root=root)
     return {"numFilesAdded": len(plan), "numFilesRemoved": sum(len(p) for _, p in plan)}

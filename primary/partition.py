@@ -522,13 +522,13 @@ class Partition:
         # Each appender first claims its table for this epoch (raises `Fenced`
         # if a newer primary already has), and every commit carries the epoch.
         self.on_fenced = on_fenced
+        # Their checkpoints are written by a thread each, off the commit threads.
         durable = config.primary.durability == "fsync"
-        self._puts = deltars.Appender(self.paths.puts, tables.PUTS_SCHEMA, epoch=epoch, durable=durable)
-        self._confirms = deltars.Appender(self.paths.confirms, tables.CONFIRMS_SCHEMA, epoch=epoch, durable=durable)
-        self._dead = deltars.Appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA, epoch=epoch,
-                                      durable=durable)
-        self._disagreements = deltars.Appender(self.paths.disagreements, tables.DISAGREEMENTS_SCHEMA, epoch=epoch,
-                                               durable=durable)
+        appender = functools.partial(deltars.Appender, epoch=epoch, durable=durable, background_checkpoints=True)
+        self._puts = appender(self.paths.puts, tables.PUTS_SCHEMA)
+        self._confirms = appender(self.paths.confirms, tables.CONFIRMS_SCHEMA)
+        self._dead = appender(self.paths.dead_letters, tables.DEAD_LETTERS_SCHEMA)
+        self._disagreements = appender(self.paths.disagreements, tables.DISAGREEMENTS_SCHEMA)
         # The tailer's own handle on the PUT log, to read messages by seq
         # (an Appender belongs to its commit thread).
         self._puts_reader = DeltaTable(self.paths.puts)
@@ -566,8 +566,9 @@ class Partition:
         # The dedup stream and this primary read the PUT log by version;
         # nothing reads the confirm log's history.
         self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable, keep_s,
-                                     self._puts_log_needed_from),
-                           Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s))
+                                     self._puts_log_needed_from, self._puts.commit_lock),
+                           Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s,
+                                     commit_lock=self._confirms.commit_lock))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
         # Federation links (primary/links.py, imported only with links: it loads the SDK).
         self.links: list[LinkForwarder] = []
@@ -612,6 +613,8 @@ class Partition:
             self.pulls.stop()
         for compactor in self.compactors:
             compactor.stop()
+        for appender in (self._puts, self._confirms, self._dead, self._disagreements):
+            appender.close()
 
     def notify_delivery(self) -> None:
         self._wake.set()

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from typing import Any, Iterable
@@ -435,81 +436,362 @@ def trim_log(root: str, needed_from: int, min_age_s: float, now: float | None = 
     return removed
 
 
+# What `LocalLog` writes itself: a table of reader version 1 and a legacy
+# writer version up to 4 (appendOnly, invariants, check constraints, change
+# data feed, generated columns), none of whose constraints, invariants or
+# generated columns is set. A blind append of new files needs nothing more;
+# any other table commits through delta-rs.
+LOCAL_LOG_MAX_WRITER_VERSION = 4
+# A local log refreshes what it knows of the table through delta-rs when its
+# knowledge of the latest version is older than this. Log trimming keeps every
+# entry younger than `primary.log_retention_s` (5 s at the least), so no
+# version after the last one seen this recently can have been trimmed away:
+# the put-if-absent of the next version cannot land in a gap.
+LOCAL_LOG_FRESH_S = 1.0
+ENGINE_INFO = "taproot"
+
+
+def local_log_refusal(table: DeltaTable) -> str | None:
+    """Why `LocalLog` must not write this table's commits (None: it may)."""
+    protocol = table.protocol()
+    if protocol.min_reader_version > 1 or protocol.min_writer_version > LOCAL_LOG_MAX_WRITER_VERSION \
+            or protocol.writer_features or protocol.reader_features:
+        return f"protocol {protocol}"
+    metadata = table.metadata()
+    if metadata.partition_columns:
+        return "partitioned"
+    if any(k.startswith("delta.constraints.") for k in metadata.configuration):
+        return "check constraints"
+    for field in json.loads(table.schema().to_json())["fields"]:
+        if any(k.startswith(("delta.invariants", "delta.generationExpression")) for k in field.get("metadata", {})):
+            return f"invariant or generated column {field['name']}"
+    return None
+
+
+class LogChanged(Exception):
+    """A commit since this log's last one changed the table's protocol or
+    metadata: what may be written must be checked again."""
+
+
+class LocalLog:
+    """Blind appends written straight into a local table's `_delta_log`.
+
+    delta-rs's commit costs 11-14 ms of CPU per commit here, whatever its size
+    (it rebuilds its snapshot around the commit, and `update_incremental`
+    replays the log since the last checkpoint); a commit is one small JSON
+    file, put-if-absent, 0.5 ms of CPU with its fsyncs
+    (`taproot_ops.bench.commits`). So the primary's appends to its local
+    tables write that file themselves, as delta-rs and Spark do: the
+    commit's actions to a hidden temp file, fsynced, then `link`ed to
+    `NNN.json`, which fails if the version exists (atomic put-if-absent on a
+    local file system), then the directory fsynced.
+
+    A version that exists was committed by another writer (compaction,
+    retention, a newer primary's claim): its actions are read, a newer
+    primary epoch raises `Fenced`, a protocol or metadata change raises
+    `LogChanged`, anything else is skipped and the next version tried. A
+    blind append conflicts with nothing else. delta-rs still creates the
+    table, claims it, compacts it and writes its checkpoints (`Appender`)."""
+
+    def __init__(self, root: str, version: int, durable: bool, fence: FencedAppender | None):
+        self.root = root
+        self.log_dir = os.path.join(root, "_delta_log")
+        self.durable = durable
+        self.fence = fence
+        self.version = version                  # the latest version known
+        self.known_at = time.monotonic()        # when that was last true
+        # Held for each commit. A writer of this process that commits through
+        # delta-rs (the compactor) holds it too: delta-rs retries a lost race
+        # only so often (15), and these commits come faster than its retries.
+        self.lock = threading.Lock()
+        self._tail = "" if fence is None else json.dumps(fence.txn_action(), separators=(",", ":")) + "\n"
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.known_at < LOCAL_LOG_FRESH_S
+
+    def learn(self, version: int) -> None:
+        """Delta-rs read the table at `version`, its latest."""
+        self.version, self.known_at = max(self.version, version), time.monotonic()
+
+    def commit(self, adds: list[AddAction]) -> int:
+        """Commit `adds` (files already written) as the next version; return it."""
+        now_ms = int(time.time() * 1000)
+        info = {"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                               "isBlindAppend": True, "engineInfo": ENGINE_INFO, "clientVersion": ENGINE_INFO}}
+        lines = [json.dumps(info, separators=(",", ":"))]
+        for add in adds:
+            lines.append(json.dumps({"add": {
+                "path": add.path, "partitionValues": add.partition_values or {}, "size": add.size,
+                "modificationTime": add.modification_time, "dataChange": add.data_change, "stats": add.stats}},
+                separators=(",", ":")))
+        body = ("\n".join(lines) + "\n" + self._tail).encode()
+        temp = os.path.join(self.log_dir, f".taproot-{uuid.uuid4().hex}.json.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, body)
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            with self.lock:
+                return self._link(temp)
+        finally:
+            os.unlink(temp)
+
+    def _link(self, temp: str) -> int:
+        while True:
+            version = self.version + 1
+            try:
+                os.link(temp, os.path.join(self.log_dir, f"{version:020d}.json"))
+            except FileExistsError:
+                self._skip(version)
+                continue
+            self.version, self.known_at = version, time.monotonic()
+            if self.durable:
+                fsync_path(self.log_dir)
+            return version
+
+    def _skip(self, version: int) -> None:
+        """Another writer's commit at `version`: check it, then move past it."""
+        actions = [json.loads(line) for line in _local_log_entry(self.root, version).splitlines() if line.strip()]
+        if self.fence is not None:
+            self.fence.check_actions(actions)
+        if any("protocol" in a or "metaData" in a for a in actions):
+            raise LogChanged(f"{self.root}: version {version} changed the table's protocol or metadata")
+        self.version, self.known_at = version, time.monotonic()
+
+    @staticmethod
+    def remove_leftovers(root: str) -> None:
+        """Temp files of a writer that died before its link: never commits."""
+        log_dir = os.path.join(root, "_delta_log")
+        try:
+            names = [n for n in os.listdir(log_dir) if n.startswith(".taproot-") and n.endswith(".json.tmp")]
+        except OSError:
+            return
+        for name in names:
+            try:
+                os.unlink(os.path.join(log_dir, name))
+            except FileNotFoundError:
+                pass
+
+
+class Checkpointer:
+    """Writes a table's checkpoints on a thread of its own, through a delta-rs
+    handle of its own: for a `LocalLog`'s appender, whose commit thread then
+    never waits for one (a checkpoint of the PUT log took 25-85 ms here,
+    `taproot_ops.bench.commits`). A checkpoint is derived from the log, so a
+    late or a failed one costs readers only a longer replay; the next
+    request tries again."""
+
+    def __init__(self, path: str, sync_root: str | None, name: str):
+        self.path = path
+        self.sync_root = sync_root
+        self.checkpoints = 0
+        self._handle: DeltaTable | None = None
+        self._due = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"checkpoint-{name}", daemon=True)
+
+    def request(self) -> None:
+        if not self._thread.is_alive() and not self._stopping:
+            self._thread.start()
+        self._due.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._due.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def checkpoint_now(self) -> int:
+        """Checkpoint the table's latest version; return that version."""
+        if self._handle is None:
+            self._handle = DeltaTable(self.path)
+        else:
+            self._handle.update_incremental()
+        self._handle.create_checkpoint()
+        version = self._handle.version()
+        if self.sync_root is not None:
+            sync_log(self.sync_root, version)
+        self.checkpoints += 1
+        return version
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._stopping:
+                return
+            try:
+                self.checkpoint_now()
+            except Exception:
+                log.warning("%s: checkpoint failed; the next one is tried after more commits", self.path,
+                            exc_info=True)
+
+
 class Appender:
-    """Blind appends to one table through a reused handle. With `epoch`, the
-    table is claimed for that primary epoch first and every commit carries it
+    """Blind appends to one table. With `epoch`, the table is claimed for that
+    primary epoch first and every commit carries it
     (`storage.leases.FencedAppender`): a stale primary's append raises `Fenced`.
     `durable` (default): on a local table, `append` returns only once the
-    commit is on stable storage (the module's docstring)."""
+    commit is on stable storage (the module's docstring).
+
+    A local table's commits are written by a `LocalLog`; delta-rs's handle
+    then moves only when `table` is read, or when the log has not seen the
+    latest version for a while (`LOCAL_LOG_FRESH_S`). A checkpoint is written
+    every `delta.checkpointInterval` commits, in `settle`, or by a
+    `Checkpointer` thread with `background_checkpoints` (the primary's
+    tables). On an object store (or a table whose protocol `LocalLog` does
+    not write) delta-rs commits, through the one handle."""
 
     def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
-                 epoch: int | None = None, durable: bool = True, checkpoints: bool = True):
+                 epoch: int | None = None, durable: bool = True, checkpoints: bool = True,
+                 background_checkpoints: bool = False):
         self.path = path
         self.schema = schema
-        # delta-rs writes a checkpoint in every `delta.checkpointInterval`-th
-        # commit; False only to measure the alternative (bench.commits).
+        # A checkpoint every `delta.checkpointInterval` commits; False only to
+        # measure the alternative (bench.commits).
         self.checkpoints = checkpoints
-        self.table = open_or_create(path, schema, storage_options)
+        self._handle = open_or_create(path, schema, storage_options)
         self.durable = durable
         # The commits are fsynced on a local disk with `durable` (an object
         # store's PUT is durable when it is answered).
         self.sync_root = local_root(path) if durable else None
-        self.fence = None if epoch is None else FencedAppender(self.table, epoch, schema)
-        self._unsettled = False   # a commit made with settle=False; the handle is behind it
+        self.fence = None if epoch is None else FencedAppender(self._handle, epoch, schema)
+        self._unsettled = False   # the handle is behind a commit it must settle
         if self.fence is not None:
             self.fence.fence()
             if self.sync_root is not None:
-                sync_log(self.sync_root, self.table.version())
+                sync_log(self.sync_root, self._handle.version())
         # The version up to which the handle's snapshot holds no other
         # primary's claim: its own claim, then each of its own commits.
-        self._checked_version: int | None = self.table.version() if self.fence is not None else None
+        self._checked_version: int | None = self._handle.version() if self.fence is not None else None
+        root = local_root(path)
+        refusal = local_log_refusal(self._handle) if root is not None else "not a local table"
+        self.log: LocalLog | None = None
+        if refusal is None:
+            assert root is not None
+            LocalLog.remove_leftovers(root)
+            self.log = LocalLog(root, self._handle.version(), durable, self.fence)
+        elif root is not None:
+            log.warning("%s: %s; its commits go through delta-rs", path, refusal)
+        self.checkpoint_interval = int(self._handle.metadata().configuration.get("delta.checkpointInterval", "100"))
+        self._checkpointed = self._handle.version()
+        # With `background_checkpoints`, a local log's checkpoints are written
+        # by a thread (`Checkpointer`); else in `settle`.
+        self.checkpointer = Checkpointer(path, self.sync_root, os.path.basename(path.rstrip("/"))) \
+            if self.log is not None and checkpoints and background_checkpoints else None
+
+    @property
+    def commit_lock(self) -> threading.Lock | None:
+        """What another writer of this process holds while it commits to the
+        table through delta-rs (`LocalLog.lock`); None without a local log."""
+        return self.log.lock if self.log is not None else None
+
+    def close(self) -> None:
+        """Stop the checkpoint thread, if any (the appender is not used after)."""
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+
+    @property
+    def table(self) -> DeltaTable:
+        """The delta-rs handle, at the latest version this appender committed."""
+        if self.log is not None and self._handle.version() < self.log.version:
+            self._update()
+        return self._handle
+
+    def _update(self) -> None:
+        """The handle to the table's latest version; with a local log, what it
+        may write checked again (a claim or a protocol change since)."""
+        self._handle.update_incremental()
+        if self.log is None:
+            return
+        if self.fence is not None:
+            self.fence.check()
+        refusal = local_log_refusal(self._handle)
+        if refusal is not None:
+            log.warning("%s: %s now; its commits go through delta-rs from here", self.path, refusal)
+            self.log = None
+            return
+        self.log.learn(self._handle.version())
 
     def settle(self) -> None:
-        """Move the handle to the table's latest version after an
-        `append(settle=False)`; a no-op otherwise."""
-        if self._unsettled:
-            self.table.update_incremental()
-            self._unsettled = False
+        """After an `append(settle=False)`: move the handle to the table's
+        latest version (delta-rs commits), or write the checkpoint that is
+        due (a local log); a no-op otherwise."""
+        if not self._unsettled:
+            return
+        self._update()
+        if self.log is not None:
+            if self.checkpoints:
+                self._handle.create_checkpoint()
+                if self.sync_root is not None:
+                    sync_log(self.sync_root, self._handle.version())
+            self._checkpointed = self._handle.version()
+        self._unsettled = False
 
-    def append(self, batch: pa.Table, commit_properties: CommitProperties | None = None,
-               settle: bool = True) -> int:
+    def append(self, batch: pa.Table, settle: bool = True) -> int:
         """Commit `batch` as one Delta version and return that version.
-        `settle=False`: return as soon as the commit is durable, the handle
-        not yet moved to it (`commit_files`); `settle()`, or the next
-        `append`, moves it.
+        `settle=False`: return as soon as the commit is durable, and leave
+        the handle's move or the checkpoint to `settle()` (or the next
+        `append`).
 
         Another writer of the same engine (retention's delete, compaction) may
-        commit in between; delta-rs then reports a conflict for the append,
-        which nothing was read for. Nothing was committed, so it is safe to
-        refresh and try again (the append keeps its data file and commits
-        it again), unless the refreshed snapshot shows a newer
-        primary epoch (`Fenced`)."""
+        commit in between: a blind append conflicts with neither, so the
+        append is committed at a later version, keeping its data file,
+        unless that commit shows a newer primary epoch (`Fenced`)."""
         self.settle()
+        add = write_data_file(self.path, batch.cast(self.schema), durable=self.durable)
+        for attempt in range(APPEND_ATTEMPTS):
+            if self.log is not None and not self.log.fresh():
+                self._update()
+            local = self.log
+            try:
+                if local is not None:
+                    version = local.commit([add])
+                    if self._checkpoint_due(version):
+                        if self.checkpointer is not None:
+                            self.checkpointer.request()
+                            self._checkpointed = version
+                        else:
+                            self._unsettled = True
+                            if settle:
+                                self.settle()
+                    return version
+                return self._commit_delta_rs(add, settle)
+            except (CommitFailedError, LogChanged):
+                if attempt == APPEND_ATTEMPTS - 1:
+                    raise
+                self._update()
+                if self.fence is not None:
+                    self.fence.check()
+        raise AssertionError("unreachable")
+
+    def _checkpoint_due(self, version: int) -> bool:
+        """delta-rs's rule: a checkpoint at every version v with (v + 1) a
+        multiple of the interval, or the first after it when another writer
+        committed that one."""
+        interval = self.checkpoint_interval
+        return (version + 1) // interval > (self._checkpointed + 1) // interval
+
+    def _commit_delta_rs(self, add: AddAction, settle: bool) -> int:
+        commit_properties = None
         if self.fence is not None:
             # A newer primary's claim is a commit of its own: when the handle
             # holds none since the last check (its version is this appender's
             # last commit), there is nothing to check (0.5 ms idle, several
             # under load). A claim that lands after the handle's version
             # makes this commit conflict (the same app id): the retry checks.
-            if self.table.version() != self._checked_version:
+            if self._handle.version() != self._checked_version:
                 self.fence.check()
             commit_properties = self.fence.commit_properties()
         hooks = PostCommitHookProperties(create_checkpoint=self.checkpoints, cleanup_expired_logs=False)
-        add = write_data_file(self.path, batch.cast(self.schema), durable=self.durable)
-        for attempt in range(APPEND_ATTEMPTS):
-            try:
-                version = commit_files(self.table, [add], self.schema, commit_properties, hooks, self.sync_root,
-                                       settle=settle)
-                self._unsettled = self.table.version() != version
-                self._checked_version = version
-                return version
-            except CommitFailedError:
-                self.table.update_incremental()
-                if self.fence is not None:
-                    self.fence.check()
-                if attempt == APPEND_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        version = commit_files(self._handle, [add], self.schema, commit_properties, hooks, self.sync_root,
+                               settle=settle)
+        self._unsettled = self._handle.version() != version
+        self._checked_version = version
+        return version
 
 
 def read_since(table: DeltaTable, after_version: int, columns: list[str] | None = None

@@ -182,6 +182,19 @@ class FencedAppender:
         if current > self.epoch:
             raise Fenced(f"{self.table.table_uri}: primary epoch is {current}, this primary's is {self.epoch}")
 
+    def check_actions(self, actions: list[dict[str, Any]]) -> None:
+        """Raise `Fenced` if a commit's actions (its log file's JSON lines)
+        claim a newer epoch than this primary's."""
+        for action in actions:
+            txn = action.get("txn")
+            if isinstance(txn, dict) and txn.get("appId") == PRIMARY_APP and int(txn.get("version", 0)) > self.epoch:
+                raise Fenced(f"{self.table.table_uri}: primary epoch {txn['version']} committed, "
+                             f"this primary's is {self.epoch}")
+
+    def txn_action(self) -> dict[str, Any]:
+        """The app transaction every commit of this primary carries, as a log action."""
+        return {"txn": {"appId": PRIMARY_APP, "version": self.epoch}}
+
     def commit_properties(self, retries: int | None = None) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(PRIMARY_APP, self.epoch)],
                                 max_commit_retries=retries)

@@ -89,8 +89,28 @@ def fsynced_paths(monkeypatch) -> list[str]:
 
 
 def test_data_then_its_directory_then_the_commit_then_the_log_directory_are_fsynced(tmp_path, monkeypatch):
+    """The local log fsyncs the commit's bytes under a temp name, then links
+    them to the version's name (put-if-absent) and fsyncs the directory."""
     root = str(tmp_path / "puts")
     appender = deltars.Appender(root, tables.PUTS_SCHEMA)
+    assert appender.log is not None
+    calls = fsynced_paths(monkeypatch)
+    version = appender.append(puts())
+    log_dir = os.path.join(root, "_delta_log")
+    data = os.path.join(root, last_add(root)["path"])
+    assert calls[:2] == [data, root] and calls[3:] == [log_dir]
+    temp = calls[2]
+    assert os.path.dirname(temp) == log_dir and os.path.basename(temp).startswith(".taproot-")
+    assert not os.path.exists(temp) and os.path.exists(os.path.join(log_dir, f"{version:020d}.json"))
+    assert not glob.glob(os.path.join(log_dir, ".taproot-*"))
+
+
+def test_through_delta_rs_the_same_order_is_kept(tmp_path, monkeypatch):
+    """The delta-rs commit path (object stores, protocols the local log does
+    not write): data, its directory, the commit file, the log directory."""
+    root = str(tmp_path / "puts")
+    appender = deltars.Appender(root, tables.PUTS_SCHEMA)
+    appender.log = None
     calls = fsynced_paths(monkeypatch)
     version = appender.append(puts())
     data = os.path.join(root, last_add(root)["path"])
@@ -129,6 +149,7 @@ def test_an_unsettled_append_reads_its_version_from_the_log_and_settles_before_t
     moves the handle first, so its commit does not race its own previous one."""
     root = str(tmp_path / "puts")
     appender = deltars.Appender(root, tables.PUTS_SCHEMA, epoch=1)   # version 0 creates, 1 claims
+    appender.log = None   # delta-rs's commit path
     updates = []
     real = appender.table.update_incremental
     monkeypatch.setattr(appender.table, "update_incremental", lambda: (updates.append(1), real())[1])
@@ -149,6 +170,7 @@ def test_an_unsettled_append_finds_its_commit_past_another_writers(tmp_path):
     the version read from the log is ours, the one naming our data file."""
     root = str(tmp_path / "puts")
     appender = deltars.Appender(root, tables.PUTS_SCHEMA)
+    appender.log = None   # delta-rs's commit path
     appender.append(puts(1, 0))
     other = deltars.Appender(root, tables.PUTS_SCHEMA)
     other.append(puts(2, 10))                                  # version 2; our handle is at 1

@@ -1,11 +1,11 @@
-"""What one delta-rs commit of the PUT log costs, and how that grows with the
+"""What one commit of the PUT log costs, and how that grows with the
 table's history: the primary's own `Appender` (fenced, checkpoints every 10
 commits) and `Compactor` (compaction every 50 commits, log trimming as the
 node does it, with no reader holding the log back), on a temp dir, no other
 load.
 
     .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300 [--durability os]
-        [--no-trim] [--no-checkpoints] [--compact-every 0] [--object-store] [--settle]
+        [--no-trim] [--no-checkpoints] [--compact-every 0] [--object-store] [--settle] [--delta-rs]
 
 `--object-store` puts the table on an S3-compatible server instead (a
 SeaweedFS started for the run, `taproot_ops.object_store`): each commit is
@@ -17,10 +17,14 @@ per PUT group commit and per CONFIRM group commit, whatever the group's
 size, so on a small machine it sets the floor of PUT->ACK (and, with the
 express lane, of PUT->PUSH). `--no-trim` keeps every log entry (Delta's
 default) and `--no-checkpoints` turns delta-rs's checkpoint hook off: both
-show what the node's choices save. The PUT log's commits answer before
-the handle moves to them (`Appender.append(settle=False)`), as here by
-default: the single commits' percentiles are to the answer, and the
-handle's update after each is printed apart; `--settle` times both as one.
+show what the node's choices save. On a local disk the commits are the
+appender's own (`storage.deltars.LocalLog`) and a thread writes the
+checkpoints, as in the node (its CPU is in the figures); `--delta-rs`
+makes them delta-rs's, as on an object store, to compare. Through
+delta-rs, the PUT log's commits answer before the handle moves to them
+(`Appender.append(settle=False)`), as here by default: the single
+commits' percentiles are to the answer, and the handle's update after
+each is printed apart; `--settle` times both as one.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", action="store_true",
                         help="each commit updates the handle before it returns (the PUT log's commits answer "
                              "first, then update it: the default here, as the node does)")
+    parser.add_argument("--delta-rs", action="store_true",
+                        help="commit through delta-rs on a local disk too (the object stores' path)")
     parser.add_argument("--object-store", action="store_true",
                         help="the table on a SeaweedFS S3 server started for the run, not the local disk")
     args = parser.parse_args(argv)
@@ -90,9 +96,11 @@ def _object_store_root(stack: contextlib.ExitStack, scratch: str) -> str:
 def _run(args: argparse.Namespace, path: str) -> int:
     durable = args.durability == "fsync"
     appender = deltars.Appender(path, tables.PUTS_SCHEMA, epoch=1, durable=durable,
-                                checkpoints=not args.no_checkpoints)
+                                checkpoints=not args.no_checkpoints, background_checkpoints=not args.delta_rs)
+    if args.delta_rs:
+        appender.log = None
     compactor = Compactor(path, args.compact_every, "bench", durable=durable,
-                          log_retention_s=None if args.no_trim else 0)
+                          log_retention_s=None if args.no_trim else 0, commit_lock=appender.commit_lock)
     compactor.start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     single: list[float] = []
@@ -104,7 +112,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
             appender.append(batch, settle=args.settle)
             single.append((time.perf_counter() - started) * 1000)
             compactor.on_commit()
-            if not args.settle:
+            if not args.settle and appender.log is None:
                 started = time.perf_counter()
                 appender.settle()
                 settles.append((time.perf_counter() - started) * 1000)
@@ -117,10 +125,13 @@ def _run(args: argparse.Namespace, path: str) -> int:
                 cpu0, wall0 = cpu, wall
     finally:
         compactor.stop()
+        appender.close()
     p50, p90, p99, top = np.percentile(single, [50, 90, 99, 100])
     print(f"{args.commits:,} commits of {args.rows} x {args.size} B: p50 {p50:.1f} p90 {p90:.1f} p99 {p99:.1f} "
           f"max {top:.1f} ms; last 10: {' '.join(f'{x:.0f}' for x in single[-10:])} ms"
-          + ("" if args.settle else " (to the answer: the handle's update after it below)"))
+          + ("" if args.settle or not settles else " (to the answer: the handle's update after it below)"))
+    if appender.checkpointer is not None:
+        print(f"{appender.checkpointer.checkpoints} checkpoints, written by a thread of their own", flush=True)
     if settles:
         p50, p90, p99 = np.percentile(settles, [50, 90, 99])
         print(f"the handle's update after each commit (`Appender.settle`): p50 {p50:.1f} p90 {p90:.1f} "

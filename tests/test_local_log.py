@@ -1,0 +1,197 @@
+"""The primary's own commits to its local tables (`storage.deltars.LocalLog`):
+what it writes is read back by delta-rs, its change feed and the trimmer as
+delta-rs's own commits are; other writers' commits are stepped over, a newer
+primary's claim fences, and a table it cannot write goes through delta-rs."""
+
+import glob
+import json
+import os
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from storage import deltars, tables
+from storage.leases import Fenced
+
+SCHEMA = pa.schema([pa.field("x", pa.int64())])
+
+
+def rows(*values: int) -> pa.Table:
+    return pa.table({"x": list(values)}, schema=SCHEMA)
+
+
+def xs(path: str) -> list[int]:
+    return sorted(DeltaTable(path).to_pyarrow_table()["x"].to_pylist())
+
+
+def actions(path: str, version: int) -> list[dict]:
+    with open(os.path.join(path, "_delta_log", f"{version:020d}.json")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_its_commits_are_delta_rs_readable_with_their_epoch_stats_and_change_feed(tmp_path):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA, epoch=3)     # 0 creates, 1 claims
+    assert appender.log is not None
+    assert [appender.append(rows(i, i + 100)) for i in range(3)] == [2, 3, 4]
+    assert xs(path) == [0, 1, 2, 100, 101, 102]
+    table = DeltaTable(path)
+    assert table.transaction_version("taproot-primary") == 3
+    assert table.to_pyarrow_table(filters=[("x", ">=", 101)]).num_rows == 2   # pruned by the add's stats
+    commit = actions(path, 4)
+    assert commit[0]["commitInfo"]["operation"] == "WRITE" and commit[0]["commitInfo"]["isBlindAppend"]
+    assert json.loads(commit[1]["add"]["stats"]) == {"numRecords": 2, "minValues": {"x": 2}, "maxValues": {"x": 102},
+                                                     "nullCount": {"x": 0}}
+    assert commit[2] == {"txn": {"appId": "taproot-primary", "version": 3}}
+    latest, since = deltars.read_since(table, 2, columns=["x"])
+    assert latest == 4 and sorted(since["x"].to_pylist()) == [1, 2, 101, 102]
+    assert sorted(since["_commit_version"].to_pylist()) == [3, 3, 4, 4]
+
+
+def test_the_handle_moves_only_for_a_checkpoint_or_a_reader(tmp_path, monkeypatch):
+    """delta-rs's update is what a commit cost: the local log needs none, but
+    a checkpoint is written every `delta.checkpointInterval` (10) commits at
+    delta-rs's versions (9, 19, ...), and `table` brings the handle up."""
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    updates = []
+    real = appender._handle.update_incremental
+    monkeypatch.setattr(appender._handle, "update_incremental", lambda: (updates.append(1), real())[1])
+    for i in range(8):
+        appender.append(rows(i), settle=False)
+    assert updates == [] and appender._handle.version() == 0
+    assert appender.append(rows(8), settle=False) == 9
+    assert not os.path.exists(os.path.join(path, "_delta_log", f"{9:020d}.checkpoint.parquet"))
+    appender.settle()                          # the ACKs went first; now the checkpoint
+    assert updates == [1] and os.path.exists(os.path.join(path, "_delta_log", f"{9:020d}.checkpoint.parquet"))
+    appender.settle()
+    assert updates == [1]
+    appender.append(rows(9))
+    assert appender.table.version() == 10 and updates == [1, 1]
+    assert appender.table.to_pyarrow_table().num_rows == 10 and updates == [1, 1]
+
+
+def test_another_writers_commit_is_stepped_over_and_a_newer_claim_fences(tmp_path):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA, epoch=1)
+    appender.append(rows(1))                                           # version 2
+    write_deltalake(path, rows(2), mode="append")                      # 3: compaction, say
+    write_deltalake(path, rows(3), mode="append")                      # 4
+    assert appender.append(rows(4)) == 5
+    assert xs(path) == [1, 2, 3, 4]
+    deltars.Appender(path, SCHEMA, epoch=2)                            # 6: a newer primary claims it
+    with pytest.raises(Fenced):
+        appender.append(rows(99))
+    assert xs(path) == [1, 2, 3, 4] and DeltaTable(path).version() == 6
+    assert not glob.glob(os.path.join(path, "_delta_log", ".taproot-*"))
+
+
+def test_a_metadata_change_is_checked_again_and_a_table_it_cannot_write_goes_through_delta_rs(tmp_path):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    appender.append(rows(1))
+    other = DeltaTable(path)
+    other.alter.set_table_properties({"delta.logRetentionDuration": "interval 2 days"})   # a metaData action
+    assert appender.append(rows(2)) == 3 and appender.log is not None
+    other.update_incremental()
+    other.alter.add_constraint({"small": "x < 1000"})     # a check constraint: not a blind append's to judge
+    assert appender.append(rows(3)) == 5
+    assert appender.log is None                           # delta-rs's commits from here on
+    assert actions(path, 5)[0]["commitInfo"]["clientVersion"].startswith("delta-rs")
+    assert appender.append(rows(4)) == 6
+    assert xs(path) == [1, 2, 3, 4]
+
+
+def test_a_log_unsure_of_the_latest_version_asks_delta_rs_and_never_commits_into_a_trimmed_gap(tmp_path, monkeypatch):
+    """Trimming deletes log entries below a checkpoint once they are older
+    than the retention (5 s at the least). A put-if-absent aimed at such a
+    deleted version would succeed, below the checkpoint readers start from:
+    an append lost. So a log whose knowledge is older than 1 s asks delta-rs
+    for the latest version first."""
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    appender.append(rows(0))                                           # version 1
+    other = deltars.Appender(path, SCHEMA)
+    for i in range(1, 25):
+        other.append(rows(i))                                          # 2..25, checkpoints 9 and 19
+    assert deltars.trim_log(path, needed_from=25, min_age_s=0) > 0
+    assert not os.path.exists(os.path.join(path, "_delta_log", f"{2:020d}.json"))
+    monkeypatch.setattr(appender.log, "known_at", appender.log.known_at - deltars.LOCAL_LOG_FRESH_S)
+    assert appender.append(rows(25)) == 26
+    assert xs(path) == list(range(26))
+
+
+def test_a_writer_killed_before_its_link_leaves_nothing_a_reader_sees(tmp_path):
+    path = str(tmp_path / "puts")
+    deltars.Appender(path, SCHEMA).append(rows(1))
+    leftover = os.path.join(path, "_delta_log", ".taproot-deadbeef.json.tmp")
+    with open(leftover, "w") as fh:
+        fh.write('{"add": {"path": "never-written.parquet"}}\n')
+    assert xs(path) == [1]                                # readers do not list it
+    appender = deltars.Appender(path, SCHEMA)
+    assert not os.path.exists(leftover)
+    appender.append(rows(2))
+    assert xs(path) == [1, 2]
+
+
+def test_the_primary_tables_are_written_by_the_local_log_and_spark_reads_them_back(tmp_path):
+    """The tables the primary makes (PUT log schema and properties) are ones
+    the local log writes; Spark's reading of them is the pipeline's suites'."""
+    appender = deltars.Appender(str(tmp_path / "puts"), tables.PUTS_SCHEMA, epoch=1)
+    assert appender.log is not None and deltars.local_log_refusal(appender.table) is None
+
+
+def test_a_background_checkpointer_writes_them_off_the_commit_thread(tmp_path, monkeypatch):
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA, background_checkpoints=True)
+    updates = []
+    real = appender._handle.update_incremental
+    monkeypatch.setattr(appender._handle, "update_incremental", lambda: (updates.append(1), real())[1])
+    try:
+        for i in range(12):
+            appender.append(rows(i))
+        assert appender.checkpointer is not None
+        deadline = time.monotonic() + 30
+        while not glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")):
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.05)
+        assert updates == []                       # the commit thread's handle never moved
+        checkpoint = int(os.path.basename(glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet"))[0])[:20])
+        assert checkpoint >= 9
+    finally:
+        appender.close()
+    assert xs(path) == list(range(12))
+
+
+def test_the_compactor_commits_between_back_to_back_appends(tmp_path):
+    """delta-rs retries a lost race 15 times; local-log appends back to back
+    would win every race. The compactor holds the appender's commit lock."""
+    from primary.compaction import Compactor
+
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA, background_checkpoints=True)
+    for i in range(20):
+        appender.append(rows(i))
+    stop = threading.Event()
+    appended: list[int] = []
+
+    def append_on() -> None:
+        while not stop.is_set():
+            appender.append(rows(1000 + len(appended)), settle=False)
+            appended.append(1)
+
+    thread = threading.Thread(target=append_on)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        compactor = Compactor(path, 10, "test", commit_lock=appender.commit_lock)
+        metrics = compactor.compact_now()
+    finally:
+        stop.set()
+        thread.join()
+        appender.close()
+    assert metrics["numFilesRemoved"] >= 20 and appended
+    assert xs(path) == list(range(20)) + list(range(1000, 1000 + len(appended)))
