@@ -11,10 +11,11 @@ a commit whose data file was lost (a table no reader can open). A durable
 therefore writes each commit in order:
 
 1. the Parquet data file, by pyarrow, then fsync of the file and its directory;
-2. the commit (delta-rs, `create_write_transaction` with that file's add
-   action and the same statistics delta-rs computes, `delta_stats`);
-3. fsync of the commit file, of a checkpoint if that commit made one, and of
-   `_delta_log/`.
+2. the commit file, with that file's add action and the same statistics
+   delta-rs computes (`delta_stats`): written and fsynced under a temp name,
+   then linked to its version's name (put-if-absent), then `_delta_log/`
+   fsynced (`LocalLog`; through delta-rs, `create_write_transaction` and then
+   the fsyncs, for a table whose protocol `LocalLog` does not write).
 
 Only then does `append` return, and the caller ACK. Object stores (s3://, ...)
 acknowledge a PUT once it is stored, so they keep delta-rs's own writer.
