@@ -46,6 +46,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import RemoveAction
 
 from storage import deltars
+from storage.worker import WakeThread
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,7 @@ class Compactor:
         self.compactions = 0
         self.trimmed_log_files = 0
         self._commits = 0
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"compact-{name}", daemon=True)
+        self._thread = WakeThread(f"compact-{name}", self._upkeep)
 
     def start(self) -> None:
         if self.compact or self.trims:
@@ -87,17 +86,14 @@ class Compactor:
         return self.log_retention_s is not None
 
     def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
+        self._thread.stop()
 
     def on_commit(self) -> None:
         """Called by the table's one writer thread after each commit."""
         self._commits += 1
         if self._commits >= self.every_commits:
             self._commits = 0
-            self._wake.set()
+            self._thread.wake()
 
     def compact_now(self) -> dict[str, Any]:
         table = DeltaTable(self.path)
@@ -125,22 +121,17 @@ class Compactor:
         self.trimmed_log_files += removed
         return removed
 
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopping:
-                return
-            if self.compact:
-                try:
-                    self.compact_now()
-                except Exception:
-                    # Not fatal: appends go on; the next trigger tries again.
-                    log.exception("%s: compaction failed; will retry after more commits", self.name)
+    def _upkeep(self) -> None:
+        if self.compact:
             try:
-                self.trim_log_now()
+                self.compact_now()
             except Exception:
-                log.exception("%s: trimming the log failed; will retry after more commits", self.name)
+                # Not fatal: appends go on; the next trigger tries again.
+                log.exception("%s: compaction failed; will retry after more commits", self.name)
+        try:
+            self.trim_log_now()
+        except Exception:
+            log.exception("%s: trimming the log failed; will retry after more commits", self.name)
 
 
 COMPACTION_KEY = "taprootCompaction"   # in a durable compaction's commitInfo

@@ -43,6 +43,7 @@ from deltalake.transaction import AddAction
 
 from storage.leases import FencedAppender
 from storage.tables import PRIMARY_TABLE_PROPERTIES
+from storage.worker import WakeThread
 
 log = logging.getLogger(__name__)
 
@@ -590,20 +591,14 @@ class Checkpointer:
         self.sync_root = sync_root
         self.checkpoints = 0
         self._handle: DeltaTable | None = None
-        self._due = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"checkpoint-{name}", daemon=True)
+        self._thread = WakeThread(f"checkpoint-{name}", self._checkpoint)
 
     def request(self) -> None:
-        if not self._thread.is_alive() and not self._stopping:
-            self._thread.start()
-        self._due.set()
+        self._thread.start()
+        self._thread.wake()
 
     def stop(self) -> None:
-        self._stopping = True
-        self._due.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
+        self._thread.stop()
 
     def checkpoint_now(self) -> int:
         """Checkpoint the table's latest version; return that version."""
@@ -618,17 +613,12 @@ class Checkpointer:
         self.checkpoints += 1
         return version
 
-    def _run(self) -> None:
-        while True:
-            self._due.wait()
-            self._due.clear()
-            if self._stopping:
-                return
-            try:
-                self.checkpoint_now()
-            except Exception:
-                log.warning("%s: checkpoint failed; the next one is tried after more commits", self.path,
-                            exc_info=True)
+    def _checkpoint(self) -> None:
+        try:
+            self.checkpoint_now()
+        except Exception:
+            log.warning("%s: checkpoint failed; the next one is tried after more commits", self.path,
+                        exc_info=True)
 
 
 class Appender:
