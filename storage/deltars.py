@@ -23,6 +23,7 @@ acknowledge a PUT once it is stored, so they keep delta-rs's own writer.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -539,7 +540,10 @@ class LocalLog:
             with self.lock:
                 return self._link(temp)
         finally:
-            os.unlink(temp)
+            # Gone already if a new primary opening the table removed it as
+            # a leftover: once linked, the commit stands all the same.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
 
     def _link(self, temp: str) -> int:
         while True:

@@ -195,3 +195,23 @@ def test_the_compactor_commits_between_back_to_back_appends(tmp_path):
         appender.close()
     assert metrics["numFilesRemoved"] >= 20 and appended
     assert xs(path) == list(range(20)) + list(range(1000, 1000 + len(appended)))
+
+
+def test_a_commit_whose_temp_file_a_new_primary_removed_after_the_link_stands(tmp_path, monkeypatch):
+    """A new primary opening the table removes temp files it takes for a dead
+    writer's. If that one was already linked, the commit stands: the append
+    answers its version, not an error (its PUTs would be refused, and sent
+    again, though stored)."""
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    log_ = appender.log
+    real = log_._link
+
+    def link_then_removed(temp: str) -> int:
+        version = real(temp)
+        deltars.LocalLog.remove_leftovers(path)
+        return version
+
+    monkeypatch.setattr(log_, "_link", link_then_removed)
+    assert appender.append(rows(7)) == 1
+    assert xs(path) == [7]
