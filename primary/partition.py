@@ -566,9 +566,9 @@ class Partition:
         # The dedup stream and this primary read the PUT log by version;
         # nothing reads the confirm log's history.
         self.compactors = (Compactor(self.paths.puts, every, f"puts-{index}", target, durable, keep_s,
-                                     self._puts_log_needed_from, self._puts.commit_lock),
+                                     self._puts_log_needed_from, self._puts),
                            Compactor(self.paths.confirms, every, f"confirms-{index}", target, durable, keep_s,
-                                     commit_lock=self._confirms.commit_lock))
+                                     appender=self._confirms))
         self.on_pushes: Callable[[list[Push]], None] = send_pushes
         # Federation links (primary/links.py, imported only with links: it loads the SDK).
         self.links: list[LinkForwarder] = []

@@ -471,6 +471,17 @@ def local_log_refusal(table: DeltaTable) -> str | None:
     return None
 
 
+def add_action_json(add: AddAction) -> dict[str, Any]:
+    """An add action as its line in a commit file."""
+    return {"add": {"path": add.path, "partitionValues": add.partition_values or {}, "size": add.size,
+                    "modificationTime": add.modification_time, "dataChange": add.data_change, "stats": add.stats}}
+
+
+def remove_action_json(path: str, size: int, deletion_ms: int, data_change: bool) -> dict[str, Any]:
+    return {"remove": {"path": path, "deletionTimestamp": deletion_ms, "dataChange": data_change,
+                       "extendedFileMetadata": True, "partitionValues": {}, "size": size}}
+
+
 class LogChanged(Exception):
     """A commit since this log's last one changed the table's protocol or
     metadata: what may be written must be checked again."""
@@ -518,16 +529,19 @@ class LocalLog:
 
     def commit(self, adds: list[AddAction]) -> int:
         """Commit `adds` (files already written) as the next version; return it."""
-        now_ms = int(time.time() * 1000)
-        info = {"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-                               "isBlindAppend": True, "engineInfo": ENGINE_INFO, "clientVersion": ENGINE_INFO}}
-        lines = [json.dumps(info, separators=(",", ":"))]
-        for add in adds:
-            lines.append(json.dumps({"add": {
-                "path": add.path, "partitionValues": add.partition_values or {}, "size": add.size,
-                "modificationTime": add.modification_time, "dataChange": add.data_change, "stats": add.stats}},
-                separators=(",", ":")))
-        body = ("\n".join(lines) + "\n" + self._tail).encode()
+        return self.commit_actions({"operation": "WRITE", "operationParameters": {"mode": "Append"},
+                                    "isBlindAppend": True}, [add_action_json(a) for a in adds])
+
+    def commit_actions(self, info: dict[str, Any], actions: list[dict[str, Any]],
+                       removes: frozenset[str] = frozenset()) -> int:
+        """Commit `actions` with `info` in the commitInfo as the next version.
+        `removes`: the paths the commit removes (a compaction's inputs):
+        another writer's commit that removed one of them first is a conflict
+        (`CommitFailedError`), as delta-rs would judge it."""
+        info = {"commitInfo": {"timestamp": int(time.time() * 1000), **info, "engineInfo": ENGINE_INFO,
+                               "clientVersion": ENGINE_INFO}}
+        body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in [info, *actions]) + "\n"
+                + self._tail).encode()
         temp = os.path.join(self.log_dir, f".taproot-{uuid.uuid4().hex}.json.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -538,33 +552,35 @@ class LocalLog:
             os.close(fd)
         try:
             with self.lock:
-                return self._link(temp)
+                return self._link(temp, removes)
         finally:
             # Gone already if a new primary opening the table removed it as
             # a leftover: once linked, the commit stands all the same.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
 
-    def _link(self, temp: str) -> int:
+    def _link(self, temp: str, removes: frozenset[str]) -> int:
         while True:
             version = self.version + 1
             try:
                 os.link(temp, os.path.join(self.log_dir, f"{version:020d}.json"))
             except FileExistsError:
-                self._skip(version)
+                self._skip(version, removes)
                 continue
             self.version, self.known_at = version, time.monotonic()
             if self.durable:
                 fsync_path(self.log_dir)
             return version
 
-    def _skip(self, version: int) -> None:
+    def _skip(self, version: int, removes: frozenset[str]) -> None:
         """Another writer's commit at `version`: check it, then move past it."""
         actions = [json.loads(line) for line in _local_log_entry(self.root, version).splitlines() if line.strip()]
         if self.fence is not None:
             self.fence.check_actions(actions)
         if any("protocol" in a or "metaData" in a for a in actions):
             raise LogChanged(f"{self.root}: version {version} changed the table's protocol or metadata")
+        if removes and any(isinstance(a.get("remove"), dict) and a["remove"].get("path") in removes for a in actions):
+            raise CommitFailedError(f"{self.root}: version {version} removed a file this commit removes")
         self.version, self.known_at = version, time.monotonic()
 
     @staticmethod

@@ -187,7 +187,7 @@ def test_the_compactor_commits_between_back_to_back_appends(tmp_path):
     thread.start()
     try:
         time.sleep(0.2)
-        compactor = Compactor(path, 10, "test", commit_lock=appender.commit_lock)
+        compactor = Compactor(path, 10, "test", appender=appender)
         metrics = compactor.compact_now()
     finally:
         stop.set()
@@ -207,11 +207,32 @@ def test_a_commit_whose_temp_file_a_new_primary_removed_after_the_link_stands(tm
     log_ = appender.log
     real = log_._link
 
-    def link_then_removed(temp: str) -> int:
-        version = real(temp)
+    def link_then_removed(temp: str, removes: frozenset[str]) -> int:
+        version = real(temp, removes)
         deltars.LocalLog.remove_leftovers(path)
         return version
 
     monkeypatch.setattr(log_, "_link", link_then_removed)
     assert appender.append(rows(7)) == 1
     assert xs(path) == [7]
+
+
+def test_a_compaction_whose_input_another_writer_removed_first_is_refused(tmp_path):
+    """A compaction's commit through the log removes its inputs: if another
+    commit removed one of them first (retention, another compaction), it is
+    a conflict, as delta-rs judges it; nothing is committed."""
+    from deltalake.transaction import RemoveAction
+
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    for i in range(3):
+        appender.append(rows(i))
+    first = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pydict()["path"][0]
+    other = DeltaTable(path)
+    deltars.commit_files(other, [RemoveAction(first, True, 0, size=1)], SCHEMA)     # version 4
+    with pytest.raises(Exception, match="removed a file this commit removes"):
+        appender.log.commit_actions({"operation": "OPTIMIZE"}, [deltars.remove_action_json(first, 1, 0, False)],
+                                    removes=frozenset([first]))
+    assert DeltaTable(path).version() == 4
+    version = appender.log.commit_actions({"operation": "OPTIMIZE"}, [], removes=frozenset(["not-removed.parquet"]))
+    assert version == 5 and len(xs(path)) == 2   # the one removed file is gone, once

@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
     if args.delta_rs:
         appender.log = None
     compactor = Compactor(path, args.compact_every, "bench", durable=durable,
-                          log_retention_s=None if args.no_trim else 0, commit_lock=appender.commit_lock)
+                          log_retention_s=None if args.no_trim else 0, appender=appender)
     compactor.start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     single: list[float] = []
@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
     print(f"{args.commits:,} commits of {args.rows} x {args.size} B: p50 {p50:.1f} p90 {p90:.1f} p99 {p99:.1f} "
           f"max {top:.1f} ms; last 10: {' '.join(f'{x:.0f}' for x in single[-10:])} ms"
           + ("" if args.settle or not settles else " (to the answer: the handle's update after it below)"))
+    print(f"{compactor.compactions} compactions, {compactor.trimmed_log_files} log files trimmed", flush=True)
     if appender.checkpointer is not None:
         print(f"{appender.checkpointer.checkpoints} checkpoints, written by a thread of their own", flush=True)
     if settles:
