@@ -238,7 +238,8 @@ def compact_durably(table: DeltaTable, root: str, target_file_bytes: int,
         local.commit_actions({"operation": "OPTIMIZE", "operationParameters": {}, COMPACTION_KEY: True},
                              [deltars.add_action_json(a) if isinstance(a, AddAction) else
                               deltars.remove_action_json(a.path, a.size, now_ms, data_change=False) for a in actions],
-                             removes=frozenset(a.path for a in actions if isinstance(a, RemoveAction)))
+                             removes=frozenset(a.path for a in actions if isinstance(a, RemoveAction)),
+                             read_version=table.version())
     else:
         with appender.commit_lock if appender is not None and appender.commit_lock else contextlib.nullcontext():
             deltars.commit_files(table, actions, schema, CommitProperties(custom_metadata={COMPACTION_KEY: True}),

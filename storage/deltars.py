@@ -500,12 +500,14 @@ class LocalLog:
     `NNN.json`, which fails if the version exists (atomic put-if-absent on a
     local file system), then the directory fsynced.
 
-    A version that exists was committed by another writer (compaction,
-    retention, a newer primary's claim): its actions are read, a newer
-    primary epoch raises `Fenced`, a protocol or metadata change raises
-    `LogChanged`, anything else is skipped and the next version tried. A
-    blind append conflicts with nothing else. delta-rs still creates the
-    table, claims it, compacts it and writes its checkpoints (`Appender`)."""
+    A version that exists was committed by another writer (retention, a
+    newer primary's claim, a compaction through delta-rs): its actions are
+    read, a newer primary epoch raises `Fenced`, a protocol or metadata
+    change raises `LogChanged`, anything else is skipped and the next
+    version tried. A blind append conflicts with nothing else; a
+    compaction's commit (`commit_actions` with `removes`) also with a
+    commit that removed one of its inputs. delta-rs still creates the
+    table, claims it and writes its checkpoints (`Appender`)."""
 
     def __init__(self, root: str, version: int, durable: bool, fence: FencedAppender | None):
         self.root = root
@@ -515,8 +517,9 @@ class LocalLog:
         self.version = version                  # the latest version known
         self.known_at = time.monotonic()        # when that was last true
         # Held for each commit. A writer of this process that commits through
-        # delta-rs (the compactor) holds it too: delta-rs retries a lost race
-        # only so often (15), and these commits come faster than its retries.
+        # delta-rs (a compactor whose log is not fresh) holds it too: delta-rs
+        # retries a lost race only so often (15), and these commits come
+        # faster than its retries.
         self.lock = threading.Lock()
         self._tail = "" if fence is None else json.dumps(fence.txn_action(), separators=(",", ":")) + "\n"
 
@@ -533,11 +536,14 @@ class LocalLog:
                                     "isBlindAppend": True}, [add_action_json(a) for a in adds])
 
     def commit_actions(self, info: dict[str, Any], actions: list[dict[str, Any]],
-                       removes: frozenset[str] = frozenset()) -> int:
+                       removes: frozenset[str] = frozenset(), read_version: int | None = None) -> int:
         """Commit `actions` with `info` in the commitInfo as the next version.
-        `removes`: the paths the commit removes (a compaction's inputs):
-        another writer's commit that removed one of them first is a conflict
-        (`CommitFailedError`), as delta-rs would judge it."""
+        `removes`: the paths the commit removes (a compaction's inputs, read
+        from the table at `read_version`): a commit after `read_version`
+        that removed one of them first is a conflict (`CommitFailedError`),
+        as delta-rs would judge it. The rows of a removed input may have
+        been deleted (retention rewrites files): merged back, they would
+        come back."""
         info = {"commitInfo": {"timestamp": int(time.time() * 1000), **info, "engineInfo": ENGINE_INFO,
                                "clientVersion": ENGINE_INFO}}
         body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in [info, *actions]) + "\n"
@@ -552,6 +558,9 @@ class LocalLog:
             os.close(fd)
         try:
             with self.lock:
+                if removes and read_version is not None:
+                    for version in range(read_version + 1, self.version + 1):
+                        self._check(version, removes)
                 return self._link(temp, removes)
         finally:
             # Gone already if a new primary opening the table removed it as
@@ -574,14 +583,23 @@ class LocalLog:
 
     def _skip(self, version: int, removes: frozenset[str]) -> None:
         """Another writer's commit at `version`: check it, then move past it."""
-        actions = [json.loads(line) for line in _local_log_entry(self.root, version).splitlines() if line.strip()]
+        self._check(version, removes)
+        self.version, self.known_at = version, time.monotonic()
+
+    def _check(self, version: int, removes: frozenset[str]) -> None:
+        """Raise if the commit at `version` fences this primary, changed the
+        table's protocol or metadata, or removed one of `removes`."""
+        try:
+            entry = _local_log_entry(self.root, version)
+        except FileNotFoundError as exc:
+            raise CommitFailedError(f"{self.root}: version {version} is gone; cannot check it") from exc
+        actions = [json.loads(line) for line in entry.splitlines() if line.strip()]
         if self.fence is not None:
             self.fence.check_actions(actions)
         if any("protocol" in a or "metaData" in a for a in actions):
             raise LogChanged(f"{self.root}: version {version} changed the table's protocol or metadata")
         if removes and any(isinstance(a.get("remove"), dict) and a["remove"].get("path") in removes for a in actions):
             raise CommitFailedError(f"{self.root}: version {version} removed a file this commit removes")
-        self.version, self.known_at = version, time.monotonic()
 
     @staticmethod
     def remove_leftovers(root: str) -> None:

@@ -236,3 +236,23 @@ def test_a_compaction_whose_input_another_writer_removed_first_is_refused(tmp_pa
     assert DeltaTable(path).version() == 4
     version = appender.log.commit_actions({"operation": "OPTIMIZE"}, [], removes=frozenset(["not-removed.parquet"]))
     assert version == 5 and len(xs(path)) == 2   # the one removed file is gone, once
+
+
+def test_a_compaction_is_refused_when_an_input_was_removed_after_its_snapshot_even_if_the_log_stepped_over_it(tmp_path):
+    """Retention rewrites a file between the compaction's snapshot and its
+    commit, and the appender's commits have moved the log past that: the
+    compaction must still see it, or the rows retention deleted come back."""
+    from deltalake.transaction import RemoveAction
+
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    for i in range(3):
+        appender.append(rows(i))
+    snapshot = DeltaTable(path)                                    # the compaction's, at version 3
+    first = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()["path"][0]
+    deltars.commit_files(DeltaTable(path), [RemoveAction(first, True, 0, size=1)], SCHEMA)   # 4: retention
+    appender.append(rows(3))                                       # 5: the log steps over 4
+    with pytest.raises(Exception, match="removed a file this commit removes"):
+        appender.log.commit_actions({"operation": "OPTIMIZE"}, [deltars.remove_action_json(first, 1, 0, False)],
+                                    removes=frozenset([first]), read_version=snapshot.version())
+    assert DeltaTable(path).version() == 5
