@@ -47,6 +47,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties
 
 import conf
 from storage import deltars, tables
@@ -121,6 +123,39 @@ def removable_guids(spark: "SparkSession", paths: tables.PartitionPaths, domains
 
 
 FULL_VACUUM_MIN_HOURS = 1
+DELETE_COMMIT_RETRIES = 100
+
+
+def delete_guids(table: "DeltaTable", guids: list[bytes]) -> int:
+    """Delete the rows of `guids` from one of the primary's logs (PUTs or
+    confirms, delta-rs's MERGE); return how many went. The primary appends
+    to the log all the while, and delta-rs refuses a MERGE when a file was
+    added since it read the table that its condition might match ("a
+    concurrent transactions added new data"): with the GUIDs alone, any
+    append. So the condition also bounds `seq` by its largest value in the
+    snapshot read: every row the MERGE should delete is in that snapshot,
+    and the files appended since hold larger seqs by their statistics (the
+    PUT log always; the confirm log unless a consumer confirms an older
+    message late, which makes this MERGE fail and the next round try
+    again). delta-rs retries a lost race 15 times by default; a primary
+    committing every few milliseconds still outruns 100 (measured), and
+    retention then waits for its next round."""
+    bound = _snapshot_max_seq(table)   # None: files without statistics; the GUIDs alone then
+    condition = "t.guid = s.guid" + ("" if bound is None else f" AND t.seq <= {bound}")
+    arrow = pa.table({"guid": pa.array(guids, pa.binary())})
+    metrics = (table.merge(arrow, condition, source_alias="s", target_alias="t",
+                           commit_properties=CommitProperties(max_commit_retries=DELETE_COMMIT_RETRIES))
+               .when_matched_delete().execute())
+    return int(metrics.get("num_target_rows_deleted", 0))
+
+
+def _snapshot_max_seq(table: "DeltaTable") -> int | None:
+    """The largest `seq` in the table's snapshot, from its files' statistics;
+    None when a file has none."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "max.seq" not in actions.column_names or actions.num_rows == 0 or actions["max.seq"].null_count:
+        return None
+    return int(pc.max(actions["max.seq"]).as_py())
 
 
 def vacuum_delta_rs_table(table: "DeltaTable", retain_hours: int) -> int:
@@ -158,13 +193,10 @@ def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, doma
         (SparkDeltaTable.forPath(spark, paths.delivery).alias("t")
          .merge(source.alias("s"), "t.guid = s.guid").whenMatchedDelete().execute())
         # 2. PUT log and 3. confirm log (delta-rs's).
-        arrow = pa.table({"guid": pa.array(guids, pa.binary())})
         for path, attr in ((paths.puts, "removed_put_rows"), (paths.confirms, "removed_confirm_rows")):
             table = deltars.try_open(path)
             if table is not None:
-                metrics = (table.merge(arrow, "t.guid = s.guid", source_alias="s", target_alias="t")
-                           .when_matched_delete().execute())
-                setattr(report, attr, int(metrics.get("num_target_rows_deleted", 0)))
+                setattr(report, attr, delete_guids(table, guids))
     phase("delete")
     dead = deltars.try_open(paths.dead_letters)
     if dead is not None:
