@@ -144,6 +144,7 @@ def test_the_primary_tables_are_written_by_the_local_log_and_spark_reads_them_ba
     assert appender.log is not None and deltars.local_log_refusal(appender.table) is None
 
 
+@pytest.mark.integration   # threads paced by the clock: out of the fast tier
 def test_a_background_checkpointer_writes_them_off_the_commit_thread(tmp_path, monkeypatch):
     path = str(tmp_path / "puts")
     appender = deltars.Appender(path, SCHEMA, background_checkpoints=True)
@@ -166,6 +167,7 @@ def test_a_background_checkpointer_writes_them_off_the_commit_thread(tmp_path, m
     assert xs(path) == list(range(12))
 
 
+@pytest.mark.integration   # threads paced by the clock: out of the fast tier
 def test_the_compactor_commits_between_back_to_back_appends(tmp_path):
     """delta-rs retries a lost race 15 times; local-log appends back to back
     would win every race. The compactor holds the appender's commit lock."""
@@ -258,6 +260,7 @@ def test_a_compaction_is_refused_when_an_input_was_removed_after_its_snapshot_ev
     assert DeltaTable(path).version() == 5
 
 
+@pytest.mark.integration   # threads paced by the clock: out of the fast tier
 @pytest.mark.parametrize("which", ["puts", "confirms"])
 def test_retention_deletes_from_a_log_the_primary_appends_to_all_the_while(tmp_path, which):
     """delta-rs's MERGE with the GUIDs alone failed whenever an append
