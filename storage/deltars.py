@@ -616,6 +616,16 @@ class LocalLog:
                 pass
 
 
+def write_checkpoint(table: DeltaTable, sync_root: str | None) -> int:
+    """Checkpoint `table` at its handle's version, durably on a local disk
+    (`sync_root`); return that version."""
+    table.create_checkpoint()
+    version = table.version()
+    if sync_root is not None:
+        sync_log(sync_root, version)
+    return version
+
+
 class Checkpointer:
     """Writes a table's checkpoints on a thread of its own, through a delta-rs
     handle of its own: for a `LocalLog`'s appender, whose commit thread then
@@ -644,10 +654,7 @@ class Checkpointer:
             self._handle = DeltaTable(self.path)
         else:
             self._handle.update_incremental()
-        self._handle.create_checkpoint()
-        version = self._handle.version()
-        if self.sync_root is not None:
-            sync_log(self.sync_root, version)
+        version = write_checkpoint(self._handle, self.sync_root)
         self.checkpoints += 1
         return version
 
@@ -754,9 +761,7 @@ class Appender:
         self._update()
         if self.log is not None:
             if self.checkpoints:
-                self._handle.create_checkpoint()
-                if self.sync_root is not None:
-                    sync_log(self.sync_root, self._handle.version())
+                write_checkpoint(self._handle, self.sync_root)
             self._checkpointed = self._handle.version()
         self._unsettled = False
 
