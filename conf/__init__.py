@@ -199,6 +199,16 @@ class PipelineConfig:
     # 0: Spark's default, which on a standalone cluster is every free core,
     # leaving none for `taproot sql` or a second pipeline while it runs.
     max_cores: int = 0
+    # The pipeline's CPU priority on a shared machine: its process and the
+    # Spark JVM it starts run at this nice value (0-19), and, when it leads a
+    # session of its own (`make run` starts it so), the Linux autogroup of
+    # that session too, since with autogroups (most desktop and VM kernels)
+    # a process's nice only ranks it within its session. The express lane
+    # pushes without waiting for the pipeline, which is a throughput job:
+    # at 10k msg/s on 2 cores its JVM took 1.3 cores at nice 0 and
+    # lengthened the primary's PUT->ACK p99 (docs/benchmarks.md). 0: the
+    # same priority as the other roles.
+    cpu_nice: int = 19
 
     def spark_options(self) -> dict[str, Any]:
         """`storage.spark.session`'s keyword arguments for these settings."""
@@ -516,6 +526,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     # found: .../_delta_log/...json"), measured with commits and trims back to back.
     "log_retention_s": (5, 10 * 365 * 24 * 3600),
     "trigger_interval_ms": (0, 3_600_000),
+    "cpu_nice": (0, 19),
     "shuffle_partitions": (1, 1024),
     "max_files_per_trigger": (1, 1_000_000),
     "max_payload_bytes": (1, 64 * 1024 * 1024),

@@ -13,6 +13,7 @@ depends on in at least one place; `pytest --long` runs all 24.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import threading
 import time
@@ -32,6 +33,15 @@ SHORT = [("sdk", "proxy", "pipeline", "node"),    # each before everything it ne
          ("node", "sdk", "pipeline", "proxy")]
 MESSAGES = 300
 GAP_S = 1.5         # between two roles' starts
+
+
+def nice_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])    # field 19: after the name, state is the 1st
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def orders(config) -> list[tuple[str, ...]]:
@@ -119,6 +129,11 @@ def test_roles_started_in_any_order_converge(order, tmp_path):
         for name, process in cluster.processes.items():
             assert process.popen.poll() is None, f"{name} exited with {process.popen.returncode}"
         cluster.processes["pipeline"].wait_ready(180)
+        pipeline = cluster.processes["pipeline"].popen.pid
+        # The shipped `[pipeline] cpu_nice`: the pipeline and its Spark JVM yield the CPU to the others.
+        ours = os.nice(0)
+        assert [nice_of(pid) for pid in (pipeline, *children_of(pipeline))] == [max(19, ours)] * 2
+        assert nice_of(cluster.processes[node].popen.pid) == ours
         wanted = set(client.acks)
         wait_until(lambda: wanted <= delivered_guids(cluster.data_dir), 180,
                    what="the pipeline to record every message in the delivery log")
