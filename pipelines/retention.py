@@ -20,11 +20,15 @@ then the PUT log, then the confirm log. Dead letters older than the retention
 are removed too.
 
 One writer engine per table (shared design): the delivery log is Spark's, so
-Spark deletes from it (MERGE), compacts (OPTIMIZE) and vacuums it; the PUT,
-confirm and dead-letter logs are delta-rs's, so delta-rs does the same for them.
-All of these commits are change-free for readers: the primary's change-feed
-tail sees no inserts from them, and the dedup stream skips them
-(`skipChangeCommits`). Vacuum keeps files younger than `vacuum_retention_hours`,
+Spark deletes from it (MERGE), compacts (OPTIMIZE) and vacuums it. The PUT
+and confirm logs are the primary's: on a local disk the delete writes its
+commit as the primary's appends do (`deltars.delete_rows`, put-if-absent
+into `_delta_log`, so a primary appending every few milliseconds cannot
+starve it), on an object store delta-rs's MERGE does it; delta-rs deletes
+from the dead-letter log and vacuums all three. All of these commits are
+change-free for readers: the deleted rows go to change data files, so a
+change-feed reader (a federation link) sees deletes and no inserts from
+them, and the dedup stream skips them (`skipChangeCommits`). Vacuum keeps files younger than `vacuum_retention_hours`,
 which must exceed how far behind a reader (the dedup stream, a time-travel
 query) may be.
 
@@ -100,7 +104,7 @@ def _cutoffs_sql(domains: dict[str, conf.DomainConfig], now: datetime) -> str | 
 
 def removable_guids(spark: "SparkSession", paths: tables.PartitionPaths, domains: dict[str, conf.DomainConfig],
                     now: datetime) -> "DataFrame | None":
-    """DataFrame(guid) of the partition's finished, old messages (the newest
+    """DataFrame(guid, seq) of the partition's finished, old messages (the newest
     kept); None when no domain has a retention."""
     old = _cutoffs_sql(domains, now)
     if old is None:
@@ -119,16 +123,29 @@ def removable_guids(spark: "SparkSession", paths: tables.PartitionPaths, domains
     return (targets.select("guid", "seq").distinct()
             .join(waiting.select("guid").distinct(), "guid", "left_anti")
             .join(newest, "seq", "left_anti")
-            .select("guid"))
+            .select("guid", "seq"))
 
 
 FULL_VACUUM_MIN_HOURS = 1
 DELETE_COMMIT_RETRIES = 100
 
 
-def delete_guids(table: "DeltaTable", guids: list[bytes]) -> int:
+def delete_guids(table: "DeltaTable", guids: list[bytes], seqs: tuple[int, int] | None = None) -> int:
     """Delete the rows of `guids` from one of the primary's logs (PUTs or
-    confirms, delta-rs's MERGE); return how many went. The primary appends
+    confirms); return how many went. `seqs`: the lowest and highest seq of
+    those messages, to skip files by their statistics.
+
+    On a local disk the delete commits through its own `LocalLog`
+    (`deltars.delete_rows`), as the primary's appends do: a lost race there
+    costs a link and reading the winner's JSON, so it keeps up with a
+    primary committing every few milliseconds. Elsewhere, delta-rs's MERGE
+    (`_merge_delete`)."""
+    deleted = deltars.delete_rows(table, guids, seqs)
+    return _merge_delete(table, guids) if deleted is None else deleted
+
+
+def _merge_delete(table: "DeltaTable", guids: list[bytes]) -> int:
+    """delta-rs's MERGE of `guids` into a delete. The primary appends
     to the log all the while, and delta-rs refuses a MERGE when a file was
     added since it read the table that its condition might match ("a
     concurrent transactions added new data"): with the GUIDs alone, any
@@ -184,7 +201,9 @@ def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, doma
         phases.append((name, time.monotonic()))
 
     gone = removable_guids(spark, paths, domains, now)
-    guids: list[bytes] = [] if gone is None else [r.guid for r in gone.collect()]
+    found = [] if gone is None else gone.collect()
+    guids: list[bytes] = [r.guid for r in found]
+    seqs = (min(r.seq for r in found), max(r.seq for r in found)) if found else None
     phase("select")
     report.removed_messages = len(guids)
     if guids:
@@ -196,7 +215,7 @@ def maintain_partition(spark: "SparkSession", paths: tables.PartitionPaths, doma
         for path, attr in ((paths.puts, "removed_put_rows"), (paths.confirms, "removed_confirm_rows")):
             table = deltars.try_open(path)
             if table is not None:
-                setattr(report, attr, delete_guids(table, guids))
+                setattr(report, attr, delete_guids(table, guids, seqs))
     phase("delete")
     dead = deltars.try_open(paths.dead_letters)
     if dead is not None:

@@ -40,7 +40,6 @@ import time
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -192,11 +191,7 @@ def _chunks(root: str, paths: list[str], schema: pa.Schema, rest_ratio: float = 
     held_bytes = 0
     busy_since = time.perf_counter()
     for path in paths:
-        rows = pq.read_table(f"{root}/{path}", use_threads=False)
-        for field in schema:
-            if field.name not in rows.column_names:
-                rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
-        held.append(rows.select(schema.names).cast(schema))
+        held.append(deltars.read_data_file(root, path, schema))
         held_bytes += held[-1].nbytes
         if held_bytes >= CHUNK_BYTES:
             yield pa.concat_tables(held)

@@ -616,6 +616,124 @@ class LocalLog:
                 pass
 
 
+def read_data_file(root: str, path: str, schema: pa.Schema) -> pa.Table:
+    """One data file's rows in `schema`: a file from before a column was
+    added gets it as nulls."""
+    rows = pq.read_table(f"{root}/{path}", use_threads=False)
+    for field in schema:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+    return rows.select(schema.names).cast(schema)
+
+
+_DATA_FILE_NAME = re.compile(r"^(.+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-c000\.")
+CHANGE_DATA_DIR = "_change_data"
+DELETE_ATTEMPTS = 20
+
+
+def _write_change_data(root: str, rows: pa.Table, change_type: str) -> dict[str, Any]:
+    """Write `rows` as a change data file (`_change_data/`, with their
+    `_change_type`), fsynced with its directory; return its `cdc` action."""
+    directory = os.path.join(root, CHANGE_DATA_DIR)
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    name = f"{CHANGE_DATA_DIR}/cdc-00000-{uuid.uuid4()}.c000.snappy.parquet"
+    rows = rows.append_column("_change_type", pa.array([change_type] * rows.num_rows, pa.string()))
+    with open(os.path.join(root, name), "wb") as fh:
+        pq.write_table(rows, fh, compression="snappy")
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_path(directory)
+    if created:
+        fsync_path(root)
+    return {"cdc": {"path": name, "partitionValues": {}, "size": os.path.getsize(os.path.join(root, name)),
+                    "dataChange": False}}
+
+
+def delete_rows(table: DeltaTable, guids: list[bytes], seqs: tuple[int, int] | None = None) -> int | None:
+    """Delete the rows whose `guid` is one of `guids` from a local table
+    whose appends `LocalLog` writes (the primary's PUT and confirm logs),
+    committing through a `LocalLog` of its own; return how many went, or
+    None for a table it must not write (an object store, a protocol
+    `local_log_refusal` names): the caller deletes through delta-rs then.
+
+    delta-rs's MERGE lost every commit race to a primary appending every
+    few milliseconds (100 retries in a row, each rebuilding its snapshot).
+    Here a lost race costs a `link` and reading the winner's small JSON,
+    and appends never conflict with a delete: only a commit that removed
+    one of the files rewritten here does (a compaction), and then the
+    delete is planned again from a new snapshot, up to `DELETE_ATTEMPTS`
+    times. `seqs` (the lowest and highest seq of the rows) skips the files
+    whose statistics rule them out.
+
+    Each file holding such rows is rewritten without them (dataChange=true,
+    its compaction level kept in its name), and the deleted rows go to a
+    change data file, as Delta's DELETE writes them: a change-feed reader
+    (a federation link) sees deletes at that version, not the kept rows
+    again as inserts. The dedup stream skips the commit
+    (`skipChangeCommits`)."""
+    root = local_root(table.table_uri)
+    if root is None or local_log_refusal(table) is not None:
+        return None
+    wanted = pa.array(guids, pa.binary())
+    failure: Exception | None = None
+    for _ in range(DELETE_ATTEMPTS):
+        table.update_incremental()
+        try:
+            return _delete_once(table, root, wanted, seqs)
+        except CommitFailedError as exc:   # a file it rewrote was removed first (a compaction): plan again
+            failure = exc
+    raise CommitFailedError(f"{root}: the delete lost {DELETE_ATTEMPTS} times to commits that removed its files; "
+                            f"the last: {failure}")
+
+
+def _delete_once(table: DeltaTable, root: str, wanted: pa.Array, seqs: tuple[int, int] | None) -> int:
+    read_version = table.version()
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return 0
+    candidates = files
+    if seqs is not None and "min.seq" in files.column_names and not files["min.seq"].null_count:
+        overlaps = pc.and_(pc.less_equal(files["min.seq"], seqs[1]), pc.greater_equal(files["max.seq"], seqs[0]))
+        candidates = files.filter(overlaps)
+    schema = pa.schema(table.schema().to_arrow())
+    now_ms = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = []
+    removes: set[str] = set()
+    gone: list[pa.Table] = []
+    for path, size in zip(candidates["path"].to_pylist(), candidates["size_bytes"].to_pylist()):
+        hit = pc.is_in(pq.read_table(f"{root}/{path}", columns=["guid"], use_threads=False)["guid"], wanted)
+        if not pc.any(hit).as_py():
+            continue
+        rows = read_data_file(root, path, schema)
+        hit = pc.is_in(rows["guid"], wanted)
+        kept = rows.filter(pc.invert(hit))
+        if kept.num_rows:
+            named = _DATA_FILE_NAME.match(os.path.basename(path))
+            add = write_data_file_from(root, schema, [kept], named.group(1) if named else "part-00000")
+            actions.append(add_action_json(add))
+        actions.append(remove_action_json(path, size, now_ms, data_change=True))
+        removes.add(path)
+        gone.append(rows.filter(hit))
+    if not removes:
+        return 0
+    deleted = pa.concat_tables(gone)
+    actions.append(_write_change_data(root, deleted, "delete"))
+    # What the log knows must be the latest version as of now, not as of the
+    # snapshot: the files written above may have taken longer than the log
+    # keeps its entries (trimming), and a put-if-absent into a trimmed gap
+    # would commit below a checkpoint. The versions since the snapshot are
+    # checked for removes of these files.
+    log = LocalLog(root, read_version, durable=True, fence=None)
+    table.update_incremental()
+    log.learn(table.version())
+    log.commit_actions({"operation": "DELETE", "operationParameters": {"predicate": "guid IN (...)"},
+                        "isBlindAppend": False, "operationMetrics": {"numDeletedRows": deleted.num_rows,
+                                                                      "numRemovedFiles": len(removes)}},
+                       actions, removes=frozenset(removes), read_version=read_version)
+    return deleted.num_rows
+
+
 def write_checkpoint(table: DeltaTable, sync_root: str | None) -> int:
     """Checkpoint `table` at its handle's version, durably on a local disk
     (`sync_root`); return that version."""
