@@ -728,10 +728,11 @@ def _delete_once(table: DeltaTable, root: str, wanted: pa.Array, seqs: tuple[int
     table.update_incremental()
     log.learn(table.version())
     log.commit_actions({"operation": "DELETE", "operationParameters": {"predicate": "guid IN (...)"},
-                        "isBlindAppend": False, "operationMetrics": {"numDeletedRows": deleted.num_rows,
-                                                                      "numRemovedFiles": len(removes)}},
+                        "isBlindAppend": False,   # Spark's metrics are strings
+                        "operationMetrics": {"numDeletedRows": str(deleted.num_rows),
+                                             "numRemovedFiles": str(len(removes))}},
                        actions, removes=frozenset(removes), read_version=read_version)
-    return deleted.num_rows
+    return int(deleted.num_rows)
 
 
 def write_checkpoint(table: DeltaTable, sync_root: str | None) -> int:

@@ -129,6 +129,13 @@ def test_retention_removes_finished_old_messages_only_and_nothing_comes_back(clu
     assert set(pending) <= guids_in(paths.delivery) and set(pending) <= guids_in(paths.puts)
     assert set(kept) <= guids_in(paths.delivery)
     assert report.partitions[0].vacuumed_files > 0
+    # Spark reads the PUT log's delete commit (`deltars.delete_rows`): its history, and its change
+    # feed, where the removed messages are deletes and no row comes back as an insert.
+    [deleted_at] = [r.version for r in spark.sql(f"DESCRIBE HISTORY delta.`{paths.puts}`").collect()
+                    if r.operation == "DELETE"]
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", deleted_at)
+            .option("endingVersion", deleted_at).load(paths.puts).select("guid", "_change_type").collect())
+    assert sorted((bytes(r.guid), r._change_type) for r in feed) == sorted((g, "delete") for g in finished)
 
     # Nothing removed comes back: not to a consumer now, not after a primary restart.
     with Session([cluster.proxy_address]) as session, session.open_queue("taproot://hist/jobs", read=True) as q:
