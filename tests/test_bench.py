@@ -163,6 +163,26 @@ def test_statistics_rates_percentiles_and_series():
 
 
 @pytest.mark.unit
+def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind():
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from taproot_ops.bench.authority import by_minute
+
+    start = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
+    puts = [start + dt.timedelta(seconds=s) for s in (0, 30, 59, 60, 119, 130)]
+    lags = [1, 3, 2, 10, 30, 7]             # seconds: the second minute fell behind, the third caught up
+    rows = pa.table({"put_time": pa.array(puts, pa.timestamp("us", tz="UTC")),
+                     "delivered_time": pa.array([p + dt.timedelta(seconds=g) for p, g in zip(puts, lags)],
+                                                pa.timestamp("us", tz="UTC"))})
+    minutes = by_minute(rows, start.timestamp())
+    assert minutes["t"] == [0.0, 60.0, 120.0]
+    assert minutes["max"] == [3000.0, 30000.0, 7000.0] and minutes["p50"][0] == 2000.0
+    assert by_minute(rows.slice(0, 0), start.timestamp()) == {"t": [], "p50": [], "p99": [], "max": []}
+
+
+@pytest.mark.unit
 def test_comparison_table_gives_taproot_over_peer_ratios():
     def run(system, produce, ack_p99):
         return {"system": system, "label": "priority 1Q/1P/1C", "produce_msg_s": produce, "consume_msg_s": produce,

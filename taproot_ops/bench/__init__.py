@@ -128,6 +128,11 @@ def print_result(r: dict[str, Any]) -> None:
         print(f"         authority lag (PUT commit -> delivery row) {fmt_ms(lag)}; {authority['rows']:,} of "
               f"{authority['expected']:,} rows after {authority['waited_s']:.0f} s; "
               f"disagreements {authority['disagreements']}", flush=True)
+        minutes = authority.get("minutes") or {}
+        if len(minutes.get("t", [])) > 1:
+            print("         authority lag per minute of PUTs (p50/p99 s): " + ", ".join(
+                f"{t / 60:.0f}: {p50 / 1000:,.1f}/{p99 / 1000:,.1f}" for t, p50, p99 in zip(
+                    minutes["t"], minutes["p50"], minutes["p99"])), flush=True)
         if authority.get("cpu_s"):
             parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in authority["cpu_s"].items())
             print(f"         server CPU until the authority caught up: {parts}: "
