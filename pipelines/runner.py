@@ -277,7 +277,9 @@ def yield_cpu(nice: int, autogroup: str = AUTOGROUP) -> str:
     session of its own. The autogroup's nice is set too, but only when this
     process leads its session (the embedded launcher starts every role so):
     otherwise the autogroup is the user's shell's, and lowering it would
-    slow everything the user runs there."""
+    slow everything the user runs there. Under spark-submit the driver's
+    JVM started this process, not the other way round: it keeps its own
+    priority (give spark-submit a `nice` of its own)."""
     if nice <= 0:
         return "CPU priority unchanged (cpu_nice = 0)"
     done = []
