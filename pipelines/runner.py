@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
 import tempfile
 import threading
@@ -19,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 import conf
 from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
+from pipelines.priority import yield_cpu
 from pipelines.retention import maintain
 from protocol import pb, pb_grpc
 from protocol.auth import metadata as auth_metadata
@@ -260,48 +260,6 @@ def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: Pipelin
                  durations.get("triggerExecution", 0),
                  ", ".join(f"{k} {v}" for k, v in sorted(durations.items()) if k != "triggerExecution"),
                  "" if state is None else f"; dedup history {state.rows} GUIDs, expiring them {state.eviction_ms} ms")
-
-
-AUTOGROUP = "/proc/self/autogroup"
-
-
-def yield_cpu(nice: int, autogroup: str = AUTOGROUP) -> str:
-    """Lower this process's CPU priority to `nice` (`[pipeline] cpu_nice`)
-    before Spark starts: the JVM it launches inherits it. Returns what was
-    done, for the log. Never raises: a priority that cannot be lowered
-    leaves the pipeline running as it was.
-
-    With Linux autogroups, the scheduler first shares the CPU between
-    sessions and only then between a session's processes by their nice, so
-    the nice alone would not rank the pipeline below a node started in a
-    session of its own. The autogroup's nice is set too, but only when this
-    process leads its session (the embedded launcher starts every role so):
-    otherwise the autogroup is the user's shell's, and lowering it would
-    slow everything the user runs there. Under spark-submit the driver's
-    JVM started this process, not the other way round: it keeps its own
-    priority (give spark-submit a `nice` of its own)."""
-    if nice <= 0:
-        return "CPU priority unchanged (cpu_nice = 0)"
-    done = []
-    try:
-        current = os.nice(0)
-        if current < nice:
-            os.nice(nice - current)
-        done.append(f"nice {os.nice(0)}")
-    except OSError as exc:
-        done.append(f"nice unchanged ({exc.strerror})")
-    if os.getsid(0) == os.getpid():
-        try:
-            with open(autogroup) as f:
-                group_nice = int(f.read().split()[-1])
-            if group_nice < nice:
-                with open(autogroup, "w") as f:
-                    f.write(str(nice))
-            with open(autogroup) as f:
-                done.append(f"session's autogroup nice {int(f.read().split()[-1])}")
-        except (OSError, ValueError, IndexError):
-            pass   # no autogroups (a kernel without them, or not in use): the nice is enough
-    return "CPU priority: " + ", ".join(done)
 
 
 def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_file: str | None = None,

@@ -1,5 +1,5 @@
 """The pipeline yields the CPU to the node and the proxy (`[pipeline]
-cpu_nice`, `pipelines.runner.yield_cpu`): its process's nice, inherited by
+cpu_nice`, `pipelines.priority.yield_cpu`): its process's nice, inherited by
 the JVM, and its session's autogroup only when it leads that session.
 
 Each case runs in a child process: a nice cannot be raised back."""
@@ -23,7 +23,7 @@ AUTOGROUP = Path("/proc/self/autogroup")
 
 PROBE = """
 import json, os, sys
-from pipelines.runner import yield_cpu
+from pipelines.priority import yield_cpu
 said = yield_cpu(int(sys.argv[1]), sys.argv[2])
 try:
     group = open("/proc/self/autogroup").read().split()[-1]
