@@ -168,7 +168,7 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
     import pyarrow as pa
 
-    from taproot_ops.bench.authority import by_minute
+    from taproot_ops.bench.authority import by_minute, lag_ms
 
     start = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
     puts = [start + dt.timedelta(seconds=s) for s in (0, 30, 59, 60, 119, 130)]
@@ -176,10 +176,12 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
     rows = pa.table({"put_time": pa.array(puts, pa.timestamp("us", tz="UTC")),
                      "delivered_time": pa.array([p + dt.timedelta(seconds=g) for p, g in zip(puts, lags)],
                                                 pa.timestamp("us", tz="UTC"))})
-    minutes = by_minute(rows, start.timestamp())
+    minutes = by_minute(rows["put_time"], lag_ms(rows), start.timestamp())
     assert minutes["t"] == [0.0, 60.0, 120.0]
     assert minutes["max"] == [3000.0, 30000.0, 7000.0] and minutes["p50"][0] == 2000.0
-    assert by_minute(rows.slice(0, 0), start.timestamp()) == {"t": [], "p50": [], "p99": [], "max": []}
+    empty = rows.slice(0, 0)
+    assert by_minute(empty["put_time"], lag_ms(empty), start.timestamp()) == {
+        "t": [], "rate": [], "p50": [], "p99": [], "max": []}
 
 
 @pytest.mark.unit

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import deltars, tables
+from taproot_ops.bench.report import Samples, time_series
 
 
 def _rows(data_dir: str, partitions: int, domain: str, since: datetime,
@@ -69,10 +71,11 @@ def authority_lag(data_dir: str, partitions: int, domain: str, since_s: float, e
     if progress:
         print("\r" + " " * 72 + "\r", end="", flush=True)
     lag: dict[str, float | None] = {"p50": None, "p99": None, "max": None}
-    minutes = by_minute(rows, since_s)
+    minutes = time_series(Samples(), since_s, 60.0)
     if rows.num_rows:
         ms = lag_ms(rows)
         lag = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "max": float(ms.max())}
+        minutes = by_minute(rows["put_time"], ms, since_s)
     disagreements = _rows(data_dir, partitions, domain, since, lambda p: p.disagreements, ["seq"], "detected_time")
     return {"lag_ms": lag, "minutes": minutes, "rows": seen, "expected": expected,
             "waited_s": time.monotonic() - started, "disagreements": disagreements.num_rows}
@@ -84,19 +87,9 @@ def lag_ms(rows: pa.Table) -> np.ndarray:
                                             rows["put_time"].cast(pa.int64())), 1000.0).to_numpy(), np.float64)
 
 
-def by_minute(rows: pa.Table, since_s: float) -> dict[str, list[float]]:
-    """The lag's p50, p99 and max for the PUTs of each minute of the run
-    (by `put_time`, from `since_s`): whether the authority keeps up, or
-    falls further behind as the run goes on."""
-    out: dict[str, list[float]] = {"t": [], "p50": [], "p99": [], "max": []}
-    if not rows.num_rows:
-        return out
-    ms = lag_ms(rows)
-    minute = (rows["put_time"].cast(pa.int64()).to_numpy() / 1e6 - since_s) // 60
-    for m in np.unique(minute):
-        chosen = ms[minute == m]
-        out["t"].append(float(m * 60))
-        out["p50"].append(float(np.percentile(chosen, 50)))
-        out["p99"].append(float(np.percentile(chosen, 99)))
-        out["max"].append(float(chosen.max()))
-    return out
+def by_minute(put_time: pa.Array, ms: np.ndarray, since_s: float) -> dict[str, list[float]]:
+    """The lag (`ms`, one per row) by minute of the rows' `put_time` in the
+    run, from `since_s` (`report.time_series`): whether the authority keeps
+    up, or falls further behind as the run goes on."""
+    seconds = put_time.cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6
+    return time_series(Samples(array("d", seconds), array("d", ms)), since_s, 60.0)

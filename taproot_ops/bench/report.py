@@ -63,13 +63,13 @@ def sustained_rate(times: Sequence[float]) -> float:
 
 
 def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict[str, list[Any]]:
-    """Per-bucket count (as msg/s) and latency p50/p99, from `start_s`."""
+    """Per-bucket count (as msg/s) and latency p50/p99/max, from `start_s`."""
+    out: dict[str, list[Any]] = {"t": [], "rate": [], "p50": [], "p99": [], "max": []}
     if not len(samples):
-        return {"t": [], "rate": [], "p50": [], "p99": []}
+        return out
     times = np.asarray(samples.times) - start_s
     latency = np.asarray(samples.latency_ms)
     buckets = np.floor(times / bucket_s).astype(np.int64)
-    out: dict[str, list[Any]] = {"t": [], "rate": [], "p50": [], "p99": []}
     for b in range(int(buckets.min()), int(buckets.max()) + 1):
         mask = buckets == b
         n = int(mask.sum())
@@ -77,6 +77,7 @@ def time_series(samples: Samples, start_s: float, bucket_s: float = 1.0) -> dict
         out["rate"].append(n / bucket_s)
         out["p50"].append(float(np.percentile(latency[mask], 50)) if n else math.nan)
         out["p99"].append(float(np.percentile(latency[mask], 99)) if n else math.nan)
+        out["max"].append(float(latency[mask].max()) if n else math.nan)
     return out
 
 
