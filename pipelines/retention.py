@@ -28,9 +28,9 @@ starve it), on an object store delta-rs's MERGE does it; delta-rs deletes
 from the dead-letter log and vacuums all three. All of these commits are
 change-free for readers: the deleted rows go to change data files, so a
 change-feed reader (a federation link) sees deletes and no inserts from
-them, and the dedup stream skips them (`skipChangeCommits`). Vacuum keeps files younger than `vacuum_retention_hours`,
-which must exceed how far behind a reader (the dedup stream, a time-travel
-query) may be.
+them, and the dedup stream skips them (`skipChangeCommits`). Vacuum keeps
+files younger than `vacuum_retention_hours`, which must exceed how far
+behind a reader (the dedup stream, a time-travel query) may be.
 
 The primary's PUT and confirm logs keep their tombstones (the remove
 actions of compacted files) only 5 minutes (`tables.PRIMARY_TABLE_PROPERTIES`),

@@ -705,8 +705,7 @@ def _delete_once(table: DeltaTable, root: str, wanted: pa.Array, seqs: tuple[int
         hit = pc.is_in(pq.read_table(f"{root}/{path}", columns=["guid"], use_threads=False)["guid"], wanted)
         if not pc.any(hit).as_py():
             continue
-        rows = read_data_file(root, path, schema)
-        hit = pc.is_in(rows["guid"], wanted)
+        rows = read_data_file(root, path, schema)     # the same file: its rows in the same order as `hit`
         kept = rows.filter(pc.invert(hit))
         if kept.num_rows:
             named = _DATA_FILE_NAME.match(os.path.basename(path))
