@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
+from protocol.procstat import stat_fields
 from storage import tables
 from taproot_ops.embedded import free_port
 
@@ -36,8 +37,9 @@ GAP_S = 1.5         # between two roles' starts
 
 
 def nice_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[16])    # field 19: after the name, state is the 1st
+    fields = stat_fields(pid)
+    assert fields is not None, f"no process {pid}"
+    return int(fields[16])     # field 19 of /proc/<pid>/stat; stat_fields starts at field 3
 
 
 def children_of(pid: int) -> list[int]:
