@@ -10,6 +10,17 @@ import os
 AUTOGROUP = "/proc/self/autogroup"
 
 
+def autogroup_nice(autogroup: str = AUTOGROUP) -> int | None:
+    """The nice of this process's autogroup (`/autogroup-123 nice 5`), or None
+    where there is none to read: a kernel without autogroups, or a sandbox
+    (gVisor, some containers) whose file is missing, empty or unparsable."""
+    try:
+        with open(autogroup) as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def yield_cpu(nice: int, autogroup: str = AUTOGROUP) -> str:
     """Lower this process's CPU priority to `nice` (`[pipeline] cpu_nice`)
     before Spark starts: the JVM it launches inherits it. Returns what was
@@ -36,14 +47,15 @@ def yield_cpu(nice: int, autogroup: str = AUTOGROUP) -> str:
     except OSError as exc:
         done.append(f"nice unchanged ({exc.strerror})")
     if os.getsid(0) == os.getpid():
-        try:
-            with open(autogroup) as f:
-                group_nice = int(f.read().split()[-1])
+        group_nice = autogroup_nice(autogroup)
+        if group_nice is not None:   # else no autogroups to set: the nice is enough
             if group_nice < nice:
-                with open(autogroup, "w") as f:
-                    f.write(str(nice))
-            with open(autogroup) as f:
-                done.append(f"session's autogroup nice {int(f.read().split()[-1])}")
-        except (OSError, ValueError, IndexError):
-            pass   # no autogroups (a kernel without them, or not in use): the nice is enough
+                try:
+                    with open(autogroup, "w") as f:
+                        f.write(str(nice))
+                except OSError:
+                    pass
+            group_nice = autogroup_nice(autogroup)
+            if group_nice is not None:
+                done.append(f"session's autogroup nice {group_nice}")
     return "CPU priority: " + ", ".join(done)

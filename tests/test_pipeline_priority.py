@@ -15,36 +15,26 @@ from pathlib import Path
 import pytest
 
 import conf
+from pipelines.priority import autogroup_nice
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-AUTOGROUP = Path("/proc/self/autogroup")
 
 PROBE = """
 import json, os, sys
-from pipelines.priority import yield_cpu
+from pipelines.priority import autogroup_nice, yield_cpu
 said = yield_cpu(int(sys.argv[1]), sys.argv[2])
-try:
-    group = open("/proc/self/autogroup").read().split()[-1]
-except OSError:
-    group = None
+group = autogroup_nice()
 child = int(os.popen("nice").read())   # a child (the JVM) inherits it: `nice` alone prints its own
 print(json.dumps(dict(said=said, nice=os.nice(0), child=child, group=group)))
 """
 
 
-def probe(nice: int, *, own_session: bool, autogroup: str = str(AUTOGROUP)) -> dict:
+def probe(nice: int, *, own_session: bool, autogroup: str = "/proc/self/autogroup") -> dict:
     out = subprocess.run([sys.executable, "-c", PROBE, str(nice), autogroup], cwd=ROOT, check=True,
                          capture_output=True, text=True, start_new_session=own_session, timeout=60)
     return json.loads(out.stdout)
-
-
-def own_autogroup_nice() -> str | None:
-    try:
-        return AUTOGROUP.read_text().split()[-1]
-    except OSError:
-        return None
 
 
 def test_the_shipped_pipeline_yields_the_cpu():
@@ -55,21 +45,26 @@ def test_a_session_leader_lowers_its_nice_and_its_autogroup():
     result = probe(7, own_session=True)
     assert result["nice"] == 7 and result["child"] == 7
     assert "nice 7" in result["said"]
-    if own_autogroup_nice() is not None:     # a kernel with autogroups
-        assert result["group"] == "7" and "autogroup nice 7" in result["said"]
+    if autogroup_nice() is not None:     # a kernel with autogroups
+        assert result["group"] == 7 and "autogroup nice 7" in result["said"]
 
 
 def test_inside_someone_elses_session_the_autogroup_is_left_alone():
-    before = own_autogroup_nice()
+    before = autogroup_nice()
     result = probe(5, own_session=False)
     assert result["nice"] == 5 and result["child"] == 5
     assert "autogroup" not in result["said"]
-    assert own_autogroup_nice() == before and result["group"] == before
+    assert autogroup_nice() == before and result["group"] == before
 
 
 def test_no_autogroups_and_zero_change_nothing_and_never_raise(tmp_path):
     result = probe(3, own_session=True, autogroup=str(tmp_path / "missing"))
     assert result["nice"] == 3 and "autogroup" not in result["said"]
+    empty = tmp_path / "empty"      # what some sandboxes (gVisor) show for /proc/self/autogroup
+    empty.write_text("")
+    result = probe(3, own_session=True, autogroup=str(empty))
+    assert result["nice"] == 3 and "autogroup" not in result["said"] and empty.read_text() == ""
+    assert autogroup_nice(str(empty)) is None and autogroup_nice(str(tmp_path / "missing")) is None
     result = probe(0, own_session=True)
     assert result["nice"] == os.nice(0) and result["said"] == "CPU priority unchanged (cpu_nice = 0)"
 
