@@ -209,6 +209,13 @@ class PipelineConfig:
     # lengthened the primary's PUT->ACK p99 (docs/benchmarks.md). 0: the
     # same priority as the other roles.
     cpu_nice: int = 19
+    # While the pipeline yields (cpu_nice above 0, in a session it leads)
+    # and its authority lag (the age of the oldest PUT it has not judged)
+    # reaches this many seconds, its session takes an equal CPU share again
+    # (autogroup nice 0) until the lag is back under half of it: on a
+    # machine the node and the proxy saturate, yielding alone lets the lag
+    # grow without bound. 0: yield always.
+    cpu_full_share_lag_s: int = 30
 
     def spark_options(self) -> dict[str, Any]:
         """`storage.spark.session`'s keyword arguments for these settings."""
@@ -527,6 +534,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "log_retention_s": (5, 10 * 365 * 24 * 3600),
     "trigger_interval_ms": (0, 3_600_000),
     "cpu_nice": (0, 19),
+    "cpu_full_share_lag_s": (0, 86_400),
     "shuffle_partitions": (1, 1024),
     "max_files_per_trigger": (1, 1_000_000),
     "max_payload_bytes": (1, 64 * 1024 * 1024),

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 import conf
 from pipelines.dedup import start_dedup_query
 from pipelines.fanout import DomainsReloader
-from pipelines.priority import yield_cpu
+from pipelines.priority import LagGovernor, lag_governor, yield_cpu
 from pipelines.retention import maintain
 from protocol import pb, pb_grpc
 from protocol.auth import metadata as auth_metadata
@@ -195,6 +195,49 @@ class DedupState:
                    eviction_ms=sum(int(o.get("allRemovalsTimeMs", 0)) for o in operators))
 
 
+def _epoch_s(text: str) -> float:
+    """A progress timestamp ("2026-11-29T19:02:03.456Z") as epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class AuthorityLag:
+    """How far the dedup query runs behind the PUT log, from its progress: the
+    age of the oldest PUT it has not judged yet, in seconds, as the bench's
+    authority lag (PUT commit -> delivery row) measures it afterwards.
+
+    `put_time` is the primary's commit time, so each batch's event times date
+    its rows. A finished batch with rows judged its oldest row that late
+    (its end minus its earliest `put_time`). While a batch with new data
+    runs, its rows were committed after both the newest row judged before
+    and the start of the last trigger, so the oldest of them is at most
+    `now` minus the later of the two old: under load, batches run back to
+    back and that is their lag as it grows. A trigger that found no rows
+    (Spark reports one every 10 s while idle) leaves nothing waiting."""
+
+    def __init__(self) -> None:
+        self.judged_s = 0.0           # the last batch's oldest row: its age when judged
+        self._since = 0.0             # new rows are younger than this (epoch s)
+
+    def batch(self, progress: Mapping[str, Any]) -> None:
+        try:
+            started = _epoch_s(progress["timestamp"])
+            ended = started + progress.get("durationMs", {}).get("triggerExecution", 0) / 1000
+            event = progress.get("eventTime") or {}
+            if progress.get("numInputRows", 0) and "min" in event:
+                self.judged_s = max(0.0, ended - _epoch_s(event["min"]))
+                self._since = max(started, _epoch_s(event["max"]))
+            else:
+                self.judged_s, self._since = 0.0, started
+        except (KeyError, TypeError, ValueError):
+            pass   # a progress without the fields: the estimate stays as it was
+
+    def now_s(self, running: bool, now: float) -> float:
+        """The lag now; `running`: a trigger with new data is in progress."""
+        if running and self._since:
+            return max(0.0, now - self._since)
+        return self.judged_s
+
+
 class PipelineStats:
     """The micro-batches of each query, for the pipeline's metrics."""
 
@@ -206,6 +249,9 @@ class PipelineStats:
         self.active: dict[str, bool] = {}
         self.state_rows: dict[str, int] = {}        # GUIDs in the dedup history after the last batch
         self.eviction_s: dict[str, float] = {}      # time its tasks spent expiring the history, all batches
+        self.lag: dict[str, AuthorityLag] = {}
+        self.lag_s: dict[str, float] = {}           # the last estimate, for /metrics
+        self.governor: LagGovernor | None = None
 
     def batch(self, query: str, rows: int, seconds: float, state: DedupState | None = None) -> None:
         with self._lock:
@@ -220,7 +266,7 @@ class PipelineStats:
         with self._lock:
             batches, rows, seconds, active = dict(self.batches), dict(self.rows), dict(self.seconds), \
                 dict(self.active)
-            state_rows, eviction_s = dict(self.state_rows), dict(self.eviction_s)
+            state_rows, eviction_s, lag_s = dict(self.state_rows), dict(self.eviction_s), dict(self.lag_s)
         done = CounterMetricFamily("taproot_pipeline_batches", "micro-batches finished", labels=["query"])
         read = CounterMetricFamily("taproot_pipeline_input_rows", "PUT-log rows the micro-batches read",
                                    labels=["query"])
@@ -232,6 +278,9 @@ class PipelineStats:
         evicting = CounterMetricFamily("taproot_pipeline_dedup_eviction_seconds",
                                        "task time spent scanning the dedup state for expired GUIDs "
                                        "(Spark scans all of it every micro-batch)", labels=["query"])
+        behind = GaugeMetricFamily("taproot_pipeline_authority_lag_seconds",
+                                   "age of the oldest PUT the query has not judged (an estimate from its "
+                                   "progress)", labels=["query"])
         for name in sorted(set(batches) | set(active)):
             done.add_metric([name], batches.get(name, 0))
             read.add_metric([name], rows.get(name, 0))
@@ -241,22 +290,55 @@ class PipelineStats:
             if name in state_rows:
                 history.add_metric([name], state_rows[name])
                 evicting.add_metric([name], eviction_s[name])
-        yield from (done, read, took, running, history, evicting)
+            if name in lag_s:
+                behind.add_metric([name], lag_s[name])
+        yield from (done, read, took, running, history, evicting, behind)
+        if self.governor is not None:
+            yield GaugeMetricFamily("taproot_pipeline_cpu_full_share",
+                                    "1 while the pipeline, behind by cpu_full_share_lag_s, takes an equal CPU "
+                                    "share (autogroup nice 0) instead of yielding", value=int(self.governor.full_share))
+            yield CounterMetricFamily("taproot_pipeline_cpu_full_share_changes",
+                                      "times the pipeline went to an equal CPU share", value=self.governor.changes)
+
+    def observe(self, query: "StreamingQuery", now: float) -> float:
+        """The query's authority lag now (`AuthorityLag`), recorded for /metrics."""
+        status = query.status
+        lag = self.lag.setdefault(query.name, AuthorityLag()).now_s(
+            bool(status.get("isTriggerActive") and status.get("isDataAvailable")), now)
+        with self._lock:
+            self.lag_s[query.name] = lag
+        return lag
+
+    def govern(self, lag_s: float) -> None:
+        """Give the pipeline its CPU share back while it is behind (`LagGovernor`)."""
+        if self.governor is not None:
+            said = self.governor.observe(lag_s)
+            if said is not None:
+                log.info("%s", said)
 
 
-def log_progress(query: "StreamingQuery", logged: dict[str, int], stats: PipelineStats | None = None) -> None:
-    """One log line per new micro-batch: its rows, its duration, and where the time went."""
+def log_progress(query: "StreamingQuery", logged: dict[str, tuple[str, int]],
+                 stats: PipelineStats | None = None) -> None:
+    """One log line per new micro-batch: its rows, its duration, and where the
+    time went. While idle, Spark reports a trigger that found no data every
+    10 s under the id the next batch will take: such a report is no batch
+    (nothing ran, no `addBatch`) and only tells the lag that nothing waits.
+    Reports are told apart by their start time, then their id."""
     for progress in query.recentProgress:
-        batch = progress["batchId"]
-        if batch <= logged.get(query.name, -1):
+        key = (str(progress.get("timestamp", "")), int(progress["batchId"]))
+        if key <= logged.get(query.name, ("", -1)):
             continue
-        logged[query.name] = batch
+        logged[query.name] = key
+        if stats is not None:
+            stats.lag.setdefault(query.name, AuthorityLag()).batch(progress)
         durations = progress.get("durationMs", {})
+        if "addBatch" not in durations:
+            continue
         state = DedupState.of(progress)
         if stats is not None:
             stats.batch(query.name, progress.get("numInputRows", 0), durations.get("triggerExecution", 0) / 1000,
                         state)
-        log.info("%s batch %d: %d rows in %d ms (%s)%s", query.name, batch, progress.get("numInputRows", 0),
+        log.info("%s batch %d: %d rows in %d ms (%s)%s", query.name, key[1], progress.get("numInputRows", 0),
                  durations.get("triggerExecution", 0),
                  ", ".join(f"{k} {v}" for k, v in sorted(durations.items()) if k != "triggerExecution"),
                  "" if state is None else f"; dedup history {state.rows} GUIDs, expiring them {state.eviction_ms} ms")
@@ -275,6 +357,10 @@ def run(config: conf.ClusterConfig, *, node_address: str | None = None, ready_fi
             signal.signal(sig, lambda *_: stop.set())
     log.info("%s", yield_cpu(config.pipeline.cpu_nice))
     stats = PipelineStats()
+    stats.governor = lag_governor(config.pipeline.cpu_nice, config.pipeline.cpu_full_share_lag_s)
+    if stats.governor is not None:
+        log.info("the pipeline takes a full CPU share while its authority lag is over %g s",
+                 config.pipeline.cpu_full_share_lag_s)
     port = config.pipeline.http_port if http_port is None else http_port
     http = None if port < 0 else HttpServer("pipeline", config.pipeline.http_host, port,
                                             registry_for(stats.collect)).start()
@@ -438,15 +524,18 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
         log.info("Spark Connect: sc://%s:%d", config.pipeline.connect_host, connect_port)
     write_ready_file(ready_file, queries=[q.name for q in queries], http_port=http_port, connect_port=connect_port)
     failed = None
-    logged: dict[str, int] = {}
+    logged: dict[str, tuple[str, int]] = {}
     interval_s = config.maintenance.interval_s
     next_maintenance = time.monotonic() + interval_s
     while not stop.is_set() and failed is None:
         stop.wait(0.5)
         failed = next((q for q in queries if not q.isActive), None)
+        lag_s = 0.0
         for q in queries:
             stats.active[q.name] = q.isActive
             log_progress(q, logged, stats)
+            lag_s = max(lag_s, stats.observe(q, time.time()))
+        stats.govern(lag_s)
         if views is not None:
             views.refresh(time.monotonic())
         if interval_s and time.monotonic() >= next_maintenance:

@@ -103,6 +103,36 @@ def test_the_pipeline_counts_its_dedup_history_and_the_time_spent_expiring_it(ca
     assert samples[("taproot_pipeline_batches_total", ("taproot-dedup-000",))] == 2
 
 
+@pytest.mark.unit
+def test_an_idle_report_is_no_batch_and_the_batch_after_it_is_counted(caplog):
+    """While idle, Spark reports a trigger that found no data every 10 s,
+    under the id the next batch will take (seen on Spark 4.2: `3 0 rows`
+    twice, then `3 7 rows`). Such a report is no batch, and the batch that
+    follows it under the same id is still logged and counted."""
+    from pipelines.runner import PipelineStats, log_progress
+
+    def report(batch: int, at: str, rows: int, ran: bool = True) -> dict:
+        durations = {"triggerExecution": 500, "latestOffset": 3, **({"addBatch": 400} if ran else {})}
+        return {"batchId": batch, "timestamp": f"2026-11-29T19:00:{at}Z", "numInputRows": rows,
+                "durationMs": durations}
+
+    class Query:
+        name = "taproot-dedup-000"
+        recentProgress = [report(2, "01.000", 50)]
+
+    stats, logged = PipelineStats(), {}
+    with caplog.at_level("INFO", logger="pipelines.runner"):
+        log_progress(Query(), logged, stats)   # type: ignore[arg-type]
+        Query.recentProgress += [report(3, "12.000", 0, ran=False), report(3, "23.000", 0, ran=False)]
+        log_progress(Query(), logged, stats)   # type: ignore[arg-type]
+        Query.recentProgress += [report(3, "25.000", 7)]
+        log_progress(Query(), logged, stats)   # type: ignore[arg-type]
+    assert "batch 3: 7 rows" in caplog.text and "batch 3: 0 rows" not in caplog.text
+    samples = {(s.name, tuple(s.labels.values())): s.value for family in stats.collect() for s in family.samples}
+    assert samples[("taproot_pipeline_batches_total", ("taproot-dedup-000",))] == 2
+    assert samples[("taproot_pipeline_input_rows_total", ("taproot-dedup-000",))] == 57
+
+
 @pytest.mark.integration   # a server on a loopback port
 def test_the_http_server_serves_metrics_and_routes_and_says_what_it_cannot():
     from prometheus_client.core import GaugeMetricFamily

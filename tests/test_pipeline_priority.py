@@ -10,12 +10,13 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 import conf
-from pipelines.priority import autogroup_nice
+from pipelines.priority import LagGovernor, autogroup_nice, lag_governor
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +84,116 @@ def test_cpu_nice_out_of_range_is_a_config_error(tmp_path, value):
     path.write_text(shipped.replace("cpu_nice = 19", f"cpu_nice = {value}"))
     with pytest.raises(conf.ConfigError, match="pipeline.cpu_nice"):
         conf.load(str(path), data_dir=str(tmp_path / "data"))
+
+
+def test_the_shipped_pipeline_takes_a_full_share_past_30_s_of_lag(tmp_path):
+    assert conf.load(None, data_dir="/tmp/unused").pipeline.cpu_full_share_lag_s == 30
+    shipped = (ROOT / "conf" / "cluster.toml").read_text()
+    path = tmp_path / "cluster.toml"
+    path.write_text(shipped.replace("cpu_full_share_lag_s = 30", "cpu_full_share_lag_s = -5"))
+    with pytest.raises(conf.ConfigError, match="pipeline.cpu_full_share_lag_s"):
+        conf.load(str(path), data_dir=str(tmp_path / "data"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_governor_gives_the_share_back_while_behind_and_yields_again_once_caught_up(tmp_path):
+    """Past the bound the autogroup goes to nice 0; it returns to cpu_nice only
+    under half the bound, and no change follows another within the dwell."""
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-1 nice 19\n")
+    clock = Clock()
+    governor = LagGovernor(19, 30, autogroup=str(group), dwell_s=5, clock=clock)
+    assert governor.observe(29.9) is None and group.read_text().startswith("/autogroup")
+    said = governor.observe(30.0)
+    assert said is not None and "full CPU share" in said and group.read_text() == "0"
+    assert governor.full_share and governor.changes == 1
+    clock.now = 1
+    assert governor.observe(1.0) is None                  # within the dwell: no change yet
+    clock.now = 6
+    assert governor.observe(15.1) is None                 # caught up only to more than half the bound
+    said = governor.observe(15.0)
+    assert said is not None and "yields the CPU again" in said and group.read_text() == "19"
+    assert not governor.full_share and governor.changes == 1
+    clock.now = 20
+    governor.observe(45)
+    assert group.read_text() == "0" and governor.changes == 2
+
+
+def test_a_change_the_kernel_refuses_is_said_and_tried_again(tmp_path):
+    """The kernel takes one autogroup change every 100 ms (EAGAIN); an
+    unwritable file stands in for that. Nothing raises; the next observation
+    tries again."""
+    governor = LagGovernor(19, 30, autogroup=str(tmp_path / "gone" / "autogroup"), dwell_s=5, clock=Clock())
+    said = governor.observe(60)
+    assert said is not None and "stays" in said and not governor.full_share
+    (tmp_path / "gone").mkdir()
+    said = governor.observe(60)
+    assert said is not None and "stays" not in said and governor.full_share
+
+
+def test_no_governor_without_yielding_a_bound_or_an_autogroup_of_ones_own(tmp_path):
+    assert lag_governor(0, 30) is None and lag_governor(19, 0) is None
+    assert lag_governor(19, 30, autogroup=str(tmp_path / "missing")) is None
+    assert lag_governor(19, 30) is None          # pytest does not lead its session
+
+
+GOVERN = """
+import json, sys
+from pipelines.priority import autogroup_nice, lag_governor, yield_cpu
+yield_cpu(9)
+governor = lag_governor(9, 30)
+if governor is None:
+    print(json.dumps(None))
+    raise SystemExit
+seen = [autogroup_nice()]
+governor.dwell_s = 0.2
+governor.observe(31)
+seen.append(autogroup_nice())
+import time; time.sleep(0.3)
+governor.observe(2)
+seen.append(autogroup_nice())
+print(json.dumps(seen))
+"""
+
+
+def test_a_session_leader_can_take_its_share_back_and_yield_again():
+    """On this kernel, unprivileged: the autogroup nice goes 9 -> 0 -> 9
+    (a process's own nice could not come back down)."""
+    out = subprocess.run([sys.executable, "-c", GOVERN], cwd=ROOT, check=True, capture_output=True, text=True,
+                         start_new_session=True, timeout=60)
+    seen = json.loads(out.stdout)
+    if autogroup_nice() is None:       # no autogroups here (a sandbox): no governor either
+        assert seen is None
+    else:
+        assert seen == [9, 0, 9]
+
+
+def test_the_lag_is_the_oldest_row_judged_late_or_the_age_of_what_waits():
+    from pipelines.runner import AuthorityLag
+
+    def at(seconds: float) -> str:
+        return f"2026-11-29T19:00:{seconds:06.3f}Z"
+
+    base = datetime.fromisoformat("2026-11-29T19:00:00+00:00").timestamp()
+    lag = AuthorityLag()
+    assert lag.now_s(running=False, now=base) == 0.0
+    # Rows committed from 0.5 to 9.0 s, judged by a batch that started at 10 and took 4 s.
+    lag.batch({"timestamp": at(10), "numInputRows": 900, "durationMs": {"triggerExecution": 4000},
+               "eventTime": {"min": at(0.5), "max": at(9.0), "watermark": at(0)}})
+    assert lag.now_s(running=False, now=base + 14) == pytest.approx(13.5)
+    # The next batch runs: what it judges was committed after 10 s (the trigger's start).
+    assert lag.now_s(running=True, now=base + 30) == pytest.approx(20.0)
+    # A trigger that found nothing: nothing waits.
+    lag.batch({"timestamp": at(40), "numInputRows": 0, "durationMs": {"triggerExecution": 3},
+               "eventTime": {"watermark": at(0)}})
+    assert lag.now_s(running=False, now=base + 41) == 0.0
+    assert lag.now_s(running=True, now=base + 41) == pytest.approx(1.0)
+    lag.batch({"numInputRows": 5})          # a report without its fields changes nothing
+    assert lag.now_s(running=False, now=base + 41) == 0.0
