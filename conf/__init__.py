@@ -215,7 +215,7 @@ class PipelineConfig:
     # (autogroup nice 0) until the lag is back under half of it: on a
     # machine the node and the proxy saturate, yielding alone lets the lag
     # grow without bound. 0: yield always.
-    cpu_full_share_lag_s: int = 30
+    cpu_full_share_lag_s: int = 60
 
     def spark_options(self) -> dict[str, Any]:
         """`storage.spark.session`'s keyword arguments for these settings."""

@@ -86,11 +86,11 @@ def test_cpu_nice_out_of_range_is_a_config_error(tmp_path, value):
         conf.load(str(path), data_dir=str(tmp_path / "data"))
 
 
-def test_the_shipped_pipeline_takes_a_full_share_past_30_s_of_lag(tmp_path):
-    assert conf.load(None, data_dir="/tmp/unused").pipeline.cpu_full_share_lag_s == 30
+def test_the_shipped_pipeline_takes_a_full_share_past_60_s_of_lag(tmp_path):
+    assert conf.load(None, data_dir="/tmp/unused").pipeline.cpu_full_share_lag_s == 60
     shipped = (ROOT / "conf" / "cluster.toml").read_text()
     path = tmp_path / "cluster.toml"
-    path.write_text(shipped.replace("cpu_full_share_lag_s = 30", "cpu_full_share_lag_s = -5"))
+    path.write_text(shipped.replace("cpu_full_share_lag_s = 60", "cpu_full_share_lag_s = -5"))
     with pytest.raises(conf.ConfigError, match="pipeline.cpu_full_share_lag_s"):
         conf.load(str(path), data_dir=str(tmp_path / "data"))
 
