@@ -212,11 +212,13 @@ class AuthorityLag:
     and the start of the last trigger, so the oldest of them is at most
     `now` minus the later of the two old: under load, batches run back to
     back and that is their lag as it grows. A trigger that found no rows
-    (Spark reports one every 10 s while idle) leaves nothing waiting."""
+    (Spark reports one every 10 s while idle) leaves nothing waiting.
+    Before its first report, a running batch is at least as old as the
+    estimate (`since`, when the query started)."""
 
-    def __init__(self) -> None:
+    def __init__(self, since: float | None = None) -> None:
         self.judged_s = 0.0           # the last batch's oldest row: its age when judged
-        self._since = 0.0             # new rows are younger than this (epoch s)
+        self._since = time.time() if since is None else since   # new rows are younger than this (epoch s)
 
     def batch(self, progress: Mapping[str, Any]) -> None:
         try:
@@ -233,7 +235,7 @@ class AuthorityLag:
 
     def now_s(self, running: bool, now: float) -> float:
         """The lag now; `running`: a trigger with new data is in progress."""
-        if running and self._since:
+        if running:
             return max(0.0, now - self._since)
         return self.judged_s
 

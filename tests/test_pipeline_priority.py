@@ -182,8 +182,9 @@ def test_the_lag_is_the_oldest_row_judged_late_or_the_age_of_what_waits():
         return f"2026-11-29T19:00:{seconds:06.3f}Z"
 
     base = datetime.fromisoformat("2026-11-29T19:00:00+00:00").timestamp()
-    lag = AuthorityLag()
-    assert lag.now_s(running=False, now=base) == 0.0
+    lag = AuthorityLag(since=base)
+    assert lag.now_s(running=False, now=base + 5) == 0.0
+    assert lag.now_s(running=True, now=base + 5) == 5.0      # the first batch, still running
     # Rows committed from 0.5 to 9.0 s, judged by a batch that started at 10 and took 4 s.
     lag.batch({"timestamp": at(10), "numInputRows": 900, "durationMs": {"triggerExecution": 4000},
                "eventTime": {"min": at(0.5), "max": at(9.0), "watermark": at(0)}})
