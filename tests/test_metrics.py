@@ -279,6 +279,9 @@ def test_metrics_after_known_traffic_count_it_exactly(cluster):
     # The dedup history holds at least these 87 GUIDs (posted well inside its window).
     assert value(samples, "taproot_pipeline_dedup_history_guids", query=query) >= 87
     assert ("taproot_pipeline_dedup_eviction_seconds_total", (("query", query),)) in samples
+    # Its own lag estimate, which its CPU share follows: a caught-up pipeline is not behind by its bound.
+    assert ("taproot_pipeline_authority_lag_seconds", (("query", query),)) in samples
+    assert 0 <= value(samples, "taproot_pipeline_authority_lag_seconds", query=query) < 60
 
 
 @pytest.mark.integration
