@@ -67,7 +67,8 @@ def leads_autogroup(autogroup: str = AUTOGROUP) -> bool:
 def set_autogroup_nice(nice: int, autogroup: str = AUTOGROUP) -> str | None:
     """Set this session's autogroup nice; None when done, else why not. An
     unprivileged process may lower it back to 0 (unlike its own nice), but
-    the kernel takes at most one change every 100 ms (EAGAIN)."""
+    without CAP_SYS_ADMIN the kernel takes one change every 100 ms from all
+    processes together (EAGAIN)."""
     try:
         with open(autogroup, "w") as f:
             f.write(str(nice))
@@ -99,6 +100,7 @@ class LagGovernor:
         self.full_share = False        # the autogroup at nice 0 now
         self.changes = 0               # times it went to a full share
         self._changed_at = float("-inf")
+        self._refused: str | None = None   # why the last change was refused, until one is made
 
     def observe(self, lag_s: float) -> str | None:
         """Take the current authority lag; returns a line for the log when the
@@ -114,8 +116,10 @@ class LagGovernor:
         else:
             return None
         refused = set_autogroup_nice(target, self.autogroup)
-        if refused is not None:
-            return f"{why}, but its autogroup nice stays ({refused})"
+        if refused is not None:     # said once, then retried quietly at each observation
+            said, self._refused = self._refused != refused, refused
+            return f"{why}, but its autogroup nice stays ({refused})" if said else None
+        self._refused = None
         self._changed_at = now
         self.full_share = target == 0
         self.changes += self.full_share

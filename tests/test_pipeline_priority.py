@@ -128,11 +128,12 @@ def test_the_governor_gives_the_share_back_while_behind_and_yields_again_once_ca
 
 def test_a_change_the_kernel_refuses_is_said_and_tried_again(tmp_path):
     """The kernel takes one autogroup change every 100 ms (EAGAIN); an
-    unwritable file stands in for that. Nothing raises; the next observation
-    tries again."""
+    unwritable file stands in for that. Nothing raises, the log hears it
+    once, and each observation tries again."""
     governor = LagGovernor(19, 30, autogroup=str(tmp_path / "gone" / "autogroup"), dwell_s=5, clock=Clock())
     said = governor.observe(60)
     assert said is not None and "stays" in said and not governor.full_share
+    assert governor.observe(61) is None and not governor.full_share    # the same refusal is not said again
     (tmp_path / "gone").mkdir()
     said = governor.observe(60)
     assert said is not None and "stays" not in said and governor.full_share
