@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from primary.dispatcher import MessageRun
@@ -94,15 +95,24 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
                                     "its fsyncs and the answers", labels=["partition", "log"])
     sizes = HistogramMetricFamily("taproot_group_commit_messages", "messages in one group commit",
                                   labels=["partition", "log"])
+    history = GaugeMetricFamily("taproot_express_history_guids", "GUIDs the express lane holds for its dedup "
+                                "window (about the rate times the window)", labels=["partition"])
+    held = GaugeMetricFamily("taproot_express_decisions_held", "express decisions waiting for the pipeline's "
+                             "delivery rows (about the rate times the authority lag)", labels=["partition"])
     now = time.time()
     for p, partition in sorted(node.partitions.items()):
         epoch.add_metric([str(p)], partition.epoch)
         lag.add_metric([str(p)], authority_lag_s(partition, now))
+        guids, decisions = partition.express_held()
+        history.add_metric([str(p)], guids)
+        held.add_metric([str(p)], decisions)
         for log_name, committer in (("puts", partition.put_committer), ("confirms", partition.confirm_committer)):
             committer.seconds.add_to(commits, (str(p), log_name))
             committer.sizes.add_to(sizes, (str(p), log_name))
     yield epoch
     yield lag
+    yield history
+    yield held
     yield commits
     yield sizes
     metrics = node.metrics
@@ -134,3 +144,8 @@ def collect(node: "Node") -> Iterator[Metric]:
     yield GaugeMetricFamily("taproot_retransmission_buffer_messages", "PUTs relayed to another node's "
                             "partitions, held until their ACK", value=buffered[0])
     yield GaugeMetricFamily("taproot_retransmission_buffer_bytes", "their payload bytes", value=buffered[1])
+    pool = pa.default_memory_pool()
+    arrow = GaugeMetricFamily("taproot_arrow_allocated_bytes", "bytes Arrow's default memory pool has "
+                              "allocated and not freed (frames, commits, compaction)", labels=["backend"])
+    arrow.add_metric([pool.backend_name], pool.bytes_allocated())
+    yield arrow

@@ -1342,6 +1342,12 @@ class Partition:
         # Each federation link reads on from the version after its progress.
         return min([needed, *(forwarder.needed_version for forwarder in self.links)])
 
+    def express_held(self) -> tuple[int, int]:
+        """What the express lane holds in memory: the GUIDs of its dedup
+        window, and the decisions waiting for the pipeline's delivery rows."""
+        with self._decisions_lock:
+            return len(self._history), len(self._reconciler)
+
     def oldest_unjudged_commit(self) -> float | None:
         """When this primary's oldest commit the pipeline has not judged yet
         was made (wall clock), or None."""

@@ -254,6 +254,11 @@ def test_metrics_after_known_traffic_count_it_exactly(cluster):
     assert value(after, "taproot_partition_epoch", partition="0") >= 1
     assert value(after, "taproot_partitions_taken_total") >= 1
     assert value(after, "taproot_retransmission_buffer_messages") == 0
+    # What the express lane holds: the 87 GUIDs in its dedup window (and whatever
+    # else this partition took in the window); its decisions until the pipeline judged them.
+    assert value(after, "taproot_express_history_guids", partition="0") >= 87
+    assert ("taproot_express_decisions_held", (("partition", "0"),)) in after
+    assert any(name == "taproot_arrow_allocated_bytes" for name, _ in after)
     assert value(after, "process_resident_memory_bytes") > 0
 
     proxy_after = scrape(proxy)
