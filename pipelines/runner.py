@@ -302,11 +302,14 @@ class PipelineStats:
             yield CounterMetricFamily("taproot_pipeline_cpu_full_share_changes",
                                       "times the pipeline went to an equal CPU share", value=self.governor.changes)
 
+    def lag_of(self, query: str) -> AuthorityLag:
+        """The query's lag estimate, made at its first report or observation."""
+        return self.lag.setdefault(query, AuthorityLag())
+
     def observe(self, query: "StreamingQuery", now: float) -> float:
         """The query's authority lag now (`AuthorityLag`), recorded for /metrics."""
         status = query.status
-        lag = self.lag.setdefault(query.name, AuthorityLag()).now_s(
-            bool(status.get("isTriggerActive") and status.get("isDataAvailable")), now)
+        lag = self.lag_of(query.name).now_s(bool(status.get("isTriggerActive") and status.get("isDataAvailable")), now)
         with self._lock:
             self.lag_s[query.name] = lag
         return lag
@@ -332,7 +335,7 @@ def log_progress(query: "StreamingQuery", logged: dict[str, tuple[str, int]],
             continue
         logged[query.name] = key
         if stats is not None:
-            stats.lag.setdefault(query.name, AuthorityLag()).batch(progress)
+            stats.lag_of(query.name).batch(progress)
         durations = progress.get("durationMs", {})
         if "addBatch" not in durations:
             continue
