@@ -14,8 +14,11 @@ AUTOGROUP = "/proc/self/autogroup"
 
 def autogroup_nice(autogroup: str = AUTOGROUP) -> int | None:
     """The nice of this process's autogroup (`/autogroup-123 nice 5`), or None
-    where there is none to read: a kernel without autogroups, or a sandbox
-    (gVisor, some containers) whose file is missing, empty or unparsable."""
+    where there is none to read: a kernel without autogroups (no file), a
+    process still in the kernel's default autogroup (the file reads empty:
+    no session above it since init called setsid, as under some CI runners
+    and containers; a `setsid` child gets an autogroup of its own), or a
+    sandbox whose file is unparsable."""
     try:
         with open(autogroup) as f:
             return int(f.read().split()[-1])

@@ -46,7 +46,7 @@ def test_a_session_leader_lowers_its_nice_and_its_autogroup():
     result = probe(7, own_session=True)
     assert result["nice"] == 7 and result["child"] == 7
     assert "nice 7" in result["said"]
-    if autogroup_nice() is not None:     # a kernel with autogroups
+    if result["group"] is not None:     # the child's new session has an autogroup (this kernel has them)
         assert result["group"] == 7 and "autogroup nice 7" in result["said"]
 
 
@@ -151,7 +151,7 @@ from pipelines.priority import autogroup_nice, lag_governor, yield_cpu
 yield_cpu(9)
 governor = lag_governor(9, 30)
 if governor is None:
-    print(json.dumps(None))
+    print(json.dumps(dict(group=autogroup_nice(), seen=None)))
     raise SystemExit
 seen = [autogroup_nice()]
 governor.dwell_s = 0.2
@@ -160,7 +160,7 @@ seen.append(autogroup_nice())
 import time; time.sleep(0.3)
 governor.observe(2)
 seen.append(autogroup_nice())
-print(json.dumps(seen))
+print(json.dumps(dict(group=seen[0], seen=seen)))
 """
 
 
@@ -169,11 +169,14 @@ def test_a_session_leader_can_take_its_share_back_and_yield_again():
     (a process's own nice could not come back down)."""
     out = subprocess.run([sys.executable, "-c", GOVERN], cwd=ROOT, check=True, capture_output=True, text=True,
                          start_new_session=True, timeout=60)
-    seen = json.loads(out.stdout)
-    if autogroup_nice() is None:       # no autogroups here (a sandbox): no governor either
-        assert seen is None
+    result = json.loads(out.stdout)
+    # Judged by the child's own session, not pytest's: a runner that never
+    # called setsid leaves pytest in the default autogroup (an empty file)
+    # while the child's setsid gives it one of its own.
+    if result["group"] is None:       # no autogroup for the child's session: no governor either
+        assert result["seen"] is None
     else:
-        assert seen == [9, 0, 9]
+        assert result["seen"] == [9, 0, 9]
 
 
 def test_the_lag_is_the_oldest_row_judged_late_or_the_age_of_what_waits():
