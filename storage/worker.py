@@ -20,6 +20,7 @@ class WakeThread:
         self.name = name
         self._work = work
         self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -30,8 +31,14 @@ class WakeThread:
     def wake(self) -> None:
         self._wake.set()
 
+    def pause(self, seconds: float) -> bool:
+        """From `work`: wait `seconds`, or less when `stop` is called; False
+        when stopping (the work should return)."""
+        return not self._stopped.wait(seconds)
+
     def stop(self, timeout_s: float = 30) -> None:
         self._stopping = True
+        self._stopped.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)

@@ -168,6 +168,50 @@ def test_a_background_checkpointer_writes_them_off_the_commit_thread(tmp_path, m
 
 
 @pytest.mark.integration   # threads paced by the clock: out of the fast tier
+def test_checkpoints_requested_faster_than_the_bound_fold_into_one_at_the_latest_version(tmp_path):
+    """The first request is written at once; those within `min_interval_s`
+    after it wait for it to pass and become one checkpoint, of the version
+    the table has then. A stop while one waits writes nothing and returns."""
+    path = str(tmp_path / "puts")
+    write_deltalake(path, rows(0))
+    checkpointer = deltars.Checkpointer(path, path, "test", min_interval_s=1.0)
+
+    def checkpoints() -> list[int]:
+        return sorted(int(os.path.basename(p)[:20])
+                      for p in glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while checkpointer.checkpoints < count:
+            assert time.monotonic() < deadline, f"{checkpointer.checkpoints} checkpoints, not {count}"
+            time.sleep(0.02)
+
+    try:
+        checkpointer.request()
+        wait_for(1)
+        first = time.monotonic()
+        assert checkpoints() == [0]
+        for i in range(1, 6):                  # five commits, each asking for a checkpoint
+            write_deltalake(path, rows(i), mode="append")
+            checkpointer.request()
+        time.sleep(0.3)
+        assert checkpointer.checkpoints == 1   # within the bound: none yet
+        wait_for(2)
+        assert time.monotonic() - first >= 0.95
+        time.sleep(0.3)
+        assert checkpointer.checkpoints == 2 and checkpoints() == [0, 5]
+        write_deltalake(path, rows(6), mode="append")
+        checkpointer.request()                 # waits out the bound; the stop ends the wait
+        time.sleep(0.1)
+        stopped = time.monotonic()
+        checkpointer.stop()
+        assert time.monotonic() - stopped < 0.5 and checkpoints() == [0, 5]
+    finally:
+        checkpointer.stop()
+    assert xs(path) == list(range(7))
+
+
+@pytest.mark.integration   # threads paced by the clock: out of the fast tier
 def test_the_compactor_commits_between_back_to_back_appends(tmp_path):
     """delta-rs retries a lost race 15 times; local-log appends back to back
     would win every race. The compactor holds the appender's commit lock."""
