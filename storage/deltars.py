@@ -764,11 +764,10 @@ class Checkpointer:
     at the table's latest version then, and the requests in between fold
     into it."""
 
-    def __init__(self, path: str, sync_root: str | None, name: str,
-                 min_interval_s: float = CHECKPOINT_MIN_INTERVAL_S):
+    def __init__(self, path: str, sync_root: str | None, name: str, min_interval_s: float | None = None):
         self.path = path
         self.sync_root = sync_root
-        self.min_interval_s = min_interval_s
+        self.min_interval_s = CHECKPOINT_MIN_INTERVAL_S if min_interval_s is None else min_interval_s
         self.checkpoints = 0
         self._handle: DeltaTable | None = None
         self._last = float("-inf")     # time.monotonic() of the last checkpoint's start

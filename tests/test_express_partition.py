@@ -483,17 +483,20 @@ def test_a_confirm_commit_that_fails_for_a_moment_is_retried_not_dropped(partiti
     assert failures == []
 
 
-def test_the_put_log_is_trimmed_no_further_than_a_new_primary_and_the_dedup_stream_read(tmp_path):
+def test_the_put_log_is_trimmed_no_further_than_a_new_primary_and_the_dedup_stream_read(tmp_path, monkeypatch):
     """A new primary reads the PUT log at the version the delivery log
     records as judged (the seq it stands for); the dedup stream resumes at
     its checkpoint's offset. Trimming keeps both readable, whichever is
-    older."""
+    older. Trimming stops at a checkpoint, so this one asks for them every
+    10 commits without the shipped bound of one a second (its 30 commits
+    take less than a second)."""
     import dataclasses
     import os
 
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
+    monkeypatch.setattr(deltars, "CHECKPOINT_MIN_INTERVAL_S", 0.0)
     cfg = config(tmp_path)
     cfg = dataclasses.replace(cfg, primary=dataclasses.replace(cfg.primary, log_retention_s=0))
     first = Partition(0, cfg)
