@@ -21,11 +21,10 @@ class WakeThread:
         self._work = work
         self._wake = threading.Event()
         self._stopped = threading.Event()
-        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
-        if not self._thread.is_alive() and not self._stopping:
+        if not self._thread.is_alive() and not self._stopped.is_set():
             self._thread.start()
 
     def wake(self) -> None:
@@ -37,7 +36,6 @@ class WakeThread:
         return not self._stopped.wait(seconds)
 
     def stop(self, timeout_s: float = 30) -> None:
-        self._stopping = True
         self._stopped.set()
         self._wake.set()
         if self._thread.is_alive():
@@ -47,7 +45,7 @@ class WakeThread:
         while True:
             self._wake.wait()
             self._wake.clear()
-            if self._stopping:
+            if self._stopped.is_set():
                 return
             try:
                 self._work()
