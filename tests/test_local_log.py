@@ -27,6 +27,11 @@ def xs(path: str) -> list[int]:
     return sorted(DeltaTable(path).to_pyarrow_table()["x"].to_pylist())
 
 
+def checkpoint_versions(path: str) -> list[int]:
+    return sorted(int(os.path.basename(p)[:20])
+                  for p in glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))
+
+
 def actions(path: str, version: int) -> list[dict]:
     with open(os.path.join(path, "_delta_log", f"{version:020d}.json")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
@@ -156,12 +161,11 @@ def test_a_background_checkpointer_writes_them_off_the_commit_thread(tmp_path, m
             appender.append(rows(i))
         assert appender.checkpointer is not None
         deadline = time.monotonic() + 30
-        while not glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")):
+        while not checkpoint_versions(path):
             assert time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.05)
         assert updates == []                       # the commit thread's handle never moved
-        checkpoint = int(os.path.basename(glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet"))[0])[:20])
-        assert checkpoint >= 9
+        assert checkpoint_versions(path)[0] >= 9
     finally:
         appender.close()
     assert xs(path) == list(range(12))
@@ -177,10 +181,6 @@ def test_checkpoints_requested_faster_than_the_bound_fold_into_one_at_the_latest
     bound = 3.0                                # wide, so a loaded machine's slow writes stay within it
     checkpointer = deltars.Checkpointer(path, path, "test", min_interval_s=bound)
 
-    def checkpoints() -> list[int]:
-        return sorted(int(os.path.basename(p)[:20])
-                      for p in glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))
-
     def wait_for(count: int) -> None:
         deadline = time.monotonic() + 30
         while checkpointer.checkpoints < count:
@@ -191,7 +191,7 @@ def test_checkpoints_requested_faster_than_the_bound_fold_into_one_at_the_latest
         asked = time.monotonic()               # the second checkpoint starts at least `bound` after the first
         checkpointer.request()
         wait_for(1)
-        assert checkpoints() == [0]
+        assert checkpoint_versions(path) == [0]
         for i in range(1, 6):                  # five commits, each asking for a checkpoint
             write_deltalake(path, rows(i), mode="append")
             checkpointer.request()
@@ -200,13 +200,13 @@ def test_checkpoints_requested_faster_than_the_bound_fold_into_one_at_the_latest
         wait_for(2)
         assert time.monotonic() - asked >= bound
         time.sleep(0.3)
-        assert checkpointer.checkpoints == 2 and checkpoints() == [0, 5]
+        assert checkpointer.checkpoints == 2 and checkpoint_versions(path) == [0, 5]
         write_deltalake(path, rows(6), mode="append")
         checkpointer.request()                 # waits out the bound; the stop ends the wait
         time.sleep(0.1)
         stopped = time.monotonic()
         checkpointer.stop()
-        assert time.monotonic() - stopped < 0.5 and checkpoints() == [0, 5]
+        assert time.monotonic() - stopped < 0.5 and checkpoint_versions(path) == [0, 5]
     finally:
         checkpointer.stop()
     assert xs(path) == list(range(7))
