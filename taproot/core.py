@@ -453,6 +453,12 @@ class SessionCore:
         self._seal()
         self._send_confirms()
 
+    def flush_puts(self) -> None:
+        """The batched PUTs as frames now, without waiting out the linger:
+        for a producer that cannot post more until ACKs make room, so no
+        PUT can join the batch while it waits."""
+        self._seal()
+
     def _seal(self) -> None:
         """The batched single PUTs as PutColumns frames, each held as one
         entry of the retransmission buffer since the batch's first PUT:

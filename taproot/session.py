@@ -755,8 +755,15 @@ class Session:
         return bool(core.pending and core.refusal(nbytes, count) is not None and core.state.linked)
 
     def _wait_for_room_locked(self, nbytes: int, count: int) -> None:
-        """A producer waits while its PUTs have no room (`_no_room_locked`), never dropped."""
+        """A producer waits while its PUTs have no room (`_no_room_locked`),
+        never dropped. Its batched PUTs go out first: nothing can join them
+        while it waits, and their ACKs are what make the room (a producer
+        with a window of one would otherwise wait out the linger each PUT)."""
         while self._no_room_locked(nbytes, count):
+            if self._core.batched:
+                self._core.flush_puts()
+                self._send_effects_locked()
+                continue
             self._lock.wait(0.1)
 
     def _confirm(self, q: Queue, seqs: "Sequence[int]") -> None:

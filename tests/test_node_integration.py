@@ -174,6 +174,20 @@ def test_a_bulk_producer_waits_for_room_and_a_batch_consumer_takes_lots(cluster)
         assert consumer.get_batch(timeout_s=0.2) == []
 
 
+def test_a_producer_waiting_for_room_does_not_wait_out_its_own_linger(cluster):
+    """With a window of one PUT, a post waits for the previous PUT's ACK; that
+    PUT is batched, and nothing can join its batch while the producer waits,
+    so it goes out at once: ten PUTs under a 10-second linger take well under
+    one linger, not ten."""
+    policy = BatchPolicy(linger_ms=10_000)
+    started = time.monotonic()
+    with Session([cluster.proxy_address], batch=policy, max_pending_puts=1) as session, \
+            session.open_queue("taproot://demo/window-one", write=True) as queue:
+        futures = [queue.post(b"m%d" % i) for i in range(10)]
+        assert all(f.result(timeout=30) for f in futures[:-1])   # answered while the posts went on
+    assert time.monotonic() - started < 8.0
+
+
 def test_a_column_consumer_takes_arrow_batches_and_confirms_them_as_seq_ranges(cluster):
     """get_columns hands PUSH frames over as Arrow tables, cut at its
     maximum and mixed in order with get(); batch.confirm() confirms by seq
