@@ -133,6 +133,10 @@ class PrimaryConfig:
     # ... unless it already holds this many: a bulk producer's frame commits
     # at once instead of waiting out the linger for company it rarely gets.
     group_commit_eager_messages: int = 256
+    # ... and waits up to this long instead while the node spends most of a
+    # core and PUTs arrive while commits run (streaming or many producers):
+    # each commit costs a few ms of CPU whatever its size (0: never).
+    group_commit_busy_linger_ms: int = 20
     # CONFIRMs wait longer: nobody waits on their commit, and each delta-rs
     # commit costs the node 20-30 ms of CPU whatever its size (measured with
     # delta-rs 1.6.6), so committing them as often as PUTs took as much CPU.
@@ -523,6 +527,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "group_commit_max_bytes": (1024, 1 << 31),
     "group_commit_linger_ms": (0, 10_000),
     "group_commit_eager_messages": (1, 1_000_000),
+    "group_commit_busy_linger_ms": (0, 10_000),
     "confirm_commit_linger_ms": (0, 10_000),
     "delivery_poll_interval_ms": (1, 60_000),
     "pending_puts_max": (1, 10_000_000),

@@ -95,6 +95,9 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
                                     "its fsyncs and the answers", labels=["partition", "log"])
     sizes = HistogramMetricFamily("taproot_group_commit_messages", "messages in one group commit",
                                   labels=["partition", "log"])
+    linger = GaugeMetricFamily("taproot_group_commit_linger_seconds", "how long the last group's first "
+                               "item could wait for company (longer while the node is busy)",
+                               labels=["partition", "log"])
     history = GaugeMetricFamily("taproot_express_history_guids", "GUIDs the express lane holds for its dedup "
                                 "window (about the rate times the window)", labels=["partition"])
     held = GaugeMetricFamily("taproot_express_decisions_held", "express decisions waiting for the pipeline's "
@@ -109,12 +112,14 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
         for log_name, committer in (("puts", partition.put_committer), ("confirms", partition.confirm_committer)):
             committer.seconds.add_to(commits, (str(p), log_name))
             committer.sizes.add_to(sizes, (str(p), log_name))
+            linger.add_metric([str(p), log_name], committer.linger_ms / 1000)
     yield epoch
     yield lag
     yield history
     yield held
     yield commits
     yield sizes
+    yield linger
     metrics = node.metrics
     yield CounterMetricFamily("taproot_partitions_taken", "partitions this node became primary of (its first "
                               "leases and every failover to it)", value=metrics.partitions_taken)

@@ -550,7 +550,8 @@ class Partition:
         policy = GroupPolicy(config.primary.group_commit_max_messages,
                              config.primary.group_commit_max_bytes,
                              config.primary.group_commit_linger_ms,
-                             config.primary.group_commit_eager_messages)
+                             config.primary.group_commit_eager_messages,
+                             config.primary.group_commit_busy_linger_ms)
         self.put_committer: GroupCommitter[PendingPut | PendingColumns] = GroupCommitter(
             f"puts-{index}", self._commit_puts, policy, config.primary.pending_puts_max)
         confirm_policy = GroupPolicy(config.primary.group_commit_max_messages,

@@ -2,11 +2,12 @@
 
 import sys
 import threading
+import time
 
 import pytest
 
 import conf
-from primary.group_commit import GroupCommitter, GroupPolicy
+from primary.group_commit import CpuLoad, GroupCommitter, GroupPolicy
 from protocol import ResultCode, parse_queue_uri, pb
 from protocol.properties import from_wire, maps_to_wire, to_wire, validate_wire, wire_to_maps
 from taproot import errors
@@ -80,6 +81,88 @@ def test_group_committer_commits_everything_and_bounds_pending():
     gate.set()
     gc.stop()
     assert [i for group in committed for i in group] == [1, 2, 3, 4]
+
+
+def test_group_policy_lingers_longer_when_busy():
+    policy = GroupPolicy(max_items=1000, max_bytes=1 << 20, linger_ms=2, eager_items=256, busy_linger_ms=20)
+    assert policy.linger(False) == 2 and policy.linger(True) == 20
+    assert policy.should_commit(1, 10, 2) and not policy.should_commit(1, 10, 2, busy=True)
+    assert policy.should_commit(1, 10, 20, busy=True)
+    assert policy.should_commit(256, 256 * 1024, 0, busy=True)          # a frame's worth: at once, busy or not
+    assert GroupPolicy(1000, 1 << 20, 100, busy_linger_ms=20).linger(True) == 100   # never shorter
+
+
+def test_cpu_load_is_busy_from_three_quarters_of_a_core_until_under_a_half():
+    wall, cpu = [0.0], [0.0]
+    load = CpuLoad(cpu_s=lambda: cpu[0], wall_s=lambda: wall[0])
+
+    def spend(share: float, seconds: float = 1.0) -> bool:
+        wall[0] += seconds
+        cpu[0] += share * seconds
+        return load.busy()
+
+    assert not spend(0.7)
+    assert spend(0.8)
+    assert spend(0.6)            # stays busy above the lower mark
+    assert not spend(0.4)
+    assert not spend(0.6)        # and is not busy again until the upper one
+    wall[0] += 0.1
+    cpu[0] += 0.1                # a full core, but for less than a window: not judged yet
+    assert not load.busy()
+    assert spend(0.9, 0.4)       # that window closes at 0.5 s: 0.46 s of CPU
+    assert not spend(0.0, 30.0)  # a long quiet spell
+
+
+class _Load:
+    def __init__(self, busy: bool):
+        self.value = busy
+
+    def busy(self) -> bool:
+        return self.value
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_busy_committer_lingers_only_for_items_that_came_during_a_commit(busy):
+    """Busy, a group begun while a commit ran waits for company (here until
+    eager_items arrive); a group begun with nothing in flight (the next PUT
+    of a producer waiting for each ACK) does not. Not busy, neither waits."""
+    committed: list[list[int]] = []
+    gate = threading.Event()
+    done = threading.Condition()
+
+    def commit(items):
+        if items == [1]:
+            gate.wait(5)
+        with done:
+            committed.append(items)
+            done.notify_all()
+
+    def wait_for(n: int) -> None:
+        with done:
+            assert done.wait_for(lambda: len(committed) >= n, timeout=10), committed
+
+    policy = GroupPolicy(1000, 1 << 20, linger_ms=0, eager_items=2, busy_linger_ms=10_000)
+    gc = GroupCommitter("t", commit, policy, pending_max=100, load=_Load(busy))
+    gc.start()
+    try:
+        assert gc.submit([1], 1)
+        time.sleep(0.05)
+        assert gc.submit([2], 1)      # while [1] is being committed
+        gate.set()
+        wait_for(2 if not busy else 1)
+        time.sleep(0.1)
+        assert gc.submit([3], 1)
+        wait_for(3 if not busy else 2)
+        assert committed == ([[1], [2], [3]] if not busy else [[1], [2, 3]])
+        assert gc.linger_ms == (10_000 if busy else 0)
+        with done:
+            assert done.wait_for(lambda: gc.idle, timeout=10)
+        assert gc.submit([4], 1)      # nothing in flight: no linger, busy or not
+        wait_for(len(committed) + 1)
+        assert committed[-1] == [4] and gc.linger_ms == 0
+    finally:
+        gate.set()
+        gc.stop()
 
 
 @pytest.mark.parametrize("uri,reason", [
