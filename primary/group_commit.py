@@ -59,9 +59,9 @@ class GroupPolicy:
 
 class CpuLoad:
     """Whether this process is busy: the CPU it used (every thread, user and
-    system) over the last window of at least `window_s` of wall time, as a
-    fraction of one core, with hysteresis: busy from `enter` up, then until
-    it is under `leave`. A Python process's threads share one GIL, so most
+    system) over the last window of at least `WINDOW_S` of wall time, as a
+    fraction of one core, with hysteresis: busy from `ENTER` up, then until
+    it is under `LEAVE`. A Python process's threads share one GIL, so most
     of one core is what saturation looks like. The clocks are injectable
     (tests); a window is only closed when asked, so a long quiet spell ends
     in a long window of little use, and not busy."""
