@@ -310,6 +310,19 @@ class Node:
             return self._handles.get(link, {})
 
     # -- frames -------------------------------------------------------------
+    # Frames whose handlers wait on no I/O and no commit (admission, then a
+    # place in the group commit or an answer; a relayed queue's part goes to
+    # its upstream's buffer; a broadcast PUT takes the push lock, which a
+    # commit holds only while it routes in memory): handled on the gRPC
+    # loop's thread, which saves two thread hand-offs per frame
+    # (`serve_session`). Opens may wait for a partition, and a CONFIRM
+    # dispatches what it frees: those go to the frame pool.
+    INLINE_FRAMES = frozenset({"put", "put_columns", "heartbeat"})
+
+    @staticmethod
+    def handled_inline(frame: pb.Frame) -> bool:
+        return frame.WhichOneof("body") in Node.INLINE_FRAMES
+
     def on_frame(self, link: Link, frame: pb.Frame) -> None:
         self.metrics.frames.received(frame)
         local = self.forwarding.split(link, frame)

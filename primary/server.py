@@ -38,7 +38,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
         async for frame in serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
                                          self.node.close_link, self.node.config.ha.link_outbound_max_bytes,
-                                         auth=self.auth):
+                                         inline=Node.handled_inline, auth=self.auth):
             yield frame
 
     async def NotifyDelivery(self, request: pb.DeliveryNotice,  # noqa: N802

@@ -218,15 +218,19 @@ def frame_pool() -> futures.ThreadPoolExecutor:
 async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                         on_open: Callable[[Link], None], on_frame: Callable[[Link, pb.Frame], None],
                         on_close: Callable[[Link], None],
-                        max_outbound_bytes: int | None = None, inline: bool = False,
+                        max_outbound_bytes: int | None = None,
+                        inline: bool | Callable[[pb.Frame], bool] = False,
                         auth: Authenticator | None = None) -> AsyncIterator[pb.Frame]:
     """One client stream: each frame goes to `on_frame` in order, the
     frames the link is sent go back. Handlers run on the frame pool's
     threads, or, `inline`, on the event loop's own thread: for handlers that
     never block (a relay's header rewrite and a queue put), which then save
-    two thread hand-offs per frame. With `auth` the stream's token is
+    two thread hand-offs per frame. `inline` may also be a predicate: the
+    frames it picks run on the loop, the others on the pool (after every
+    frame before them: the order holds). With `auth` the stream's token is
     checked at each OpenQueue (`protocol.auth.admit`) before the role sees it."""
     pool = frame_pool()
+    picks = inline if callable(inline) else None
     link = Link(context.peer(), max_outbound_bytes)
     last: list["futures.Future[None]"] = []
     token = LinkAuth(presented(context.invocation_metadata())) if auth is not None else None
@@ -260,7 +264,7 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
     async def read() -> None:
         try:
             async for frame in request_iterator:
-                if inline:
+                if inline is True or (picks is not None and picks(frame)):
                     handle(frame)
                     continue
                 last[:] = [pool.submit(handle, frame)]
@@ -282,7 +286,7 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                 pool.submit(closed)
 
     loop = asyncio.get_running_loop()
-    if inline:
+    if inline is True:
         on_open(link)
     else:
         await asyncio.wrap_future(pool.submit(on_open, link))

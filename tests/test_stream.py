@@ -69,3 +69,59 @@ def test_next_frame_waits_then_says_empty():
     link.close()
     with pytest.raises(queue.Empty):
         link.next_frame(0.01)
+
+
+class _Context:
+    """What serve_session asks of a gRPC servicer context."""
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def add_done_callback(self, callback) -> None:
+        self.callbacks.append(callback)
+
+
+def test_frames_a_predicate_picks_run_on_the_loop_and_the_rest_on_the_pool_in_order():
+    """serve_session(inline=predicate): heartbeats on the event loop's
+    thread, the other frames on the frame pool's; each frame is handled
+    after every frame before it, even when a pool frame is slow."""
+    import threading
+    import time
+
+    from protocol.stream import serve_session
+
+    frames = [pb.Frame(put_columns=pb.PutColumns(queue_id=1)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=2)),
+              pb.Frame(put_columns=pb.PutColumns(queue_id=3)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=4))]
+    seen: list[tuple[int, bool]] = []
+    closed = threading.Event()
+
+    def on_frame(link, frame) -> None:
+        kind = frame.WhichOneof("body")
+        if kind == "put_columns":
+            time.sleep(0.05)   # a slow pool frame: the heartbeat after it waits
+            seen.append((frame.put_columns.queue_id, threading.current_thread() is loop_thread))
+        else:
+            seen.append((frame.heartbeat.sent_time_us, threading.current_thread() is loop_thread))
+
+    async def requests():
+        for f in frames:
+            yield f
+
+    async def run() -> None:
+        nonlocal loop_thread
+        loop_thread = threading.current_thread()
+        session = serve_session(requests(), _Context(), lambda link: None, on_frame, lambda link: closed.set(),
+                                inline=lambda f: f.WhichOneof("body") == "heartbeat")
+        async for _ in session:
+            pass
+
+    loop_thread = None
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert seen == [(1, False), (2, True), (3, False), (4, True)]
+    assert closed.wait(5)
