@@ -160,8 +160,13 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 if not outstanding.acquire(timeout=300):
                     failed["NO_ACK_IN_300_S"] = failed.get("NO_ACK_IN_300_S", 0) + 1
                     break
+            # Reported before the closes: 5,000 queues take seconds to close,
+            # and the progress line would show ACKs that came as missing.
+            with lock:
+                shared.add_progress(acked=pending[0], failed=pending[1])
+                pending[0] = pending[1] = 0
             _close_all(queues)
-        with lock:
+        with lock:   # whatever the session's end answered after that
             shared.add_progress(acked=pending[0], failed=pending[1])
         return None, {"acks": acks, "posted": posted, "failed": failed, "acked_per_queue": acked_per_queue,
                       "acked_by_n": acked_by_n}
