@@ -169,7 +169,7 @@ class GroupCommitter(Generic[T]):
                     return items
                 if self._stopping:
                     return None
-                timeout = None if not self._items else max(0.0, (self._policy.linger(busy) - waited) / 1000)
+                timeout = None if not self._items else max(0.0, (self.linger_ms - waited) / 1000)
                 self._cond.wait(timeout)
 
     def _run(self) -> None:
