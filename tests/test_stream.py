@@ -113,15 +113,14 @@ def test_frames_a_predicate_picks_run_on_the_loop_and_the_rest_on_the_pool_in_or
         for f in frames:
             yield f
 
-    async def run() -> None:
+    async def run() -> list:
         nonlocal loop_thread
         loop_thread = threading.current_thread()
         session = serve_session(requests(), _Context(), lambda link: None, on_frame, lambda link: closed.set(),
                                 inline=lambda f: f.WhichOneof("body") == "heartbeat")
-        async for _ in session:
-            pass
+        return [f async for f in session]
 
     loop_thread = None
-    asyncio.run(asyncio.wait_for(run(), 10))
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == []   # no handler sent anything back
     assert seen == [(1, False), (2, True), (3, False), (4, True)]
     assert closed.wait(5)
