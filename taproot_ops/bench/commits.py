@@ -6,6 +6,7 @@ load.
 
     .venv/bin/python -m taproot_ops.bench.commits --commits 3000 --rows 300 [--durability os]
         [--no-trim] [--no-checkpoints] [--compact-every 0] [--object-store] [--settle] [--delta-rs]
+        [--contend N]
 
 `--object-store` puts the table on an S3-compatible server instead (a
 SeaweedFS started for the run, `taproot_ops.object_store`): each commit is
@@ -33,6 +34,7 @@ import argparse
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -73,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                              "first, then update it: the default here, as the node does)")
     parser.add_argument("--delta-rs", action="store_true",
                         help="commit through delta-rs on a local disk too (the object stores' path)")
+    parser.add_argument("--contend", type=int, default=0, metavar="N",
+                        help="N more threads that run Python throughout, as a busy node's loop and frame "
+                             "threads do: the commits' wall time then shows each time a commit gives the GIL "
+                             "up and waits for it again (their CPU is in the per-commit CPU; the commit "
+                             "thread's own is printed apart)")
     parser.add_argument("--object-store", action="store_true",
                         help="the table on a SeaweedFS S3 server started for the run, not the local disk")
     args = parser.parse_args(argv)
@@ -102,7 +109,11 @@ def _run(args: argparse.Namespace, path: str) -> int:
     compactor = Compactor(path, args.compact_every, "bench", durable=durable,
                           log_retention_s=None if args.no_trim else 0, appender=appender)
     compactor.start()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    stop = threading.Event()
+    spinners = [threading.Thread(target=_spin, args=(stop,), daemon=True) for _ in range(args.contend)]
+    for spinner in spinners:
+        spinner.start()
+    cpu0, wall0, own0 = time.process_time(), time.perf_counter(), time.thread_time()
     single: list[float] = []
     settles: list[float] = []
     try:
@@ -117,13 +128,14 @@ def _run(args: argparse.Namespace, path: str) -> int:
                 appender.settle()
                 settles.append((time.perf_counter() - started) * 1000)
             if i % args.every == 0:
-                cpu, wall = time.process_time(), time.perf_counter()
+                cpu, wall, own = time.process_time(), time.perf_counter(), time.thread_time()
                 logs = f"; {_log_files(path):,} files in _delta_log"
                 print(f"commits {i - args.every + 1:,}-{i:,}: {(wall - wall0) * 1000 / args.every:.1f} ms wall, "
-                      f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included)"
-                      f"{logs}", flush=True)
-                cpu0, wall0 = cpu, wall
+                      f"{(cpu - cpu0) * 1000 / args.every:.1f} ms CPU per commit (compaction included), "
+                      f"{(own - own0) * 1000 / args.every:.1f} ms the commit thread's{logs}", flush=True)
+                cpu0, wall0, own0 = cpu, wall, own
     finally:
+        stop.set()
         compactor.stop()
         appender.close()
     p50, p90, p99, top = np.percentile(single, [50, 90, 99, 100])
@@ -138,6 +150,14 @@ def _run(args: argparse.Namespace, path: str) -> int:
         print(f"the handle's update after each commit (`Appender.settle`): p50 {p50:.1f} p90 {p90:.1f} "
               f"p99 {p99:.1f} ms")
     return 0
+
+
+def _spin(stop: threading.Event) -> None:
+    """Run Python until `stop` (`--contend`)."""
+    n = 0
+    while not stop.is_set():
+        for _ in range(1000):
+            n += 1
 
 
 def _log_files(path: str) -> int:
