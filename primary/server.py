@@ -35,7 +35,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.auth = auth
 
     async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         async for frame in serve_session(request_iterator, context, self.node.open_link, self.node.on_frame,
                                          self.node.close_link, self.node.config.ha.link_outbound_max_bytes,
                                          inline=Node.handled_inline, auth=self.auth):

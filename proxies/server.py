@@ -62,7 +62,7 @@ class ProxyServicer(pb_grpc.BrokerServicer):
         self.auth = auth
 
     async def Session(self, request_iterator: AsyncIterator[pb.Frame],  # noqa: N802 (gRPC naming)
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Frame]:
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         # Inline: a proxy's handlers take its lock, rewrite headers and queue
         # frames; they never wait on a peer.
         async for frame in serve_session(request_iterator, context, self.proxy.open_link, self.proxy.on_frame,
