@@ -59,7 +59,15 @@ from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
 from protocol.clock import wall_time_us
 from protocol.codes import COMPRESSION_CODES, COMPRESSION_NAMES
-from protocol.columns import PUT_TIME, ack_columns, encode_push_run, encode_push_table, push_run_table, push_table
+from protocol.columns import (
+    PUT_TIME,
+    ack_columns,
+    encode_push_run,
+    encode_push_table,
+    frame_of,
+    push_run_table,
+    push_table,
+)
 from protocol.properties import wire_to_maps
 from protocol.seqs import ranges as seq_ranges
 from protocol.uri import QueueUri
@@ -395,12 +403,12 @@ class _SpanFrame:
         body = encode_push_table(self.parts[0] if len(self.parts) == 1 else pa.concat_tables(self.parts))
         one_queue = all(q == self.queue_ids[0] for q in self.queue_ids)
         if self.queue_ids[0] in link.broadcast:   # (a span of its own) no seqs: nothing to confirm
-            frame = pb.PushColumns(queue_id=self.queue_ids[0], count=self.rows, arrow_ipc=body)
+            frame = frame_of("push_columns", queue_id=self.queue_ids[0], count=self.rows, arrow_ipc=body)
         else:
-            frame = pb.PushColumns(queue_id=self.queue_ids[0], count=self.rows, seq_starts=self.starts,
-                                   seq_counts=self.counts, range_queue_ids=[] if one_queue else self.queue_ids,
-                                   arrow_ipc=body)
-        link.send(pb.Frame(push_columns=frame))
+            frame = frame_of("push_columns", queue_id=self.queue_ids[0], count=self.rows, seq_starts=self.starts,
+                             seq_counts=self.counts, range_queue_ids=[] if one_queue else self.queue_ids,
+                             arrow_ipc=body)
+        link.send(frame)
 
 
 def _send_span(link: "Link", span: list[tuple[int, Pending]], frame_messages_max: int) -> None:
@@ -442,8 +450,8 @@ def _push_frame(link: "Link", queue_id: int, seqs: list[int], arrow_ipc: bytes,
     """A PushColumns frame of these rows, its seqs as ranges in the header
     (what relays track as unconfirmed; none for a broadcast queue)."""
     starts, counts = seq_ranges(seqs) if queue_id not in link.broadcast else ([], [])
-    return pb.Frame(push_columns=pb.PushColumns(queue_id=queue_id, count=len(seqs), queue_ids=queue_ids or [],
-                                                seq_starts=starts, seq_counts=counts, arrow_ipc=arrow_ipc))
+    return frame_of("push_columns", queue_id=queue_id, count=len(seqs), queue_ids=queue_ids or [],
+                    seq_starts=starts, seq_counts=counts, arrow_ipc=arrow_ipc)
 
 
 def _push_table(run: list[StoredMessage]) -> pa.Table:

@@ -254,7 +254,9 @@ def put_frames(puts: Iterable[pb.PutMessage | pb.PutColumns], max_messages: int)
             if singles:
                 frames.append(pb.Frame(put=pb.PutBatch(messages=singles)))
                 singles = []
-            frames.append(pb.Frame(put_columns=put))
+            frame = pb.Frame()
+            frame.put_columns.CopyFrom(put)   # not Frame(put_columns=...): a merge, 4x the cost with upb
+            frames.append(frame)
             continue
         singles.append(put)
         if len(singles) >= max_messages:

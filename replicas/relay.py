@@ -272,9 +272,10 @@ class Relay:
         if isinstance(guids, str):  # no GUID is known: a frame error is all that can be said
             return [(link, pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, guids))))]
         count = len(guids) // GUID_LENGTH
-        nbytes = len(req.arrow_ipc)
+        body = req.arrow_ipc   # (a copy of the bytes, made once)
+        nbytes = len(body)
         if req.queue_ids:
-            return self._put_spanning(link, req, guids, count, nbytes)
+            return self._put_spanning(link, req, body, guids, count)
         up_qid = self._up.get((link, req.queue_id))
         refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {req.queue_id} is not open") if up_qid is None
                    else self._buffer.refusal(nbytes, count))
@@ -284,18 +285,21 @@ class Relay:
         assert up_qid is not None
         # A frame of its own (the bytes as they came): the one from below may
         # be held by its sender too (in-process links), and must not change.
-        up = pb.PutColumns(queue_id=up_qid, arrow_ipc=req.arrow_ipc, per_message=req.per_message, guids=guids)
+        out = columns.frame_of("put_columns", queue_id=up_qid, arrow_ipc=body, per_message=req.per_message,
+                               guids=guids)
+        up = out.put_columns
         sending = self._may_send(up_qid)
         if not self._again(link, req.queue_id, (up_qid, guids)):
             self._hold(up_qid, guids, _Buffered(up, link, req.queue_id), nbytes, count)
             if not sending:
                 self._buffer.defer(up_qid, (up_qid, guids))
-        return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
+        return [(UPSTREAM, out)] if sending else []
 
-    def _put_spanning(self, link: Hashable, req: pb.PutColumns, guids: bytes, count: int, nbytes: int) -> Out:
+    def _put_spanning(self, link: Hashable, req: pb.PutColumns, body: bytes, guids: bytes, count: int) -> Out:
         """A PUT frame spanning queues goes up whole, each row's queue id
         rewritten (from the header: the body is not opened), and is held as
         one entry: it goes once all its queues are open upstream."""
+        nbytes = len(body)
         down_ids = list(req.queue_ids)
         up_of = {q: self._up.get((link, q)) for q in dict.fromkeys(down_ids)}
         closed = next((q for q, up_qid in up_of.items() if up_qid is None), None)
@@ -304,8 +308,9 @@ class Relay:
         if refused is not None:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
-        up = pb.PutColumns(arrow_ipc=req.arrow_ipc, per_message=req.per_message, guids=guids,
-                           queue_ids=[cast(int, up_of[q]) for q in down_ids])
+        out = columns.frame_of("put_columns", arrow_ipc=body, per_message=req.per_message, guids=guids,
+                               queue_ids=[cast(int, up_of[q]) for q in down_ids])
+        up = out.put_columns
         up_qids = cast("list[int]", list(up_of.values()))
         sending = all(self._may_send(q) for q in up_qids)
         key = (SPANNING, guids)
@@ -314,7 +319,7 @@ class Relay:
                               self.now_ms, min(self._routes[q].timeout_ms for q in up_qids))
             if not sending:
                 self._buffer.defer_many(up_qids, key)
-        return [(UPSTREAM, pb.Frame(put_columns=up))] if sending else []
+        return [(UPSTREAM, out)] if sending else []
 
     def _confirm(self, link: Hashable, batch: pb.ConfirmBatch) -> Out:
         if not self.connected:
@@ -589,10 +594,10 @@ class Relay:
         out: Out = []
         for link, ranges in per_link.items():
             rows = pa.concat_tables([table.slice(at, count) for _, _, count, at in ranges])
-            out.append((link, pb.Frame(push_columns=pb.PushColumns(
-                queue_id=ranges[0][0], count=rows.num_rows, range_queue_ids=[q for q, _, _, _ in ranges],
-                seq_starts=[s for _, s, _, _ in ranges], seq_counts=[c for _, _, c, _ in ranges],
-                arrow_ipc=columns.encode_push_table(rows)))))
+            out.append((link, columns.frame_of(
+                "push_columns", queue_id=ranges[0][0], count=rows.num_rows,
+                range_queue_ids=[q for q, _, _, _ in ranges], seq_starts=[s for _, s, _, _ in ranges],
+                seq_counts=[c for _, _, c, _ in ranges], arrow_ipc=columns.encode_push_table(rows))))
         return out
 
     def _response(self, kind: str, body: Any) -> Out:

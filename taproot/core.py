@@ -429,7 +429,7 @@ class SessionCore:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
         self._seal()   # keep PUT order: batched single PUTs go first
         if self._hold(_Pending(token, q, frame, guids), nbytes, count, now_ms):
-            self._send(pb.Frame(put_columns=frame))
+            self._send(columns.wrapped("put_columns", frame))
         return None
 
     def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
@@ -520,15 +520,16 @@ class SessionCore:
         guids = b"".join(m.guid for m in messages)
         if len(queues) == 1:
             q, row_queues = queues[0], None
-            frame = pb.PutColumns(queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages), per_message=True,
-                                  guids=guids)
+            out = columns.frame_of("put_columns", queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
+                                   per_message=True, guids=guids)
         else:
             q, row_queues = queues[0], queues
-            frame = pb.PutColumns(arrow_ipc=columns.encode_puts(messages), per_message=True, guids=guids,
-                                  queue_ids=[r.queue_id for r in queues])
-        if self._hold(_Pending(None, q, frame, guids, tokens, row_queues), sum(len(m.payload) for m in messages),
-                      len(messages), now_ms):
-            self._send(pb.Frame(put_columns=frame))
+            out = columns.frame_of("put_columns", arrow_ipc=columns.encode_puts(messages), per_message=True,
+                                   guids=guids, queue_ids=[r.queue_id for r in queues])
+        # The retransmission buffer holds the frame's body (a part of `out`).
+        if self._hold(_Pending(None, q, out.put_columns, guids, tokens, row_queues),
+                      sum(len(m.payload) for m in messages), len(messages), now_ms):
+            self._send(out)
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> bool:
         """Keep an entry until its ACK. True: it may go now (the caller
