@@ -15,8 +15,8 @@ outbound frames are written by the event loop as `send` queues them;
 `send` serializes the frame on the sender's thread and queues its bytes: the
 stream writes them as they are (`serialized`), and the outbound bound counts
 their length. Asking the frame for its size instead (`ByteSize`) costs as
-much as serializing it once more with the upb protobuf runtime, about 130 µs
-for a 1 MiB PUSH frame (`taproot_ops.bench.frame_cost`); and the event
+much as serializing it once more with the upb protobuf runtime, about 157 µs
+for a 1.1 MB PUSH frame (`taproot_ops.bench.frame_cost`); and the event
 loop, which every session of the server shares, no longer does the
 serializing.
 """
