@@ -26,6 +26,27 @@ def batch(n=5, **override) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=columns.SCHEMA)
 
 
+@pytest.mark.parametrize("kind, fields", [
+    ("push_columns", dict(queue_id=3, count=2, seq_starts=[5, 9], seq_counts=[1, 1], range_queue_ids=[3, 4],
+                          arrow_ipc=b"\x01" * 5_000)),
+    ("put_columns", dict(queue_id=2, arrow_ipc=b"\x02" * 300, per_message=True, guids=b"g" * 32)),
+    ("put_columns", dict(queue_ids=[1, 2], arrow_ipc=b"")),
+    ("heartbeat", {}),
+])
+def test_frames_built_in_place_or_wrapped_are_the_frames_the_constructor_builds(kind, fields):
+    body = getattr(pb, {"push_columns": "PushColumns", "put_columns": "PutColumns", "heartbeat": "Heartbeat"}[kind])
+    expected = pb.Frame(**{kind: body(**fields)})
+    built = columns.frame_of(kind, **fields)
+    assert built == expected and built.WhichOneof("body") == kind
+    assert built.SerializeToString() == expected.SerializeToString()
+    held = body(**fields)
+    copy = columns.wrapped(kind, held)
+    assert copy == expected
+    if kind != "heartbeat":   # the frame has a copy of its own: the held body may change
+        held.queue_id = 99
+        assert copy == expected
+
+
 def test_a_valid_batch_round_trips_and_passes():
     table = columns.decode(columns.encode(batch()))
     assert isinstance(table, pa.Table) and columns.check(table, 100) is None

@@ -9,7 +9,7 @@ import queue
 import pytest
 
 from protocol import pb
-from protocol.stream import Link
+from protocol.stream import Link, serialized
 
 pytestmark = pytest.mark.unit
 
@@ -60,6 +60,24 @@ def test_the_async_writer_ends_as_soon_as_the_link_is_dropped():
 
     link.send(frame(100))
     assert asyncio.run(asyncio.wait_for(write(), 5)) == 1  # nothing queued after the drop is written
+
+
+def test_the_writer_gets_the_frame_as_it_was_sent_serialized_and_the_bound_counts_those_bytes():
+    link = Link("peer")
+    sent = frame(1_000)
+    link.send(sent)
+    wire = sent.SerializeToString()
+    assert link.outbound_bytes == len(wire)
+    sent.push_columns.queue_id = 7    # a change after send does not reach the peer
+
+    async def first() -> bytes:
+        async for data in link.aio_frames():
+            return data
+        raise AssertionError("nothing written")
+
+    assert asyncio.run(asyncio.wait_for(first(), 5)) == wire
+    assert link.outbound_bytes == 0
+    assert serialized(wire) is wire and serialized(frame(10)) == frame(10).SerializeToString()
 
 
 def test_next_frame_waits_then_says_empty():
