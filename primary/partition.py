@@ -64,10 +64,10 @@ from protocol.columns import (
     ack_columns,
     encode_push_run,
     encode_push_table,
-    frame_of,
     push_run_table,
     push_table,
 )
+from protocol.frames import frame_of
 from protocol.properties import wire_to_maps
 from protocol.seqs import ranges as seq_ranges
 from protocol.uri import QueueUri

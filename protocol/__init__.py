@@ -1,7 +1,8 @@
 """Taproot's wire protocol: the `.proto`, its generated code, and the small
 pieces every role shares: result codes (`codes`), queue URIs and their
 partition (`uri`), property encoding (`properties`), the subscription language
-(`expression`), columnar frames (`columns`), constants and defaults defined once
+(`expression`), columnar frames (`columns`), frames built without the
+protobuf runtime's merge (`frames`), constants and defaults defined once
 (`limits`), seq ranges for CONFIRMs and PUSH headers (`seqs`), the
 retransmission buffer the SDK and every hop keep (`retransmit`), the
 injectable clock (`clock`), the gRPC stream plumbing (`stream`) and a `/proc`
@@ -13,7 +14,7 @@ It ships with the SDK, so it needs nothing a client does not install.
 
 Imports: (nothing else from Taproot).
 Never: pyspark, delta, deltalake, pandas.
-Pure: codes, columns, expression, limits, liveness, properties, retransmit, seqs, taproot_pb2, uri.
+Pure: codes, columns, expression, frames, limits, liveness, properties, retransmit, seqs, taproot_pb2, uri.
 """
 
 from typing import Any

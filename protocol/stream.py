@@ -202,7 +202,7 @@ class Link:
         self._wake = lambda: loop.call_soon_threadsafe(ready.set)
         while True:
             try:
-                frame = self._taken(self._out.get_nowait())
+                data = self._taken(self._out.get_nowait())
             except queue.Empty:
                 ready.clear()
                 self._waiting = True
@@ -210,9 +210,9 @@ class Link:
                     await ready.wait()
                 self._waiting = False
                 continue
-            if frame is CLOSE or self.dropped is not None:
+            if data is CLOSE or self.dropped is not None:
                 return
-            yield cast(bytes, frame)
+            yield cast(bytes, data)
 
 
 FRAME_THREADS = 16   # frame handlers running at once, over every session of a server

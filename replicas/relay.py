@@ -46,6 +46,7 @@ from typing import Any, Hashable, Iterable, cast
 import pyarrow as pa
 
 from protocol import ResultCode, columns, pb, status, wire
+from protocol.frames import frame_of
 from protocol.limits import GUID_LENGTH, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import RetransmissionBuffer, RetransmissionLimits, put_frames
 from protocol.seqs import confirm_columns_invalid
@@ -285,7 +286,7 @@ class Relay:
         assert up_qid is not None
         # A frame of its own (the bytes as they came): the one from below may
         # be held by its sender too (in-process links), and must not change.
-        out = columns.frame_of("put_columns", queue_id=up_qid, arrow_ipc=body, per_message=req.per_message,
+        out = frame_of("put_columns", queue_id=up_qid, arrow_ipc=body, per_message=req.per_message,
                                guids=guids)
         up = out.put_columns
         sending = self._may_send(up_qid)
@@ -308,7 +309,7 @@ class Relay:
         if refused is not None:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
-        out = columns.frame_of("put_columns", arrow_ipc=body, per_message=req.per_message, guids=guids,
+        out = frame_of("put_columns", arrow_ipc=body, per_message=req.per_message, guids=guids,
                                queue_ids=[cast(int, up_of[q]) for q in down_ids])
         up = out.put_columns
         up_qids = cast("list[int]", list(up_of.values()))
@@ -594,7 +595,7 @@ class Relay:
         out: Out = []
         for link, ranges in per_link.items():
             rows = pa.concat_tables([table.slice(at, count) for _, _, count, at in ranges])
-            out.append((link, columns.frame_of(
+            out.append((link, frame_of(
                 "push_columns", queue_id=ranges[0][0], count=rows.num_rows,
                 range_queue_ids=[q for q, _, _, _ in ranges], seq_starts=[s for _, s, _, _ in ranges],
                 seq_counts=[c for _, _, c, _ in ranges], arrow_ipc=columns.encode_push_table(rows))))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from protocol import ResultCode, columns, pb
+from protocol.frames import frame_of, wrapped
 from protocol.limits import CONFIRM_FRAME_MESSAGES_MAX, PUT_FRAME_MESSAGES_MAX
 from protocol.retransmit import Held, RetransmissionBuffer, RetransmissionLimits, put_frames
 from protocol.seqs import confirm_columns
@@ -429,7 +430,7 @@ class SessionCore:
             return AckError(refused[0], f"{refused[1]} while disconnected", guids[:16])
         self._seal()   # keep PUT order: batched single PUTs go first
         if self._hold(_Pending(token, q, frame, guids), nbytes, count, now_ms):
-            self._send(columns.wrapped("put_columns", frame))
+            self._send(wrapped("put_columns", frame))
         return None
 
     def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
@@ -520,11 +521,11 @@ class SessionCore:
         guids = b"".join(m.guid for m in messages)
         if len(queues) == 1:
             q, row_queues = queues[0], None
-            out = columns.frame_of("put_columns", queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
+            out = frame_of("put_columns", queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
                                    per_message=True, guids=guids)
         else:
             q, row_queues = queues[0], queues
-            out = columns.frame_of("put_columns", arrow_ipc=columns.encode_puts(messages), per_message=True,
+            out = frame_of("put_columns", arrow_ipc=columns.encode_puts(messages), per_message=True,
                                    guids=guids, queue_ids=[r.queue_id for r in queues])
         # The retransmission buffer holds the frame's body (a part of `out`).
         if self._hold(_Pending(None, q, out.put_columns, guids, tokens, row_queues),

@@ -10,7 +10,7 @@ from fuzzing import mutate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import ResultCode, columns, pb
+from protocol import ResultCode, columns, frames, pb
 from protocol.properties import to_wire, wire_to_maps
 from replicas.relay import UPSTREAM, Relay
 
@@ -36,11 +36,11 @@ def batch(n=5, **override) -> pa.Table:
 def test_frames_built_in_place_or_wrapped_are_the_frames_the_constructor_builds(kind, fields):
     body = getattr(pb, {"push_columns": "PushColumns", "put_columns": "PutColumns", "heartbeat": "Heartbeat"}[kind])
     expected = pb.Frame(**{kind: body(**fields)})
-    built = columns.frame_of(kind, **fields)
+    built = frames.frame_of(kind, **fields)
     assert built == expected and built.WhichOneof("body") == kind
     assert built.SerializeToString() == expected.SerializeToString()
     held = body(**fields)
-    copy = columns.wrapped(kind, held)
+    copy = frames.wrapped(kind, held)
     assert copy == expected
     if kind != "heartbeat":   # the frame has a copy of its own: the held body may change
         held.queue_id = 99

@@ -8,7 +8,7 @@ messages are about 1.1 MiB). No server: this process only.
 Each figure is the median of `--repeat` timings, with a fresh body of that
 size each time, as a server gets one per frame (a body reused from cache
 would hide the page faults a new megabyte costs). The roles build frames
-with `protocol.columns.frame_of` and `wrapped`, and `Link.send` takes the
+with `protocol.frames.frame_of` and `wrapped`, and `Link.send` takes the
 serialized bytes' length for its bound, because of what this prints.
 """
 
@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from protocol import columns, pb
+from protocol import frames, pb
 
 SIZES = (100, 10_000, 100_000, 1_100_000)
 
@@ -45,7 +45,7 @@ def _message(size: int) -> Callable[[], Any]:
 
 
 def _frame(size: int) -> Callable[[], Any]:
-    return lambda: columns.frame_of("push_columns", queue_id=1, count=1000, arrow_ipc=os.urandom(size))
+    return lambda: frames.frame_of("push_columns", queue_id=1, count=1000, arrow_ipc=os.urandom(size))
 
 
 def _wire(size: int) -> Callable[[], Any]:
@@ -56,10 +56,10 @@ def _wire(size: int) -> Callable[[], Any]:
 _CASES: list[tuple[str, Callable[[int], Callable[[], Any]], Callable[[Any], object]]] = [
     ("Frame(push_columns=PushColumns(...))", _body, lambda body: pb.Frame(push_columns=pb.PushColumns(
         queue_id=1, count=1000, seq_starts=[1], seq_counts=[1000], arrow_ipc=body))),
-    ("frame_of('push_columns', ...)", _body, lambda body: columns.frame_of(
+    ("frame_of('push_columns', ...)", _body, lambda body: frames.frame_of(
         "push_columns", queue_id=1, count=1000, seq_starts=[1], seq_counts=[1000], arrow_ipc=body)),
     ("Frame(push_columns=body)", _message, lambda body: pb.Frame(push_columns=body)),
-    ("wrapped('push_columns', body) (CopyFrom)", _message, lambda body: columns.wrapped("push_columns", body)),
+    ("wrapped('push_columns', body) (CopyFrom)", _message, lambda body: frames.wrapped("push_columns", body)),
     ("frame.ByteSize()", _frame, lambda frame: frame.ByteSize()),
     ("frame.SerializeToString()", _frame, lambda frame: frame.SerializeToString()),
     ("Frame.FromString(bytes)", _wire, pb.Frame.FromString),
