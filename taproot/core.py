@@ -21,7 +21,7 @@ import enum
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from protocol import ResultCode, columns, pb
 from protocol.frames import frame_of, wrapped
@@ -70,8 +70,11 @@ class ConnectionState(enum.Enum):
         return self in (ConnectionState.LOST, ConnectionState.STOPPED)
 
 
-@dataclass(frozen=True)
-class Ack:
+class Ack(NamedTuple):
+    """A PUT's ACK: its GUID, durable in `queue_uri`. Immutable. A named
+    tuple, not a frozen dataclass: a producer gets one per message, and a
+    frozen dataclass's constructor sets each field through
+    `object.__setattr__` (0.32 us a message against 0.13)."""
     guid: bytes
     queue_uri: str
 
@@ -83,6 +86,11 @@ class Ack:
 
     def __repr__(self) -> str:
         return f"Ack(guid={self.guid_hex}, queue_uri={self.queue_uri!r})"
+
+
+# `Ack(guid, uri)` as `_new_tuple(Ack, (guid, uri))`, for a frame's rows: the
+# named tuple's own `__new__` is Python code (0.23 us against 0.13).
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -643,7 +651,8 @@ class SessionCore:
         uri = pending.queue.uri
         row_queues = pending.row_queues
         if code is ResultCode.SUCCESS and not refused and row_queues is None:   # the common case, in one pass
-            answered.extend(zip(pending.tokens, [Ack(guids[i:i + 16], uri) for i in range(0, len(guids), 16)]))
+            acks = [_new_tuple(Ack, (guids[i:i + 16], uri)) for i in range(0, len(guids), 16)]
+            answered.extend(zip(pending.tokens, acks))
             return
         for i, token in enumerate(pending.tokens):
             guid = guids[16 * i:16 * i + 16]

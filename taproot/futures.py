@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from taproot.guid import guid_hex
 
@@ -123,6 +123,50 @@ class PutFuture:
                 self._event = threading.Event()
             event = self._event
         return event.wait(timeout)
+
+
+def settle(answered: Iterable[tuple[Any, Any]]) -> None:
+    """Answer each `(future, result)` pair in order: the result, or the
+    exception when it is one. What one ACK frame answers, a thousand PUTs:
+    their PutFutures change state under one hold of the lock, then their
+    events are set and their callbacks run, in the frame's order. Other
+    futures (a `post_columns` frame's) are answered as they come; so is a
+    PutFuture answered already, which raises InvalidStateError as
+    `set_result` does, once the others are settled."""
+    callbacks: list[tuple[list[Callable[[PutFuture], object]] | None, threading.Event | None, Any]] = []
+    twice: list[PutFuture] = []
+    with _LOCK:
+        for future, result in answered:
+            if type(future) is not PutFuture:
+                callbacks.append((None, None, (future, result)))
+            elif future._done:
+                twice.append(future)
+            else:
+                if isinstance(result, BaseException):
+                    future._exception = result
+                else:
+                    future._result = result
+                future._done = True
+                fns, future._callbacks = future._callbacks, None
+                if fns is not None or future._event is not None:
+                    callbacks.append((fns, future._event, future))
+    for fns, event, future in callbacks:
+        if fns is None and event is None:   # another kind of future: answered now, in its turn
+            other, result = future
+            if isinstance(result, BaseException):
+                other.set_exception(result)
+            else:
+                other.set_result(result)
+            continue
+        if event is not None:
+            event.set()
+        for fn in fns or ():
+            try:
+                fn(future)
+            except Exception:
+                log.exception("exception calling callback for %r", future)
+    if twice:
+        raise concurrent.futures.InvalidStateError(f"{twice[0]!r} was already answered")
 
 
 def _call(fn: Callable[[PutFuture], object], future: PutFuture) -> None:

@@ -88,3 +88,32 @@ def test_an_ack_shows_its_guid_as_taproot_writes_it():
     ack = Ack(bytes(range(16)), "taproot://demo/orders")
     assert ack.guid_hex == guid_hex(ack.guid) == "000102030405060708090A0B0C0D0E0F"
     assert repr(ack) == "Ack(guid=000102030405060708090A0B0C0D0E0F, queue_uri='taproot://demo/orders')"
+
+
+def test_an_ack_frame_settles_its_futures_in_order_whatever_kind_and_a_second_answer_is_refused_after(caplog):
+    """`settle` answers what one ACK frame answers: PutFutures under one
+    hold of the lock, callbacks and waiters after, in the frame's order;
+    another kind of future (a `post_columns` frame's) in its turn; a failing
+    callback stops nobody; a PutFuture answered already raises
+    InvalidStateError once the others are answered."""
+    from taproot.futures import settle
+
+    seen: list[object] = []
+    plain = [PutFuture(bytes([i]) * 16, lambda f: seen.append(("cb", f.guid[0], f._result))) for i in range(3)]
+    waited = PutFuture(b"\x09" * 16)
+    woke: list[object] = []
+    woken = threading.Thread(target=lambda: woke.append(waited.result(timeout=5)))
+    woken.start()
+    columns: concurrent.futures.Future[object] = concurrent.futures.Future()
+    columns.add_done_callback(lambda f: seen.append(("columns", f.result())))
+    failing = PutFuture(b"\x07" * 16, lambda f: 1 / 0)
+    error = RuntimeError("refused")
+    settle([(plain[0], "a0"), (columns, ["g"]), (failing, "a7"), (plain[1], error), (waited, "a9"), (plain[2], "a2")])
+    woken.join(5)
+    assert seen == [("cb", 0, "a0"), ("columns", ["g"]), ("cb", 1, None), ("cb", 2, "a2")]
+    assert woke == ["a9"] and "exception calling callback" in caplog.text
+    assert plain[1].exception() is error and failing.result() == "a7"
+    again = PutFuture(b"\x05" * 16)
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        settle([(plain[0], "twice"), (again, "once")])
+    assert plain[0].result() == "a0" and again.result() == "once"
