@@ -58,45 +58,90 @@ KIND_DEDUP = "dedup"      # one side judged the GUID a duplicate, the other did 
 KIND_APPS = "apps"        # both kept it, for different apps
 
 
-HISTORY_SHARDS = 1024   # the young GUIDs' dicts, by the GUID's hash
 GENERATIONS = 16        # the window's older GUIDs are kept as this many sorted generations (about)
-_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
+Mix = tuple[np.uint64, np.uint64]
+# The GUID hash's default multipliers. A primary gives its histories odd ones
+# of its own, drawn at random (`GuidHistory(seed=...)`), so a client cannot
+# choose GUIDs that all land in one bucket of the young table (its lookups
+# would then go through the whole table for each GUID).
+_MIX: Mix = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 
 
-def _keys(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mix_of(seed: bytes) -> Mix:
+    """The hash's two odd multipliers from 16 bytes of `seed`."""
+    return np.uint64(int.from_bytes(seed[:8], "little") | 1), np.uint64(int.from_bytes(seed[8:16], "little") | 1)
+_YOUNG_MIN = 1 << 11         # GUIDs the first young table holds
+_YOUNG_MAX = 1 << 22         # GUIDs a young table grows to hold at most (about 200 MiB)
+_BUCKET = 8                  # slots in a bucket of the young table
+
+
+def _keys(blob: bytes, mix: Mix = _MIX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GUIDs (16 bytes each, concatenated) as (hash, first 8 bytes, last 8
     bytes), three uint64 arrays. The hash mixes all 16 bytes: the SDK's
     GUIDs start with a clock, a client's may be anything."""
     words = np.frombuffer(blob, dtype="<u8").reshape(-1, 2)
-    hi, lo = words[:, 0], words[:, 1]
-    h = (hi * _MIX[0]) ^ (lo * _MIX[1])   # (wraps modulo 2**64)
+    return _hash(words[:, 0], words[:, 1], mix), words[:, 0], words[:, 1]
+
+
+def _hash(hi: np.ndarray, lo: np.ndarray, mix: Mix = _MIX) -> np.ndarray:
+    """A 64-bit hash of each GUID whose every bit depends on all 128 (the
+    young table takes its low bits, a generation's filter a product of it):
+    GUIDs that differ only in their high bytes, as counters written big-end
+    first do, must not all land in one bucket."""
+    h: np.ndarray = (hi * mix[0]) ^ (lo * mix[1])   # (wraps modulo 2**64)
+    h ^= h >> np.uint64(32)
+    h *= mix[0]
     h ^= h >> np.uint64(29)
-    return h, hi, lo
+    return h
+
+
+def _first_seen(h: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Per GUID, whether an earlier one of the same batch is the same GUID.
+    Most batches hold no hash twice: one sort of the hashes says so."""
+    repeat = np.zeros(len(h), np.bool_)
+    if len(h) < 2 or not (np.diff(np.sort(h)) == 0).any():
+        return repeat
+    order = np.lexsort((lo, hi, h))   # stable: of equal GUIDs the earliest comes first
+    hs, his, los = h[order], hi[order], lo[order]
+    same = (hs[1:] == hs[:-1]) & (his[1:] == his[:-1]) & (los[1:] == los[:-1])
+    repeat[order[1:][same]] = True
+    return repeat
 
 
 class _Generation:
     """GUIDs first committed in one span of time, frozen: sorted by hash,
-    33 bytes each (hash, the GUID's two halves, its first commit time, and a
-    byte of the bitmap that rules most lookups out without a search)."""
+    34 bytes each (hash, the GUID's two halves, its first commit time, and
+    two bytes of a Bloom filter that rules most lookups out without a
+    search)."""
 
-    __slots__ = ("h", "hi", "lo", "t", "newest", "bits", "shift")
+    __slots__ = ("h", "hi", "lo", "t", "newest", "words", "mix")
 
-    def __init__(self, blob: bytes, times: np.ndarray):
-        h, hi, lo = _keys(blob)
+    def __init__(self, hi: np.ndarray, lo: np.ndarray, times: np.ndarray, mix: Mix = _MIX):
+        self.mix = mix
+        h = _hash(hi, lo, mix)
         order = np.argsort(h)   # (equal hashes in any order: `find` looks at all of them)
         self.h, self.hi, self.lo, self.t = h[order], hi[order], lo[order], times[order]
         self.newest = int(times.max())
-        # A one-hash Bloom filter of 8 bits a GUID: a GUID it does not hold
-        # passes it about one time in eight or less; only those are searched for.
-        size = max(64, 1 << int(8 * len(h) - 1).bit_length())
-        self.shift = np.uint64(64 - (size.bit_length() - 1))
-        flags = np.zeros(size, np.bool_)
-        flags[self._slots(self.h)] = True
-        self.bits = np.packbits(flags, bitorder="little")
+        # A blocked Bloom filter: 16 bits a GUID, three of them set in one
+        # 64-bit word. A GUID it does not hold passes it about one time in a
+        # hundred, and only those are searched for: a search is a dozen
+        # cache misses in a generation of a million, and a one-hash filter
+        # of 8 bits a GUID let one in eight through.
+        self.words = np.zeros(max(1, -(-len(h) // 4)), np.uint64)
+        word, mask = self._probe(self.h)
+        order = np.argsort(word, kind="stable")
+        word, mask = word[order], mask[order]
+        starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+        self.words[word[starts]] = np.bitwise_or.reduceat(mask, starts)
 
-    def _slots(self, h: np.ndarray) -> np.ndarray:
-        slots: np.ndarray = (h * _MIX[1]) >> self.shift
-        return slots
+    def _probe(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each hash's word of the filter, and its three bits there."""
+        g = h * self.mix[1]
+        word = (g >> np.uint64(32)) % np.uint64(len(self.words))
+        one = np.uint64(1)
+        mask = ((one << (g & np.uint64(63))) | (one << ((g >> np.uint64(6)) & np.uint64(63)))
+                | (one << ((g >> np.uint64(12)) & np.uint64(63))))
+        return word, mask
 
     def __len__(self) -> int:
         return len(self.h)
@@ -104,8 +149,8 @@ class _Generation:
     def find(self, h: np.ndarray, hi: np.ndarray, lo: np.ndarray, horizon: int) -> np.ndarray | None:
         """For each GUID, whether this generation holds it first committed at
         or after `horizon`; None when it holds none of them."""
-        slots = self._slots(h)
-        maybe = np.flatnonzero((self.bits[slots >> np.uint64(3)] >> (slots & np.uint64(7)).astype(np.uint8)) & 1)
+        word, mask = self._probe(h)
+        maybe = np.flatnonzero((self.words[word] & mask) == mask)
         if not len(maybe):
             return None
         n = len(self.h)
@@ -130,77 +175,227 @@ class _Generation:
     def count_since(self, horizon: int) -> int:
         return int(np.count_nonzero(self.t >= horizon))
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.hi, self.lo, self.t
+
+
+class _Young:
+    """The GUIDs first committed since the last freeze: their halves and
+    first commit times in arrays, in commit order, and a hash table of
+    buckets of `_BUCKET` slots (hash, position + 1; 0: empty) that holds at
+    most `capacity` GUIDs, half its slots. A GUID goes in the first bucket
+    its hash names with room; nothing is ever taken out (the table is
+    frozen whole), so a lookup goes on to the next bucket only from a full
+    one. A commit's GUIDs are looked up and added a bucket at a time for all
+    of them, in NumPy: no Python object per GUID, and no rehash: a full
+    table is frozen early and the next one is made larger. About 56 bytes a
+    GUID."""
+
+    __slots__ = ("count", "capacity", "hi", "lo", "t", "hashes", "refs", "used", "mask")
+
+    def __init__(self, capacity: int = _YOUNG_MIN):
+        self.count = 0
+        self.capacity = capacity
+        buckets = 1 << max(0, (2 * capacity - 1) // _BUCKET).bit_length()
+        self.hi, self.lo = np.empty(capacity, np.uint64), np.empty(capacity, np.uint64)
+        self.t = np.empty(capacity, np.int64)
+        self.hashes = np.zeros((buckets, _BUCKET), np.uint64)
+        self.refs = np.zeros((buckets, _BUCKET), np.uint32)
+        self.used = np.zeros(buckets, np.uint8)    # slots taken in each bucket, from its first
+        self.mask = np.uint64(buckets - 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def newest(self) -> int:
+        return int(self.t[:self.count].max()) if self.count else -(1 << 62)
+
+    def oldest_us(self) -> int | None:
+        return int(self.t[0]) if self.count else None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = self.count
+        return self.hi[:n], self.lo[:n], self.t[:n]
+
+    def find(self, h: np.ndarray, hi: np.ndarray, lo: np.ndarray, horizon: int | None = None) -> np.ndarray | None:
+        """For each GUID, whether it is here (first committed at or after
+        `horizon`, if given); None when none is."""
+        if not self.count:
+            return None
+        found = np.zeros(len(h), np.bool_)
+        todo = np.arange(len(h))
+        bucket = h & self.mask
+        while len(todo):
+            rows, cols = np.nonzero(self.hashes[bucket] == h[todo, None])
+            if len(rows):
+                at = self.refs[bucket[rows], cols].astype(np.int64) - 1
+                keys = todo[rows]
+                hit = (at >= 0) & (self.hi[at] == hi[keys]) & (self.lo[at] == lo[keys])
+                if horizon is not None:
+                    hit &= self.t[at] >= horizon
+                found[keys[hit]] = True
+            go_on = (self.used[bucket] == _BUCKET) & ~found[todo]
+            todo, bucket = todo[go_on], (bucket[go_on] + np.uint64(1)) & self.mask
+        return found if found.any() else None
+
+    def count_since(self, horizon: int) -> int:
+        return int(np.count_nonzero(self.t[:self.count] >= horizon))
+
+    def add(self, h: np.ndarray, hi: np.ndarray, lo: np.ndarray, now_us: int) -> None:
+        """Add GUIDs that are not here, none twice; there must be room."""
+        n = len(h)
+        first = self.count
+        assert first + n <= self.capacity, "the young table is full: freeze it first"
+        self.hi[first:first + n], self.lo[first:first + n], self.t[first:first + n] = hi, lo, now_us
+        self.count += n
+        bucket = h & self.mask
+        ref = np.arange(first + 1, first + n + 1, dtype=np.uint32)
+        while len(ref):
+            # The GUIDs of one bucket take its next free slots in order; those
+            # it has no room for go on to the next bucket.
+            order = np.argsort(bucket, kind="stable")
+            h, ref, bucket = h[order], ref[order], bucket[order]
+            m = len(bucket)
+            starts = np.ones(m, np.bool_)
+            starts[1:] = bucket[1:] != bucket[:-1]
+            index = np.arange(m)
+            slot = self.used[bucket].astype(np.int64) + index - np.maximum.accumulate(np.where(starts, index, 0))
+            fits = slot < _BUCKET
+            self.hashes[bucket[fits], slot[fits]] = h[fits]
+            self.refs[bucket[fits], slot[fits]] = ref[fits]
+            ends = np.ones(m, np.bool_)
+            ends[:-1] = starts[1:]
+            self.used[bucket[ends]] = np.minimum(_BUCKET, slot[ends] + 1)
+            left = ~fits
+            h, ref, bucket = h[left], ref[left], (bucket[left] + np.uint64(1)) & self.mask
+
+
+Spawn = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def inline(task: Callable[[], None]) -> Callable[[], None]:
+    """A `Spawn` that runs `task` at once; the wait it returns has nothing to wait for."""
+    task()
+    return lambda: None
+
+
+class _Freezing:
+    """Young tables (and a generation or none) on their way to one
+    `_Generation`, built by `spawn` (a primary builds it on a thread of its
+    own: sorting a million hashes takes 0.1 s); until it is ready, lookups
+    go to the parts, which nothing changes any more."""
+
+    __slots__ = ("parts", "newest", "mix", "spawn", "_generation", "_wait")
+
+    def __init__(self, parts: "list[_Young | _Generation]", mix: Mix, spawn: "Spawn"):
+        self.parts, self.mix, self.spawn = parts, mix, spawn
+        self.newest = max(p.newest for p in parts)
+        self._generation: _Generation | None = None
+        self._wait = spawn(self._build)
+
+    def _build(self) -> None:
+        arrays = [p.arrays() for p in self.parts]
+        hi, lo, t = (np.concatenate([a[i] for a in arrays]) for i in range(3))
+        self._generation = _Generation(hi, lo, t, self.mix)
+
+    def ready(self, wait: bool = False) -> _Generation | None:
+        """The generation once built (None before; `wait`: until the build
+        ends). A build that failed (out of memory) leaves the parts in use."""
+        if wait:
+            self._wait()
+        return self._generation
+
+    def with_part(self, young: _Young) -> "_Freezing":
+        """One generation of these and `young` (a young table that filled
+        early: the tables of a first span, which grow by doubling, make
+        one generation, not one each)."""
+        built = self.ready()
+        return _Freezing([built, young] if built is not None else [*self.parts, young], self.mix, self.spawn)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def find(self, h: np.ndarray, hi: np.ndarray, lo: np.ndarray, horizon: int) -> np.ndarray | None:
+        found = None
+        for part in self.parts:
+            more = part.find(h, hi, lo, horizon)
+            if more is not None:
+                found = more if found is None else found | more
+        return found
+
+    def count_since(self, horizon: int) -> int:
+        return sum(p.count_since(horizon) for p in self.parts)
+
 
 class GuidHistory:
     """GUIDs first committed within the last `window_us` microseconds.
 
     The young ones, first committed within the last `window_us /
-    GENERATIONS`, are in dicts; each span of that length before is frozen
-    into a `_Generation`, 33 bytes a GUID, and a generation goes as a whole
-    once its newest GUID has left the window. A commit looks its GUIDs up in
-    the generations a few NumPy searches at a time, then in the dicts. A
-    window of 6M GUIDs (300 s at 20k msg/s) all in dicts took about 120
-    bytes a GUID, 720 MiB.
+    GENERATIONS`, are in a `_Young` table; each span of that length before
+    is frozen into a `_Generation`, 34 bytes a GUID, and a generation goes
+    as a whole once its newest GUID has left the window. A young table that
+    fills before its span is over is frozen then, and the next one made
+    twice as large. A commit looks its GUIDs up and adds them a few NumPy
+    operations at a time, in the generations and the young table alike: no
+    Python per GUID (dicts of GUIDs cost 0.5-0.7 us a GUID of the commit
+    thread's Python, and one dict of 6M rehashed them all when it grew,
+    231 ms with the GIL held). The generations are sorted on a thread of
+    their own, not in the commit that freezes them.
 
-    The young GUIDs are spread over `HISTORY_SHARDS` dicts by hash. One dict
-    of 6M entries rehashed all of them when it grew, holding the GIL: 231 ms
-    alone at 5.6M entries, and a whole-node stall of 1.3-1.6 s 280 s into a
-    run at 20k msg/s. Each commit's new GUIDs are also kept as one bytes
-    object (16 bytes each), not a list, for freezing: lists of millions of
-    GUIDs made every full collection of Python's garbage collector traverse
-    them all (75 ms, every thread stopped)."""
+    Nothing per GUID is a Python object, so the garbage collector has
+    nothing per GUID to traverse (lists of millions made every full
+    collection walk them: 75 ms, every thread stopped)."""
 
-    def __init__(self, window_us: int):
-        assert window_us > 0
+    def __init__(self, window_us: int, *, seed: bytes | None = None, spawn: Spawn = inline,
+                 young_min: int = _YOUNG_MIN, young_max: int = _YOUNG_MAX):
+        """`seed`: 16 random bytes for the hash (a primary's own; None: fixed
+        multipliers). `spawn(task)` runs a generation's build and returns a
+        call that waits for it to end (default: at once, in the caller).
+        `young_min`, `young_max`: the GUIDs a young table holds at first and
+        at most (tests make them small)."""
+        assert window_us > 0 and 1 <= young_min <= young_max
+        self._mix = _MIX if seed is None else mix_of(seed)
+        self._spawn = spawn
         self.window_us = window_us
         self.generation_us = max(1, window_us // GENERATIONS)
-        self._shards: list[dict[bytes, int]] = [{} for _ in range(HISTORY_SHARDS)]   # guid -> first commit time
-        self._commits: deque[tuple[int, bytes]] = deque()  # the young: (time, GUIDs first seen then, joined)
-        self._young = 0
-        self._generations: deque[_Generation] = deque()    # oldest first
+        self._young_min, self._young_max = young_min, young_max
+        self._young = _Young(young_min)
+        self._generations: deque[_Generation | _Freezing] = deque()    # oldest first
         self._horizon = -(1 << 62)                          # times before it have left the window
 
     def __len__(self) -> int:
-        return self._young + sum(g.count_since(self._horizon) for g in self._generations)
+        return self._young.count + sum(g.count_since(self._horizon) for g in self._generations)
 
     def __contains__(self, guid: bytes) -> bool:
-        if guid in self._shards[hash(guid) % HISTORY_SHARDS]:
+        h, hi, lo = _keys(_guid_blob([guid]), self._mix)
+        if self._young.find(h, hi, lo) is not None:
             return True
-        if not self._generations:
-            return False
-        h, hi, lo = _keys(_guid_blob([guid]))
         return any(g.find(h, hi, lo, self._horizon) is not None for g in self._generations)
 
-    def commit(self, guids: Sequence[bytes], now_us: int) -> list[bool]:
-        """Record one commit's GUIDs (in seq order); return, per row, whether it
-        is a duplicate: first committed within the window, earlier or in this
-        same commit."""
+    def commit(self, guids: Sequence[bytes] | bytes, now_us: int) -> list[bool]:
+        """Record one commit's GUIDs (in seq order: a list, or their bytes
+        concatenated); return, per row, whether it is a duplicate: first
+        committed within the window, earlier or in this same commit."""
         self.expire(now_us)
-        older: list[bool] | None = None
-        if self._generations and len(guids):
-            h, hi, lo = _keys(_guid_blob(guids if isinstance(guids, list) else list(guids)))
-            seen = None
-            for generation in self._generations:
-                found = generation.find(h, hi, lo, self._horizon)
-                if found is not None:
-                    seen = found if seen is None else seen | found
-            if seen is not None:
-                older = seen.tolist()
-        shards = self._shards
-        fresh: list[bytes] = []
-        duplicates = []
-        for i, guid in enumerate(guids):
-            shard = shards[hash(guid) % HISTORY_SHARDS]
-            if (older is not None and older[i]) or guid in shard:
-                duplicates.append(True)
-            else:
-                shard[guid] = now_us
-                fresh.append(guid)
-                duplicates.append(False)
-        if fresh:
-            self._young += len(fresh)
-            self._commits.append((now_us, _guid_blob(fresh)))
-        return duplicates
+        blob = guids if isinstance(guids, bytes) else _guid_blob(list(guids))
+        if len(blob) % GUID_LENGTH:
+            raise ValueError("a GUID of the wrong length reached the GUID history")
+        if not blob:
+            return []
+        h, hi, lo = _keys(blob, self._mix)
+        duplicate = _first_seen(h, hi, lo)
+        for generation in (*self._generations, self._young):
+            found = generation.find(h, hi, lo, self._horizon)
+            if found is not None:
+                duplicate |= found
+        fresh = ~duplicate
+        n = int(np.count_nonzero(fresh))
+        if self._young.count + n > self._young.capacity:
+            self._freeze(n)
+        self._young.add(h[fresh], hi[fresh], lo[fresh], now_us)
+        result: list[bool] = duplicate.tolist()
+        return result
 
     def load(self, first_times: Iterable[tuple[bytes, int]]) -> None:
         """Rebuild from the PUT log after a takeover: (guid, first put time)
@@ -218,21 +413,49 @@ class GuidHistory:
 
     def expire(self, now_us: int) -> None:
         """Forget what left the window by `now_us`; freeze the young GUIDs
-        into a generation once they span `generation_us`."""
+        into a generation once they span `generation_us`; take the
+        generations built since."""
         self._horizon = max(self._horizon, now_us - self.window_us)
-        if self._commits and now_us - self._commits[0][0] >= self.generation_us:
-            self._freeze()
+        oldest = self._young.oldest_us()
+        if oldest is not None and now_us - oldest >= self.generation_us:
+            self._freeze(0)
+        self._take_built(wait=False)
         generations = self._generations
         while generations and generations[0].newest < self._horizon:
             generations.popleft()
 
-    def _freeze(self) -> None:
-        commits, self._commits = self._commits, deque()
-        times = np.repeat(np.fromiter((t for t, _ in commits), np.int64, len(commits)),
-                          [len(blob) // GUID_LENGTH for _, blob in commits])
-        self._generations.append(_Generation(b"".join(blob for _, blob in commits), times))
-        self._shards = [{} for _ in range(HISTORY_SHARDS)]
-        self._young = 0
+    def settle(self) -> None:
+        """Wait for the generations being built (tests, and a steady state to measure)."""
+        self._take_built(wait=True)
+
+    def _take_built(self, wait: bool) -> None:
+        generations = self._generations
+        for i in range(len(generations)):
+            g = generations[i]
+            if isinstance(g, _Freezing):
+                built = g.ready(wait)
+                if built is not None:
+                    generations[i] = built
+
+    def _freeze(self, incoming: int) -> None:
+        """The young table to a generation (built on a thread), and a new
+        one with room for `incoming` GUIDs: twice as large if this one
+        filled before its span was over, half as large if it was less than
+        a quarter full, else as large."""
+        young, generations = self._young, self._generations
+        capacity = young.capacity
+        full = young.count + incoming > capacity
+        if young.count and full and generations and len(generations[-1]) < young.count:
+            last = generations[-1]   # filled early: one generation with the smaller one before
+            generations[-1] = (last.with_part(young) if isinstance(last, _Freezing)
+                               else _Freezing([last, young], self._mix, self._spawn))
+        elif young.count:
+            generations.append(_Freezing([young], self._mix, self._spawn))
+        if full:
+            capacity = min(self._young_max, capacity * 2)
+        elif young.count < capacity // 4:
+            capacity = max(self._young_min, capacity // 2)
+        self._young = _Young(max(capacity, incoming))
 
 
 def _guid_blob(guids: list[bytes]) -> bytes:

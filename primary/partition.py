@@ -26,6 +26,7 @@ import functools
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -64,6 +65,7 @@ from protocol.columns import (
     ack_columns,
     encode_push_run,
     encode_push_table,
+    joined_values,
     push_run_table,
     push_table,
 )
@@ -541,7 +543,8 @@ class Partition:
         # (an Appender belongs to its commit thread).
         self._puts_reader = DeltaTable(self.paths.puts)
         # Express lane (`express.py`).
-        self._history = GuidHistory(config.history_window_ms * 1000)
+        # Its hash drawn for this partition; its generations sorted on a thread of their own.
+        self._history = GuidHistory(config.history_window_ms * 1000, seed=os.urandom(16), spawn=_on_a_thread)
         self._reconciler = Reconciler()
         self._decisions_lock = threading.Lock()
         self._judged_seq = -1       # every PUT row up to this seq has been judged by the pipeline
@@ -944,7 +947,7 @@ class Partition:
         """The express lane, right after the commit: the GUID history decides
         duplicates (ACKed, never pushed), the app subscriptions the targets.
         Rows are in `batch` order: the items' order (`_put_batch`)."""
-        duplicates = self._history.commit(batch["guid"].to_pylist(), now_us)
+        duplicates = self._history.commit(joined_values(batch["guid"]), now_us)   # (16 bytes each: checked at the door)
         first_seq = batch["seq"][0].as_py()
         targets: Targets = {}
         row = 0
@@ -1513,6 +1516,21 @@ def _max_stat(table: DeltaTable, column: str) -> int:
         values = values.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
     value = pc.max(values).as_py()
     return -1 if value is None else int(value)
+
+
+def _on_a_thread(task: Callable[[], None]) -> Callable[[], None]:
+    """Run `task` (a GUID history's generation build) on a daemon thread of
+    its own; returns the wait for it. A failure is logged: the history then
+    keeps the young tables it was building from."""
+    def run() -> None:
+        try:
+            task()
+        except Exception:
+            log.exception("building a GUID history generation failed; its young tables stay in use")
+
+    thread = threading.Thread(target=run, name="guid-history-freeze", daemon=True)
+    thread.start()
+    return thread.join
 
 
 def _queue_runs(queues: Iterable[QueueState]) -> list[tuple[QueueState, int]]:

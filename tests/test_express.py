@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primary.express import KIND_APPS, KIND_DEDUP, AppRules, Delivered, GuidHistory, Reconciler
+from primary.express import KIND_APPS, KIND_DEDUP, AppRules, Delivered, GuidHistory, Reconciler, inline
 from tests.reconciler_oracle import PerSeqReconciler
 
 G = [bytes([i]) * 16 for i in range(10)]
@@ -37,30 +40,55 @@ def test_history_memory_is_bounded_by_the_window():
     assert len(history) == 11   # seconds 89..99
 
 
-def test_the_history_is_spread_over_many_small_dicts_so_none_rehashes_millions_at_once():
-    """One dict of 6M GUIDs rehashed them all when it grew: 231 ms with the GIL
-    held, a whole-node stall 280 s into a run at 20k msg/s. Spread by hash,
-    even GUIDs that differ in one byte only, each dict stays small, and
-    lookups, duplicates, expiry and the count work across them."""
+def test_a_young_table_that_fills_is_frozen_early_and_the_next_is_larger_and_never_rehashed():
+    """The young GUIDs are in NumPy arrays, looked up and added for a whole
+    commit at once. A table that fills before its span is over is frozen
+    then (its generation built on a thread of its own) and the next one is
+    made twice as large: no table ever rehashes what it holds. Lookups,
+    repeats, expiry and the count work across the tables and generations,
+    for GUIDs that differ in one byte only."""
     from primary import express
 
     history = GuidHistory(window_us=10 * S)
     guids = [i.to_bytes(2, "big") + bytes(14) for i in range(20_000)]
+    assert history._young.capacity == express._YOUNG_MIN
     assert history.commit(guids[:10_000], now_us=0) == [False] * 10_000
-    assert history.commit(guids[5_000:15_000], now_us=5 * S) == [True] * 5_000 + [False] * 5_000
-    sizes = [len(shard) for shard in history._shards]
-    assert len(sizes) == express.HISTORY_SHARDS and max(sizes) < 4 * 15_000 / express.HISTORY_SHARDS
+    assert history._young.count == 10_000 and history._generations == deque()   # made as large as the commit
+    first = history._young
+    assert history.commit(guids[5_000:15_000], now_us=1) == [True] * 5_000 + [False] * 5_000
+    # Full: frozen early, the 5,000 new ones in a table twice as large.
+    assert history._young is not first and history._young.capacity == 2 * first.capacity
+    assert history._young.count == 5_000 and [len(g) for g in history._generations] == [10_000]
     assert len(history) == 15_000 and guids[14_999] in history and guids[15_000] not in history
-    history.expire(now_us=10 * S + 1)   # the first commit's 10,000 leave the window
+    history.settle()
+    assert isinstance(history._generations[0], express._Generation) and guids[0] in history
+    history.expire(now_us=10 * S + 1)   # the first commit's 10,000 leave the window; the young is frozen
     assert len(history) == 5_000 and guids[0] not in history and guids[10_000] in history
-    # The 5,000 of the second commit were frozen into the one generation left; the dicts are empty.
-    assert sum(len(shard) for shard in history._shards) == 0 and [len(g) for g in history._generations] == [5_000]
+    assert history._young.count == 0 and [len(g) for g in history._generations] == [5_000]
+    assert history.commit(guids[:2] + guids[15_000:], now_us=10 * S + 1) == [False] * 5_002
+    assert len(history) == 10_002
+
+
+def test_the_young_tables_of_a_first_span_make_one_generation_however_often_they_fill():
+    """A young table starts small and doubles each time it fills before its
+    span is over; the tables frozen that way are merged into the
+    generation before, so a first span at full speed leaves one generation
+    to search, not one per doubling."""
+    history = GuidHistory(window_us=16 * S, spawn=on_a_thread)   # a span a second
+    guids = [(i * 7919).to_bytes(16, "big") for i in range(100_000)]
+    for ms in range(100):                                    # 100,000 GUIDs in 0.1 s
+        assert history.commit(guids[ms * 1000:(ms + 1) * 1000], ms * 1000) == [False] * 1000
+    history.settle()
+    assert len(history._generations) == 1 and len(history) == 100_000
+    assert len(history._generations[0]) + history._young.count == 100_000
+    assert history.commit(guids[::997] + [b"\xff" * 16], 200_000) == [True] * len(guids[::997]) + [False]
 
 
 def test_the_history_gives_the_garbage_collector_nothing_per_guid_to_traverse():
     """A full window holds millions of GUIDs: held in lists, every full
     collection walked them all (75 ms at 6M, with every thread stopped)."""
     import gc
+    import types
 
     def references_walked(root: object) -> int:
         """The references a full collection follows from `root` (through
@@ -68,8 +96,8 @@ def test_the_history_gives_the_garbage_collector_nothing_per_guid_to_traverse():
         seen, stack, edges = set(), [root], 0
         while stack:
             obj = stack.pop()
-            if id(obj) in seen or not gc.is_tracked(obj) or isinstance(obj, type):
-                continue   # (its class is shared, not the history's)
+            if id(obj) in seen or not gc.is_tracked(obj) or isinstance(obj, (type, types.FunctionType)):
+                continue   # (its classes and functions are shared, not the history's)
             seen.add(id(obj))
             referents = gc.get_referents(obj)
             edges += len(referents)
@@ -93,6 +121,13 @@ def test_rebuilt_history_sees_the_guids_of_an_earlier_primary():
     assert history.commit([G[0], G[1], G[2]], now_us=5 * S) == [True, True, False]
     history.expire(12 * S)
     assert G[0] not in history and G[1] in history
+
+
+def on_a_thread(task):
+    """A `Spawn` as a primary's: the build on a thread, and its join to wait."""
+    thread = threading.Thread(target=task, daemon=True)
+    thread.start()
+    return thread.join
 
 
 class NaiveHistory:
@@ -129,10 +164,16 @@ def history_schedules():
 
 
 @settings(deadline=None, max_examples=300)
-@given(history_schedules())
-def test_the_generational_history_decides_as_one_dict_of_first_times_would(schedule):
+@given(history_schedules(), st.sampled_from([None, (1, 4), (2, 16)]), st.booleans())
+def test_the_generational_history_decides_as_one_dict_of_first_times_would(schedule, young, threads):
+    """Also with young tables of a few GUIDs, which fill early and are merged
+    with the generation before, and with generations built on threads of
+    their own (lookups meanwhile go to the tables they are built from), as
+    a primary builds them."""
     window_us, steps = schedule
-    history, oracle = GuidHistory(window_us), NaiveHistory(window_us)
+    sizes = {} if young is None else {"young_min": young[0], "young_max": young[1]}
+    history = GuidHistory(window_us, seed=bytes(range(16)), spawn=on_a_thread if threads else inline, **sizes)
+    oracle = NaiveHistory(window_us)
     now = 0
     for advance, guids, expire_only in steps:
         now += advance
@@ -146,7 +187,7 @@ def test_the_generational_history_decides_as_one_dict_of_first_times_would(sched
             assert (g in history) == (g in oracle.first)
 
 
-def test_older_guids_are_frozen_into_generations_of_33_bytes_each():
+def test_older_guids_are_frozen_into_generations_of_34_bytes_each():
     from primary import express
 
     history = GuidHistory(window_us=16 * S)              # a generation a second
@@ -154,9 +195,10 @@ def test_older_guids_are_frozen_into_generations_of_33_bytes_each():
         assert history.commit([(second * 1000 + i).to_bytes(16, "big") for i in range(1000)], second * S) == \
             [False] * 1000
     # Seconds 3..18 frozen, a generation each (0..2 have left the window), second 19 young.
-    assert len(history._generations) == 16 and sum(len(shard) for shard in history._shards) == 1000
+    history.settle()
+    assert len(history._generations) == 16 and history._young.count == 1000
     assert len(history) == 17_000
-    assert all(g.h.nbytes + g.hi.nbytes + g.lo.nbytes + g.t.nbytes == 32 * len(g) and g.bits.nbytes <= 2 * len(g)
+    assert all(g.h.nbytes + g.hi.nbytes + g.lo.nbytes + g.t.nbytes == 32 * len(g) and g.words.nbytes <= 2 * len(g) + 8
                for g in history._generations)
     assert history.commit([(17_000).to_bytes(16, "big"), (3_000).to_bytes(16, "big")], 20 * S) == [True, False]
     assert len(history._generations) <= express.GENERATIONS + 1
