@@ -70,7 +70,7 @@ _MIX: Mix = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 def mix_of(seed: bytes) -> Mix:
     """The hash's two odd multipliers from 16 bytes of `seed`."""
     return np.uint64(int.from_bytes(seed[:8], "little") | 1), np.uint64(int.from_bytes(seed[8:16], "little") | 1)
-_YOUNG_MIN = 1 << 11         # GUIDs the first young table holds
+_YOUNG_MIN = 1 << 16         # GUIDs the first young table holds (3 MiB)
 _YOUNG_MAX = 1 << 22         # GUIDs a young table grows to hold at most (about 200 MiB)
 _BUCKET = 8                  # slots in a bucket of the young table
 
