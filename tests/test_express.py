@@ -49,9 +49,9 @@ def test_a_young_table_that_fills_is_frozen_early_and_the_next_is_larger_and_nev
     for GUIDs that differ in one byte only."""
     from primary import express
 
-    history = GuidHistory(window_us=10 * S)
+    history = GuidHistory(window_us=10 * S, young_min=2048)
     guids = [i.to_bytes(2, "big") + bytes(14) for i in range(20_000)]
-    assert history._young.capacity == express._YOUNG_MIN
+    assert history._young.capacity == 2048 and GuidHistory(S)._young.capacity == express._YOUNG_MIN
     assert history.commit(guids[:10_000], now_us=0) == [False] * 10_000
     assert history._young.count == 10_000 and history._generations == deque()   # made as large as the commit
     first = history._young
@@ -74,7 +74,7 @@ def test_the_young_tables_of_a_first_span_make_one_generation_however_often_they
     span is over; the tables frozen that way are merged into the
     generation before, so a first span at full speed leaves one generation
     to search, not one per doubling."""
-    history = GuidHistory(window_us=16 * S, spawn=on_a_thread)   # a span a second
+    history = GuidHistory(window_us=16 * S, spawn=on_a_thread, young_min=2048)   # a span a second
     guids = [(i * 7919).to_bytes(16, "big") for i in range(100_000)]
     for ms in range(100):                                    # 100,000 GUIDs in 0.1 s
         assert history.commit(guids[ms * 1000:(ms + 1) * 1000], ms * 1000) == [False] * 1000
