@@ -720,11 +720,14 @@ class Session:
                 return None
             self._check_live()
             future = PutFuture(guid, on_ack)
-            refused = self._core.post(q.queue_id, message, future, self._now_ms())
+            core = self._core
+            refused = core.post(q.queue_id, message, future, self._now_ms())
             if refused is None:
-                if self._core.batched == 1:
+                batched = core.batched
+                if batched == 0:   # the batch was full: sealed into frames, which go now
+                    self._send_effects_locked()
+                elif batched == 1:
                     self._changed.notify_all()  # wake the flusher for the linger deadline
-                self._send_effects_locked()
         if refused is not None:
             future.set_exception(refused)
         return future

@@ -7,8 +7,8 @@ Feeds one `GuidHistory` (a 300 s window, as `conf/cluster.toml`'s) commits
 of `--commit-rows` random GUIDs, as many a second as `--rate` makes, on a
 simulated clock, and prints the time `commit` took: over the first span of
 the window (young GUIDs only, what a 20 s `taproot bench` run sees), over
-the last minute (the window full: every generation searched) and the
-slowest commits (the commit thread waits for the GIL while a generation is
+the last minute (the window full: every generation searched), the
+slowest commits and the process's resident memory (the commit thread waits for the GIL while a generation is
 built beside it). GUIDs go in as a list of 16-byte values, as the recovery
 path gives them.
 """
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -31,10 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from primary.express import GENERATIONS, GuidHistory
-    from primary.partition import _on_a_thread
 
-    # As a primary makes it: its own hash, its generations built on a thread.
-    history = GuidHistory(int(args.window_s * 1e6), seed=os.urandom(16), spawn=_on_a_thread)
+    def on_a_thread(task: Callable[[], None]) -> Callable[[], None]:
+        thread = threading.Thread(target=task, daemon=True)
+        thread.start()
+        return thread.join
+
+    # As a primary makes it (`primary.partition`, not imported here: its
+    # libraries would count in the memory): its own hash, its generations
+    # built on a thread.
+    history = GuidHistory(int(args.window_s * 1e6), seed=os.urandom(16), spawn=on_a_thread)
     step_us = int(args.commit_rows / args.rate * 1e6)
     commits = int(args.seconds * 1e6 / step_us)
     span = int(args.window_s / GENERATIONS * 1e6 / step_us)
@@ -59,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     line("first span (young GUIDs only)", took[:span])
     if commits > minute:
         line("last minute", took[-minute:])
-    print(f"  commits over 10 ms: {int((took > 10_000).sum())}; GUIDs held at the end: {len(history):,}")
+    import resource
+
+    with open("/proc/self/statm") as statm:
+        rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    print(f"  commits over 10 ms: {int((took > 10_000).sum())}; GUIDs held at the end: {len(history):,}; "
+          f"this process's memory {rss / 2**20:,.0f} MiB at the end, "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB at most")
     return 0
 
 
