@@ -59,6 +59,9 @@ KIND_APPS = "apps"        # both kept it, for different apps
 
 
 GENERATIONS = 16        # the window's older GUIDs are kept as this many sorted generations (about)
+_YOUNG_MIN = 1 << 16    # GUIDs the first young table holds (3 MiB)
+_YOUNG_MAX = 1 << 22    # GUIDs a young table grows to hold at most (about 200 MiB)
+_BUCKET = 8             # slots in a bucket of the young table
 Mix = tuple[np.uint64, np.uint64]
 # The GUID hash's default multipliers. A primary gives its histories odd ones
 # of its own, drawn at random (`GuidHistory(seed=...)`), so a client cannot
@@ -70,9 +73,6 @@ _MIX: Mix = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 def mix_of(seed: bytes) -> Mix:
     """The hash's two odd multipliers from 16 bytes of `seed`."""
     return np.uint64(int.from_bytes(seed[:8], "little") | 1), np.uint64(int.from_bytes(seed[8:16], "little") | 1)
-_YOUNG_MIN = 1 << 16         # GUIDs the first young table holds (3 MiB)
-_YOUNG_MAX = 1 << 22         # GUIDs a young table grows to hold at most (about 200 MiB)
-_BUCKET = 8                  # slots in a bucket of the young table
 
 
 def _keys(blob: bytes, mix: Mix = _MIX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
