@@ -130,9 +130,9 @@ def settle(answered: Iterable[tuple[Any, Any]]) -> None:
     exception when it is one. What one ACK frame answers, a thousand PUTs:
     their PutFutures change state under one hold of the lock, then their
     events are set and their callbacks run, in the frame's order. Other
-    futures (a `post_columns` frame's) are answered as they come; so is a
-    PutFuture answered already, which raises InvalidStateError as
-    `set_result` does, once the others are settled."""
+    futures (a `post_columns` frame's) are answered in their turn. A
+    PutFuture answered already keeps its answer, and InvalidStateError is
+    raised, as `set_result` raises it, once the others are settled."""
     callbacks: list[tuple[list[Callable[[PutFuture], object]] | None, threading.Event | None, Any]] = []
     twice: list[PutFuture] = []
     with _LOCK:
