@@ -164,6 +164,32 @@ class MessageRun:
                         "payload", "properties", "property_types", "put_time_us", "compression")))]
 
 
+class SharedPush:
+    """First deliveries of rows of one PUT frame spanning queues to the sole
+    consumers of many queues: `messages[n]` (row `rows[n]` of `table`, the
+    frame's rows as committed) to `keys[n]`. One push where there would be
+    one a queue (`take_fresh`), sent as PushColumns frames of rows taken
+    from `table` (no Arrow array built from Python objects per row)."""
+
+    __slots__ = ("table", "rows", "messages", "keys")
+    delivery_count = 1
+
+    def __init__(self, table: pa.Table, rows: list[int], messages: "list[StoredMessage]",
+                 keys: "list[ConsumerKey]"):
+        self.table, self.rows, self.messages, self.keys = table, rows, messages, keys
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        return f"SharedPush(rows={len(self)}, queues={len(set(self.keys))})"
+
+    @property
+    def seq(self) -> int:
+        """The first row's seq (pushes are merged across apps by it)."""
+        return self.messages[0].seq
+
+
 Pending = StoredMessage | MessageRun
 # A consumer's unconfirmed message: a StoredMessage, or row i of a MessageRun
 Held = StoredMessage | tuple[MessageRun, int]
@@ -257,7 +283,7 @@ class _Consumer:
         return max(fits, 1) if not self.unconfirmed else fits
 
 
-Push = tuple[ConsumerKey, Pending]
+Push = tuple[ConsumerKey, "Pending | SharedPush"]   # (None, SharedPush): `take_fresh`'s, of many consumers
 Dropped = tuple[StoredMessage, str, str]      # message, reason, detail
 
 
@@ -495,6 +521,15 @@ class QueueDispatcher:
                 return consumer
         return None
 
+    def _sole_taker(self) -> "_Consumer | None":
+        """The consumer `_dispatch` gives every message to while it has room,
+        when the queue is in its usual state: one consumer, no subscription,
+        nothing waiting. None otherwise."""
+        if not self.sole_consumer_path or self._pending or len(self._consumers) != 1:
+            return None
+        consumer = next(iter(self._consumers.values()))
+        return None if consumer.options.subscriptions else consumer
+
     def _takers(self) -> int:
         """How many consumers of the top priority have room. A run goes whole
         only to a sole taker: it is what round robin, message by message,
@@ -583,3 +618,44 @@ def _regrouped(held: Iterable[Held]) -> list[Pending]:
     if run is not None:
         out.append(run if len(rows) == len(run) else run.take(rows))
     return out
+
+
+def take_fresh(dispatchers: Sequence[QueueDispatcher], messages: Sequence[StoredMessage], now_us: int,
+               spilled: set[QueueDispatcher]) -> tuple[list[int], list[ConsumerKey], list[int]]:
+    """New messages of many queues (`messages[n]` for `dispatchers[n]`, each
+    queue's in seq order, none pushed yet) dispatched in one pass rather than
+    a call per queue: a message goes to its queue's sole consumer at once
+    when `add_messages` would do exactly that (the queue in its usual state,
+    `_sole_taker`; the consumer with room; its GUID not held; not expired).
+    Returns the positions taken and their consumers, and the positions
+    spilled, in order: the caller hands those to `add_messages`. Once a
+    dispatcher spills, its later messages spill too (they queue behind), in
+    this call and in later ones given the same `spilled`."""
+    taken: list[int] = []
+    keys: list[ConsumerKey] = []
+    rest: list[int] = []
+    sole: dict[QueueDispatcher, _Consumer | None] = {}
+    for n, (dispatcher, message) in enumerate(zip(dispatchers, messages)):
+        consumer = sole.get(dispatcher, _UNSEEN)
+        if consumer is _UNSEEN:
+            consumer = sole[dispatcher] = None if dispatcher in spilled else dispatcher._sole_taker()
+        if consumer is not None:
+            guid = message.guid
+            known = dispatcher._known
+            if guid not in known and consumer.has_capacity() and not (
+                    message.expires_us and message.expires_us <= now_us):
+                known.add(guid)
+                message.delivery_count = 1
+                consumer.unconfirmed[message.seq] = message
+                consumer.unconfirmed_bytes += len(message.payload)
+                dispatcher.pushed += 1
+                taken.append(n)
+                keys.append(consumer.key)
+                continue
+            sole[dispatcher] = None
+        spilled.add(dispatcher)
+        rest.append(n)
+    return taken, keys, rest
+
+
+_UNSEEN: Any = object()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from primary.dispatcher import MessageRun
+from primary.dispatcher import MessageRun, SharedPush
 from protocol.clock import wall_time_us
 from protocol.metrics import LATENCY_BUCKETS, FrameCounts, QueueLabels, Summed, WeightedHistogram
 
@@ -33,7 +33,7 @@ class NodeMetrics:
         self.partitions_taken = 0     # leases won and served (the first and every failover to here)
         self.partitions_lost = 0      # stepped down (a lost lease, a newer primary)
 
-    def observe_pushes(self, pushes: Sequence[tuple[object, "Pending"]]) -> None:
+    def observe_pushes(self, pushes: Sequence[tuple[object, "Pending | SharedPush"]]) -> None:
         """PUT->PUSH of first deliveries, from the producer's put time (its
         clock) to the PUSH handed to the link."""
         now_us = wall_time_us()
@@ -43,6 +43,11 @@ class NodeMetrics:
                 continue
             if isinstance(pending, MessageRun):
                 rows, put_us = len(pending), pending.table["put_time_us"][0].as_py()
+            elif isinstance(pending, SharedPush):
+                for message in pending.messages:   # (many producers' rows; each its own time)
+                    if message.put_time_us:
+                        seen.append((max(0, now_us - message.put_time_us) / 1e6, 1))
+                continue
             else:
                 rows, put_us = 1, pending.put_time_us
             if put_us:

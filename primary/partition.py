@@ -51,7 +51,9 @@ from primary.dispatcher import (
     Pending,
     Push,
     QueueDispatcher,
+    SharedPush,
     StoredMessage,
+    take_fresh,
 )
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
@@ -271,9 +273,13 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
     delivery count) to several queues of one link travel as one PushMessage
     with `queue_ids`: fanout apps and broadcast consumers below a proxy or
     replica cost one copy on that link, not one per consumer. Each queue's
-    pushes keep their order."""
-    by_link: dict["Link", list[tuple[int, Pending]]] = {}
+    pushes keep their order. A SharedPush's rows go as a PushColumns frame
+    a link taken from the frame they came in (`_LinkRows`)."""
+    by_link: dict["Link", list[tuple[int, Pending | _LinkRows]]] = {}
     for key, pending in pushes:
+        if isinstance(pending, SharedPush):
+            _share_out(pending, by_link)
+            continue
         link, queue_id = cast("tuple[Link, int]", key)
         items = by_link.setdefault(link, [])
         if isinstance(pending, MessageRun) and queue_id not in link.columnar:
@@ -288,7 +294,7 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
         keys: list[int | None] = [None] * len(items)
         sizes: dict[int, int] = {}
         for n, (queue_id, message) in enumerate(items):
-            if queue_id not in columnar:
+            if queue_id not in columnar or isinstance(message, _LinkRows):
                 continue
             if isinstance(message, MessageRun):
                 if queue_id in broadcast:
@@ -304,6 +310,16 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
         while i < len(items):
             queue_id, message = items[i]
             key = keys[i]
+            if isinstance(message, _LinkRows):
+                # After everything before it, as a run (each queue's order).
+                _send_push_batches(link, messages, frame_messages_max)
+                messages = []
+                for before in spans.values():
+                    _send_span(link, before, frame_messages_max)
+                spans = {}
+                message.send(link, frame_messages_max)
+                i += 1
+                continue
             if key is not None and sizes[key] >= COLUMNAR_RUN_MIN:
                 span = spans.get(key)
                 if span is None:
@@ -344,6 +360,68 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
         _send_push_batches(link, messages, frame_messages_max)
         for span in spans.values():
             _send_span(link, span, frame_messages_max)
+
+
+class _LinkRows:
+    """A SharedPush's rows for one link's columnar queues: rows of `table`
+    (a frame as committed), with their messages and the link's queue ids."""
+
+    __slots__ = ("table", "rows", "messages", "queue_ids")
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.rows: list[int] = []
+        self.messages: list[StoredMessage] = []
+        self.queue_ids: list[int] = []
+
+    def send(self, link: "Link", frame_messages_max: int) -> None:
+        """PushColumns frames of at most `frame_messages_max` rows: each a
+        take of the frame's rows, the seqs as ranges of the rows' queues."""
+        for start in range(0, len(self.rows), frame_messages_max):
+            end = start + frame_messages_max
+            messages, queue_ids = self.messages[start:end], self.queue_ids[start:end]
+            seqs = [m.seq for m in messages]
+            rows = self.table.take(pa.array(self.rows[start:end], pa.int64()))
+            body = encode_push_run(_run_columns(rows, seqs), 1)
+            ids: list[int] = []
+            starts: list[int] = []
+            counts: list[int] = []
+            after = -1
+            for queue_id, seq in zip(queue_ids, seqs):
+                if seq == after and ids[-1] == queue_id:
+                    counts[-1] += 1
+                else:
+                    ids.append(queue_id)
+                    starts.append(seq)
+                    counts.append(1)
+                after = seq + 1
+            one_queue = all(q == ids[0] for q in ids)
+            link.send(frame_of("push_columns", queue_id=ids[0], count=len(seqs), seq_starts=starts,
+                               seq_counts=counts, range_queue_ids=[] if one_queue else ids, arrow_ipc=body))
+
+
+def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | _LinkRows]]]") -> None:
+    """A SharedPush's rows into each link's pushes: one `_LinkRows` for the
+    link's columnar queues when they are COLUMNAR_RUN_MIN rows or more,
+    single messages otherwise (and for a peer that asked for PushBatch)."""
+    mine: dict["Link", _LinkRows] = {}
+    for row, message, key in zip(push.rows, push.messages, push.keys):
+        link, queue_id = cast("tuple[Link, int]", key)
+        rows = mine.get(link)
+        if rows is None:
+            rows = mine[link] = _LinkRows(push.table)
+            by_link.setdefault(link, []).append((0, rows))
+        if queue_id in link.columnar:
+            rows.rows.append(row)
+            rows.messages.append(message)
+            rows.queue_ids.append(queue_id)
+        else:
+            by_link[link].append((queue_id, message))
+    for link, rows in mine.items():
+        if len(rows.rows) < COLUMNAR_RUN_MIN:
+            items = by_link[link]
+            at = next(n for n, item in enumerate(items) if item[1] is rows)
+            items[at:at + 1] = list(zip(rows.queue_ids, rows.messages))
 
 
 def _push_message(queue_id: int, message: StoredMessage) -> pb.PushMessage:
@@ -497,16 +575,19 @@ def _answer_puts(singles: list[PendingPut], bulks: list[PendingColumns], code: R
 def push_run(rows: pa.Table, seqs: list[int], delivery_count: int = 0, expires_us: int = 0) -> MessageRun:
     """A MessageRun of PUT rows (a decoded PutColumns frame, or its rows
     committed), with their seqs: the push columns as they are."""
-    count = rows.num_rows
+    return MessageRun(_run_columns(rows, seqs), rows["guid"].to_pylist(), seqs,
+                      pc.binary_length(rows["payload"]).to_pylist(), delivery_count, expires_us)
+
+
+def _run_columns(rows: pa.Table, seqs: list[int]) -> pa.Table:
+    """A run's columns (`MessageRun.table`) of PUT rows with these seqs."""
     put_time = (rows[PUT_TIME].fill_null(0) if PUT_TIME in rows.column_names
-                else pa.array(np.zeros(count, np.int64)))
-    table = pa.table({
+                else pa.array(np.zeros(rows.num_rows, np.int64)))
+    return pa.table({
         "guid": rows["guid"], "seq": pa.array(seqs, pa.int64()), "payload": rows["payload"],
         "properties": rows["properties"], "property_types": rows["property_types"],
         "put_time_us": put_time, "compression": _compression_codes(rows["compression"]),
     })
-    return MessageRun(table, rows["guid"].to_pylist(), seqs, pc.binary_length(rows["payload"]).to_pylist(),
-                      delivery_count, expires_us)
 
 
 class Partition:
@@ -872,9 +953,9 @@ class Partition:
             self._count_puts(singles, bulks)
             for forwarder in self.links:
                 forwarder.notify()
-            targets = self._express(batch, items, now_us)
-        if targets:
-            self._route_targets(targets)
+            targets, fresh = self._express(batch, items, now_us)
+        if targets or fresh:
+            self._route_targets(targets, fresh)
         self._settle_puts()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("partition %d: %d PUTs: commit and ACK %.1f ms (build %.1f ms)", self.index, count,
@@ -943,13 +1024,18 @@ class Partition:
             b.unadmit()
         _answer_puts(singles, bulks, code, text)
 
-    def _express(self, batch: pa.Table, items: list[PendingPut | PendingColumns], now_us: int) -> Targets:
+    def _express(self, batch: pa.Table, items: list[PendingPut | PendingColumns], now_us: int
+                 ) -> "tuple[Targets, list[_Fresh]]":
         """The express lane, right after the commit: the GUID history decides
         duplicates (ACKed, never pushed), the app subscriptions the targets.
-        Rows are in `batch` order: the items' order (`_put_batch`)."""
+        Rows are in `batch` order: the items' order (`_put_batch`). The rows
+        of a frame spanning queues, a row or a few of each, go to `_Fresh`
+        (dispatched in one pass, `take_fresh`) where their queue has nothing
+        in `targets` yet, which they would pass."""
         duplicates = self._history.commit(joined_values(batch["guid"]), now_us)   # (16 bytes each: checked at the door)
         first_seq = batch["seq"][0].as_py()
         targets: Targets = {}
+        fresh: list[_Fresh] = []
         row = 0
         for b in items:
             if isinstance(b, PendingPut):
@@ -968,6 +1054,7 @@ class Partition:
             # other rows one by one (the same outcome, cheaper for a few).
             offset = 0
             built: _MessageBuilder | None = None
+            frame_fresh: _Fresh | None = None
             for state, count in b.runs:
                 if not state.express:
                     row += count
@@ -977,16 +1064,24 @@ class Partition:
                 else:
                     if built is None:
                         built = _MessageBuilder.of_frame(b.table)
+                    into = None
+                    if not state.rules.filtered and not any((state, app) in targets for app in state.rules.apps):
+                        if frame_fresh is None:
+                            frame_fresh = _Fresh(b.table)
+                            fresh.append(frame_fresh)
+                        into = frame_fresh
                     row = self._express_rows(targets, state, built, offset, count, first_seq, row, duplicates,
-                                             now_us)
+                                             now_us, into)
                 offset += count
-        return targets
+        return targets, fresh
 
     def _express_rows(self, targets: Targets, state: QueueState, built: _MessageBuilder, offset: int,
-                      count: int, first_seq: int, row: int, duplicates: list[bool], now_us: int) -> int:
+                      count: int, first_seq: int, row: int, duplicates: list[bool], now_us: int,
+                      fresh: "_Fresh | None" = None) -> int:
         """The express lane row by row for `count` rows of one queue, from
         `offset` of a frame (`built` from its columns) and `row` of the
-        commit. Returns the next row."""
+        commit, into `targets`, or into `fresh` when given (the queue's apps
+        without subscriptions). Returns the next row."""
         ttl_ms = state.domain.message_ttl_ms
         expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
         rules = state.rules
@@ -1007,7 +1102,12 @@ class Partition:
                 decided(message.seq, state, message.guid, None)
             else:
                 decided(message.seq, state, message.guid, apps)
-                _add_targets(targets, state, message, apps)
+                if fresh is None:
+                    _add_targets(targets, state, message, apps)
+                else:
+                    state.delivered(message, apps)
+                    for n, app in enumerate(apps):
+                        fresh.add(i, message if n == 0 else message.for_app(), state, app)
             row += 1
         return row
 
@@ -1288,16 +1388,22 @@ class Partition:
         self.on_pushes(pushes)
         self.metrics.observe_pushes(pushes)
 
-    def _route_targets(self, targets: Targets) -> None:
+    def _route_targets(self, targets: Targets, fresh: "Sequence[_Fresh]" = ()) -> None:
         """Hand messages to each target app's dispatcher (each list in seq
         order), then send the pushes together, merged by sequence number (each
         app's own order kept): a message going to several apps below one link
-        then goes down that link once (`send_pushes`)."""
+        then goes down that link once (`send_pushes`). `fresh` first: frames'
+        rows of many queues, each taken at once by its queue's sole consumer
+        (`take_fresh`), or else ahead of that queue's `targets`."""
         with self._push_lock:
-            routed, dropped = self._dispatch_all(
-                (state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))
-                for (state, app), messages in targets.items())
-            routed = [pushes for pushes in routed if pushes]
+            first: list[Push] = []
+            with self.lock:   # (held on through `_dispatch_all`)
+                if fresh:
+                    targets = self._take_fresh(fresh, targets, first)
+                routed, dropped = self._dispatch_all(
+                    (state, app, functools.partial(QueueDispatcher.add_messages, messages=messages))
+                    for (state, app), messages in targets.items())
+            routed = [pushes for pushes in [first, *routed] if pushes]
             if len(routed) == 1:
                 self._push(routed[0])
             elif routed:
@@ -1307,6 +1413,28 @@ class Partition:
                 self._push(sorted(itertools.chain.from_iterable(routed), key=lambda push: push[1].seq))
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
+
+    @staticmethod
+    def _take_fresh(fresh: "Sequence[_Fresh]", targets: Targets, pushes: list[Push]) -> Targets:
+        """`fresh` through `take_fresh` (the caller holds the lock): what its
+        sole consumers take at once into `pushes` as one SharedPush a frame,
+        and the targets with the rest ahead of each queue's own."""
+        spilled: set[QueueDispatcher] = set()
+        rest: Targets = {}
+        now_us = wall_time_us()
+        for f in fresh:
+            taken, keys, left = take_fresh([state.dispatcher(app) for state, app in f.targets], f.messages, now_us,
+                                           spilled)
+            if taken:
+                pushes.append((None, SharedPush(f.frame, [f.rows[n] for n in taken], [f.messages[n] for n in taken],
+                                                keys)))
+            for n in left:
+                rest.setdefault(f.targets[n], []).append(f.messages[n])
+        if not rest:
+            return targets
+        for key, messages in targets.items():   # (later seqs than the rest: `_express`)
+            rest.setdefault(key, []).extend(messages)
+        return rest
 
     def _put_rows(self, table: DeltaTable, seqs: list[int]) -> pa.Table:
         """PUT-log rows by seq (the delivery log has no payloads). The seq
@@ -1425,6 +1553,25 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
     state.delivered(message, apps)
     for n, app in enumerate(apps):
         targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
+
+
+class _Fresh:
+    """Rows of one committed PUT frame spanning queues for `take_fresh`: the
+    frame's rows as committed (`frame`), and per (message, app) the row, the
+    message (one per app) and the queue and app it goes to, in seq order."""
+
+    __slots__ = ("frame", "rows", "messages", "targets")
+
+    def __init__(self, frame: pa.Table):
+        self.frame = frame
+        self.rows: list[int] = []
+        self.messages: list[StoredMessage] = []
+        self.targets: list[tuple[QueueState, str]] = []
+
+    def add(self, row: int, message: StoredMessage, state: QueueState, app: str) -> None:
+        self.rows.append(row)
+        self.messages.append(message)
+        self.targets.append((state, app))
 
 
 class _MessageBuilder:

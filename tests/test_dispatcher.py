@@ -366,3 +366,114 @@ def test_a_run_splits_at_the_window_and_the_rest_waits():
     again = d.remove_consumer("a")
     assert again == [] and d.pending_count == 9
     assert [(m.seqs, m.delivery_count) for m in d._pending] == [([0, 2], 1), ([3], 1), ([4, 5, 6, 7, 8, 9], 0)]
+
+
+# -- many queues' new messages in one pass (`take_fresh`) against add_messages per queue ---------
+@st.composite
+def fresh_schedules(draw):
+    """Queues, each with one to two consumers (random windows, a subscription
+    sometimes, or none at all); frames of messages spread over the queues
+    (some GUIDs seen before, some expired), sometimes two frames in one pass;
+    CONFIRMs; consumers leaving and coming back."""
+    queues = draw(st.lists(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, 5, 8]), st.sampled_from([1 << 30, 25, 300]),
+                                              st.sampled_from([False, False, True])), max_size=2),
+                           min_size=1, max_size=4))
+    steps = draw(st.lists(st.one_of(
+        st.tuples(st.just("frames"), st.lists(st.lists(st.tuples(
+            st.integers(0, 3), st.sampled_from([1, 10, 40]), st.sampled_from([0, 0, 500, 5000]),
+            st.integers(0, 6)), min_size=1, max_size=12), min_size=1, max_size=3)),
+        st.tuples(st.just("confirm"), st.integers(0, 3), st.integers(0, 1), st.lists(st.integers(0, 20), max_size=6)),
+        st.tuples(st.just("leave"), st.integers(0, 3), st.integers(0, 1))),
+        max_size=25))
+    return queues, steps
+
+
+class _Evens:
+    text = "n % 2 = 0"
+
+    def matches(self, properties):
+        return properties.get("n", 0) % 2 == 0
+
+
+@settings(deadline=None, max_examples=300)
+@given(fresh_schedules())
+def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
+    """`take_fresh` with what it spills handed to `add_messages`, as the
+    partition does, against `add_messages` queue by queue with each queue's
+    messages of the pass (the oracle, each message through `_pick`): per queue the same pushes (consumer, seq,
+    delivery count) in the same order, the same confirmed, dropped and
+    pending, the same held bytes."""
+    from primary.dispatcher import take_fresh
+    from protocol.properties import to_wire
+
+    queues, steps = schedule
+    now = 1000
+    sides = {name: [QueueDispatcher(clock=lambda: now) for _ in queues] for name in ("oracle", "fresh")}
+    for d in sides["oracle"]:
+        d.sole_consumer_path = False
+    pushed = {name: [[] for _ in queues] for name in sides}
+    confirmed = {name: [[] for _ in queues] for name in sides}
+    dropped = {name: [[] for _ in queues] for name in sides}
+
+    def options(window, window_bytes, evens):
+        return ConsumerOptions(window, window_bytes, subscriptions=[_Evens()] if evens else ())
+
+    for name, ds in sides.items():
+        for q, consumers in enumerate(queues):
+            for c, spec in enumerate(consumers):
+                pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in ds[q].add_consumer((q, c), options(*spec))]
+    seq = 0
+    for step in steps:
+        if step[0] == "frames":
+            frames = []
+            for frame in step[1]:
+                rows = []
+                for queue, size, expires, n in sorted(frame, key=lambda row: row[0] % len(queues)):
+                    guid = (seq if n else max(seq - 1, 0)).to_bytes(16, "big")   # n == 0: the GUID before
+                    rows.append((queue % len(queues), guid, seq, size, expires, n))
+                    seq += 1
+                frames.append(rows)
+            for name, ds in sides.items():
+                made = [[(q, StoredMessage(guid, s, b"x" * size, to_wire({"n": n}), expires_us=expires))
+                         for q, guid, s, size, expires, n in rows] for rows in frames]
+                if name == "oracle":   # each queue's messages of the pass in one call, as a commit's targets
+                    every = [row for rows in made for row in rows]
+                    for q in sorted({q for q, _ in every}):
+                        pushed[name][q] += [(k, m.seq, m.delivery_count)
+                                            for k, m in ds[q].add_messages([m for p, m in every if p == q])]
+                    continue
+                spilled: set[QueueDispatcher] = set()
+                rest: dict[int, list[StoredMessage]] = {}
+                for rows in made:
+                    taken, keys, left = take_fresh([ds[q] for q, _ in rows], [m for _, m in rows], now, spilled)
+                    for n, key in zip(taken, keys):
+                        q, m = rows[n]
+                        assert key[0] == q
+                        pushed[name][q].append((key, m.seq, m.delivery_count))
+                    for n in left:
+                        rest.setdefault(rows[n][0], []).append(rows[n][1])
+                for q, messages in sorted(rest.items()):
+                    pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in ds[q].add_messages(messages)]
+        else:
+            q = step[1] % len(queues)
+            if not queues[q]:
+                continue
+            c = step[2] % len(queues[q])
+            for name, ds in sides.items():
+                d = ds[q]
+                if step[0] == "confirm":
+                    held = d.unconfirmed_of((q, c))
+                    done, more = d.confirm_many((q, c), [held[i % len(held)] for i in step[3] if held])
+                    confirmed[name][q] += done.seqs
+                else:
+                    more = d.remove_consumer((q, c)) + d.add_consumer((q, c), options(*queues[q][c]))
+                pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in more]
+        for name, ds in sides.items():
+            for q, d in enumerate(ds):
+                dropped[name][q] += [m.seq for m, _, _ in d.take_dropped()]
+        assert pushed["fresh"] == pushed["oracle"]
+        assert confirmed["fresh"] == confirmed["oracle"] and dropped["fresh"] == dropped["oracle"]
+        for a, b in zip(sides["fresh"], sides["oracle"]):
+            assert a.pending_count == b.pending_count
+            assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in a.consumers_info()] == \
+                [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in b.consumers_info()]

@@ -89,3 +89,101 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
         assert nack.code == ResultCode.INVALID_ARGUMENT and "1 queue ids for 2 rows" in nack.message
         assert deltars.try_open(PartitionPaths(str(tmp_path), parts[1]).puts).to_pyarrow_table(
             columns=["guid"]).num_rows == 4
+
+
+def pushes_of(link: Link, want: int, timeout_s: float = 30) -> list[tuple[int, int, bytes, int]]:
+    """(queue id, seq, payload, delivery count) of the next `want` messages
+    pushed on `link`, PushColumns frames (ranges of one queue or of many)
+    and PushBatch alike."""
+    got: list[tuple[int, int, bytes, int]] = []
+    for _, frame in link_frames(link, timeout_s):
+        kind = frame.WhichOneof("body")
+        if kind == "push_columns":
+            push = frame.push_columns
+            table = columns.decode_push(push.arrow_ipc)
+            assert not isinstance(table, str), table
+            ids = list(push.range_queue_ids) or [push.queue_id] * len(push.seq_starts)
+            row = 0
+            rows = table.to_pylist()
+            for queue_id, start, count in zip(ids, push.seq_starts, push.seq_counts):
+                for seq in range(start, start + count):
+                    assert rows[row]["seq"] == seq
+                    got.append((queue_id, seq, rows[row]["payload"], rows[row]["delivery_count"]))
+                    row += 1
+            assert row == len(rows) == push.count
+        elif kind == "push":
+            for m in frame.push.messages:
+                for queue_id in list(m.queue_ids) or [m.queue_id]:
+                    got.append((queue_id, m.sequence, m.payload, m.delivery_count))
+        if len(got) >= want:
+            assert len(got) == want, got
+            return got
+    raise AssertionError(f"{len(got)} of {want} messages pushed within {timeout_s} s: {got}")
+
+
+def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tmp_path):
+    """The express lane's one pass over a frame spanning queues (`take_fresh`):
+    queues with a sole consumer with room get their rows at once, in
+    PushColumns frames taken from the PUT frame (a consumer asking for
+    PushBatch gets messages); a consumer at its window, and a queue with two
+    consumers, go the per-queue way. Nothing is pushed twice, CONFIRMs free
+    the windows, and a consumer that goes leaves its messages to the next,
+    delivered again."""
+    config = ClusterConfig(data_dir=str(tmp_path), partitions=1, nodes=(NodeConfig("node1", port=1),),
+                           ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
+                           domains={"d": parse_domain("d", {})})
+    with serving_node(config) as (node, link):
+        other = Link("other")
+        node.open_link(other)
+
+        def open_queue(on: Link, qid: int, name: str, window: int = 100, columnar: bool = True) -> None:
+            node.on_frame(on, pb.Frame(open_queue=pb.OpenQueue(
+                request_id=qid, queue_id=qid, uri=f"taproot://d/{name}", read=True, write=True,
+                columnar_push=columnar, push_group=1,
+                options=pb.QueueOptions(max_unconfirmed_messages=window, max_unconfirmed_bytes=1 << 20))))
+            assert next_of(on, "open_queue_response").open_queue_response.status.code == ResultCode.SUCCESS
+
+        # 1-3: a window of one message; 4-30: room; 31: PushBatch; 32: two consumers.
+        for qid in range(1, 33):
+            open_queue(link, qid, f"q{qid}", window=1 if qid <= 3 else 100, columnar=qid != 31)
+        open_queue(other, 32, "q32")
+        rows = [(qid, 2 * qid + k) for qid in range(1, 33) for k in (0, 1)]
+        node.on_frame(link, spanning(rows))
+        assert next_of(link, "ack_columns").ack_columns.code == ResultCode.SUCCESS
+        payload_of = {qid: [b"m%d" % (2 * qid), b"m%d" % (2 * qid + 1)] for qid in range(1, 33)}
+
+        pushed = pushes_of(link, 3 * 1 + 27 * 2 + 2 + 1)
+        by_queue: dict[int, list[tuple[int, bytes, int]]] = {}
+        for qid, seq, payload, count in pushed:
+            by_queue.setdefault(qid, []).append((seq, payload, count))
+        assert sorted(by_queue) == list(range(1, 33))
+        for qid, got in by_queue.items():
+            seqs = [seq for seq, _, _ in got]
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+            assert all(count == 1 for _, _, count in got)
+            assert [p for _, p, _ in got] == payload_of[qid][:len(got)]
+            assert len(got) == (1 if qid <= 3 or qid == 32 else 2), (qid, got)
+        (q32_other,) = pushes_of(other, 1)
+        assert q32_other[0] == 32 and q32_other[2] == payload_of[32][1] and q32_other[3] == 1
+
+        # The windows of one: a CONFIRM frees each, and its queue's second row follows.
+        held = {qid: by_queue[qid][0][0] for qid in (1, 2, 3)}
+        node.on_frame(link, pb.Frame(confirm_columns=pb.ConfirmColumns(
+            queue_ids=list(held), starts=list(held.values()), counts=[1, 1, 1])))
+        second = pushes_of(link, 3)
+        assert sorted((qid, payload, count) for qid, _, payload, count in second) == [
+            (qid, payload_of[qid][1], 1) for qid in (1, 2, 3)]
+
+        # A frame of a row or two for a link goes as messages (PushBatch).
+        node.on_frame(link, spanning([(10, 500), (11, 501)]))
+        assert next_of(link, "ack_columns").ack_columns.code == ResultCode.SUCCESS
+        assert [(qid, payload, count) for qid, _, payload, count in pushes_of(link, 2)] == [
+            (10, b"m500", 1), (11, b"m501", 1)]
+
+        # Queue 5's consumer goes without confirming; the next one gets both rows again.
+        node.on_frame(link, pb.Frame(close_queue=pb.CloseQueue(request_id=99, queue_id=5)))
+        next_of(link, "close_queue_response")
+        open_queue(other, 5, "q5")
+        again = pushes_of(other, 2)
+        assert [(qid, payload, count) for qid, _, payload, count in again] == [
+            (5, payload_of[5][0], 2), (5, payload_of[5][1], 2)]
