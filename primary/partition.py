@@ -402,22 +402,25 @@ class _LinkRows:
 
 def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | _LinkRows]]]") -> None:
     """A SharedPush's rows into each link's pushes: one `_LinkRows` for the
-    link's columnar queues when they are COLUMNAR_RUN_MIN rows or more,
-    single messages otherwise (and for a peer that asked for PushBatch)."""
-    mine: dict["Link", _LinkRows] = {}
+    columnar queues of each push group of the link (a session below it: a
+    relay forwards such a frame as it is) when they are COLUMNAR_RUN_MIN
+    rows or more, single messages otherwise (and for a peer that asked for
+    PushBatch)."""
+    mine: dict[tuple["Link", int], _LinkRows] = {}
     for row, message, key in zip(push.rows, push.messages, push.keys):
         link, queue_id = cast("tuple[Link, int]", key)
-        rows = mine.get(link)
+        if queue_id not in link.columnar:
+            by_link.setdefault(link, []).append((queue_id, message))
+            continue
+        group = link.push_groups.get(queue_id, 0)
+        rows = mine.get((link, group))
         if rows is None:
-            rows = mine[link] = _LinkRows(push.table)
+            rows = mine[link, group] = _LinkRows(push.table)
             by_link.setdefault(link, []).append((0, rows))
-        if queue_id in link.columnar:
-            rows.rows.append(row)
-            rows.messages.append(message)
-            rows.queue_ids.append(queue_id)
-        else:
-            by_link[link].append((queue_id, message))
-    for link, rows in mine.items():
+        rows.rows.append(row)
+        rows.messages.append(message)
+        rows.queue_ids.append(queue_id)
+    for (link, _), rows in mine.items():
         if len(rows.rows) < COLUMNAR_RUN_MIN:
             items = by_link[link]
             at = next(n for n, item in enumerate(items) if item[1] is rows)

@@ -91,10 +91,11 @@ def test_a_frame_spanning_queues_of_one_partition_is_committed_and_answered_row_
             columns=["guid"]).num_rows == 4
 
 
-def pushes_of(link: Link, want: int, timeout_s: float = 30) -> list[tuple[int, int, bytes, int]]:
+def pushes_of(link: Link, want: int, timeout_s: float = 30,
+              spans: list[set[int]] | None = None) -> list[tuple[int, int, bytes, int]]:
     """(queue id, seq, payload, delivery count) of the next `want` messages
     pushed on `link`, PushColumns frames (ranges of one queue or of many)
-    and PushBatch alike."""
+    and PushBatch alike; each PushColumns frame's queue ids into `spans`."""
     got: list[tuple[int, int, bytes, int]] = []
     for _, frame in link_frames(link, timeout_s):
         kind = frame.WhichOneof("body")
@@ -103,6 +104,8 @@ def pushes_of(link: Link, want: int, timeout_s: float = 30) -> list[tuple[int, i
             table = columns.decode_push(push.arrow_ipc)
             assert not isinstance(table, str), table
             ids = list(push.range_queue_ids) or [push.queue_id] * len(push.seq_starts)
+            if spans is not None:
+                spans.append(set(ids))
             row = 0
             rows = table.to_pylist()
             for queue_id, start, count in zip(ids, push.seq_starts, push.seq_counts):
@@ -126,7 +129,8 @@ def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tm
     queues with a sole consumer with room get their rows at once, in
     PushColumns frames taken from the PUT frame (a consumer asking for
     PushBatch gets messages); a consumer at its window, and a queue with two
-    consumers, go the per-queue way. Nothing is pushed twice, CONFIRMs free
+    consumers, go the per-queue way. A frame is of one session's queues (its
+    push group). Nothing is pushed twice, CONFIRMs free
     the windows, and a consumer that goes leaves its messages to the next,
     delivered again."""
     config = ClusterConfig(data_dir=str(tmp_path), partitions=1, nodes=(NodeConfig("node1", port=1),),
@@ -139,11 +143,12 @@ def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tm
         def open_queue(on: Link, qid: int, name: str, window: int = 100, columnar: bool = True) -> None:
             node.on_frame(on, pb.Frame(open_queue=pb.OpenQueue(
                 request_id=qid, queue_id=qid, uri=f"taproot://d/{name}", read=True, write=True,
-                columnar_push=columnar, push_group=1,
+                columnar_push=columnar, push_group=1 if qid < 20 else 2,
                 options=pb.QueueOptions(max_unconfirmed_messages=window, max_unconfirmed_bytes=1 << 20))))
             assert next_of(on, "open_queue_response").open_queue_response.status.code == ResultCode.SUCCESS
 
-        # 1-3: a window of one message; 4-30: room; 31: PushBatch; 32: two consumers.
+        # 1-3: a window of one message; 4-30: room; 31: PushBatch; 32: two
+        # consumers. Queues from 20 are of another session below this link.
         for qid in range(1, 33):
             open_queue(link, qid, f"q{qid}", window=1 if qid <= 3 else 100, columnar=qid != 31)
         open_queue(other, 32, "q32")
@@ -152,7 +157,10 @@ def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tm
         assert next_of(link, "ack_columns").ack_columns.code == ResultCode.SUCCESS
         payload_of = {qid: [b"m%d" % (2 * qid), b"m%d" % (2 * qid + 1)] for qid in range(1, 33)}
 
-        pushed = pushes_of(link, 3 * 1 + 27 * 2 + 2 + 1)
+        spans: list[set[int]] = []
+        pushed = pushes_of(link, 3 * 1 + 27 * 2 + 2 + 1, spans=spans)
+        assert set().union(*spans) == set(range(1, 31)) and all(
+            all(q < 20 for q in span) or all(q >= 20 for q in span) for span in spans), spans
         by_queue: dict[int, list[tuple[int, bytes, int]]] = {}
         for qid, seq, payload, count in pushed:
             by_queue.setdefault(qid, []).append((seq, payload, count))
