@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -643,6 +644,30 @@ class Node:
                         "one frame per partition (OpenQueueResponse.partition)")
         limits = {h.state.domain.max_payload_bytes for h in usable.values()}
         reason = columns.check(table, max(limits, default=0))
+        runs = None
+        if not closed and reason is None and len(limits) == 1 and all(h.state.quota is None for h in usable.values()):
+            runs = _runs_if_grouped(ids, usable)   # every row admitted, queue by queue already: nothing per row
+        if runs is not None:
+            nbytes = pc.sum(pc.binary_length(table["payload"])).as_py() or 0
+        else:
+            runs, table, nbytes = self._admit_rows(table, ids, usable, closed, refused, reason, len(limits) > 1)
+            if not runs:
+                return nack(ResultCode.SUCCESS, "")   # every row refused on its own
+        partition = next(iter(partitions))
+        item = PendingColumns(link, req.queue_id, runs[0][0], table, guids, refused, runs)
+        if not partition.put_committer.submit([item], nbytes, table.num_rows):
+            item.unadmit()
+            not_taken = _not_taken(partition)
+            nack(not_taken.code, not_taken.message)
+
+    @staticmethod
+    def _admit_rows(table: pa.Table, ids: list[int], usable: dict[int, OpenHandle],
+                    closed: dict[int, tuple[ResultCode, str]], refused: dict[int, tuple[ResultCode, str]],
+                    reason: str | None, limits: bool) -> tuple[list[tuple[QueueState, int]], pa.Table, int]:
+        """A spanning frame's rows checked and admitted one by one (a queue
+        not open, a row over its queue's limit, a quota): the runs of the
+        rows admitted, those rows queue by queue, and their bytes; the
+        others into `refused`."""
         sizes = pc.binary_length(table["payload"]).to_pylist()
         row_guids = table["guid"].to_pylist()
         # The admitted rows of each queue, in the frame's order.
@@ -653,8 +678,7 @@ class Node:
                 continue
             state = usable[queue_id].state
             limit = state.domain.max_payload_bytes
-            why = columns.check(table.slice(row, 1), limit) if reason or (
-                len(limits) > 1 and sizes[row] > limit) else None
+            why = columns.check(table.slice(row, 1), limit) if reason or (limits and sizes[row] > limit) else None
             if why:
                 refused[row] = (ResultCode.INVALID_ARGUMENT, why)
                 continue
@@ -666,23 +690,15 @@ class Node:
             if group is None:
                 group = groups[queue_id] = (state, [])
             group[1].append(row)
-        if not groups:
-            return nack(ResultCode.SUCCESS, "")   # every row refused on its own
         # Committed queue by queue: each queue's rows keep their order and
         # take consecutive seqs, so the primary decides and pushes them as
         # one run per queue, as a frame of that queue alone. The ACK still
         # names the rows in the frame's order (the header's GUIDs).
         order = [row for _, queue_rows in groups.values() for row in queue_rows]
-        if order != list(range(rows)):   # (the SDK sends them queue by queue)
+        if order != list(range(len(ids))):   # (the SDK sends them queue by queue)
             table = table.take(pa.array(order, pa.int64()))
-        states = [state for state, queue_rows in groups.values() for _ in queue_rows]
-        partition = next(iter(partitions))
-        item = PendingColumns(link, req.queue_id, states[0], table, guids, refused, states)
-        if not partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),
-                                              len(states)):
-            item.unadmit()
-            not_taken = _not_taken(partition)
-            nack(not_taken.code, not_taken.message)
+        return ([(state, len(queue_rows)) for state, queue_rows in groups.values()], table,
+                sum(sizes[row] for row in order))
 
     def _broadcast(self, handle: OpenHandle, messages: list[StoredMessage]) -> None:
         """Broadcast mode: no storage, no pipeline. The consumers attached right
@@ -753,3 +769,15 @@ def _not_taken(partition: Partition) -> Refusal:
         return Refusal(ResultCode.REFUSED, f"partition {partition.index}'s primary is stopping; "
                        "its next primary takes PUTs")
     return Refusal(ResultCode.LIMIT_MESSAGES, "primary's pending PUT buffer is full")
+
+
+def _runs_if_grouped(ids: list[int], usable: Mapping[int, OpenHandle]) -> list[tuple[QueueState, int]] | None:
+    """The runs of a frame spanning queues whose rows come queue by queue
+    (as the SDK sends them): each queue's state and its row count, found
+    with NumPy; None when a queue's rows are not together."""
+    at = np.asarray(ids, np.int64)
+    starts = np.flatnonzero(at[1:] != at[:-1]) + 1
+    if len(starts) + 1 != len(usable):
+        return None
+    counts = np.diff(starts, prepend=0, append=len(ids)).tolist()
+    return [(usable[queue_id].state, count) for queue_id, count in zip(at[np.r_[0, starts]].tolist(), counts)]

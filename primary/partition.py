@@ -198,34 +198,31 @@ class PendingColumns:
     """A checked columnar batch of PUTs to one queue (`PutColumns`): `table`
     holds the rows admitted, `guids` every row of the frame (what its ACK
     names), `refused` the rows of a per-message frame refused on their own.
-    A frame spanning queues (`PutColumns.queue_ids`, queue_id 0) names each
-    admitted row's queue in `row_queues`; `queue` is its first row's. The
-    node puts such a frame's rows queue by queue, each queue's in the
-    frame's order (`runs`)."""
+    A frame spanning queues (`PutColumns.queue_ids`, queue_id 0) names its
+    admitted rows' queues in `row_runs`, as runs (each queue and how many of
+    its rows come next); `queue` is its first row's. The node puts such a
+    frame's rows queue by queue, each queue's in the frame's order."""
     link: "Link"
     queue_id: int
     queue: QueueState
     table: pa.Table
     guids: bytes
     refused: dict[int, tuple[ResultCode, str]] = field(default_factory=dict)
-    row_queues: list[QueueState] | None = None
+    row_runs: list[tuple[QueueState, int]] | None = None
 
     @property
     def runs(self) -> list[tuple[QueueState, int]]:
         """The rows as runs of one queue: each queue and how many of its rows
         come next."""
-        if self.row_queues is None:
-            return [(self.queue, self.table.num_rows)]
-        return _queue_runs(self.row_queues)
+        return [(self.queue, self.table.num_rows)] if self.row_runs is None else self.row_runs
 
     def unadmit(self) -> None:
         """Give the admitted rows' quota back (the frame was not committed)."""
         guids = self.table["guid"].to_pylist()
-        if self.row_queues is None:
-            self.queue.unadmit(guids)
-            return
-        for state, guid in zip(self.row_queues, guids):
-            state.unadmit([guid])
+        at = 0
+        for state, count in self.runs:
+            state.unadmit(guids[at:at + count])
+            at += count
 
 
 @dataclass
@@ -772,12 +769,12 @@ class Partition:
                     confirmed, freed = dispatcher.confirm_many(key, seqs, guids)
                     if freed:
                         pushes.extend(freed)
-                    gone = dispatcher.take_dropped()
-                    if gone:
-                        dropped.append((state, app, gone))
+                    if dispatcher.has_dropped:
+                        dropped.append((state, app, dispatcher.take_dropped()))
                     if confirmed.guids:
                         done.append(PendingConfirms(state, app, confirmed))
-                        state.apps_done(confirmed.guids, app)
+                        if state.quota is not None:
+                            state.apps_done(confirmed.guids, app)
             if pushes:
                 self._push(pushes)
         for state, app, messages in dropped:

@@ -195,3 +195,17 @@ def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tm
         again = pushes_of(other, 2)
         assert [(qid, payload, count) for qid, _, payload, count in again] == [
             (5, payload_of[5][0], 2), (5, payload_of[5][1], 2)]
+
+
+def test_the_runs_of_a_frame_sent_queue_by_queue_are_found_without_a_row_loop():
+    from primary.node import _runs_if_grouped
+
+    class Handle:
+        def __init__(self, state):
+            self.state = state
+
+    usable = {q: Handle(f"s{q}") for q in (3, 7, 9)}
+    assert _runs_if_grouped([3, 3, 7, 9, 9, 9], usable) == [("s3", 2), ("s7", 1), ("s9", 3)]
+    assert _runs_if_grouped([7], {7: usable[7]}) == [("s7", 1)]
+    assert _runs_if_grouped([3, 7, 3, 9], usable) is None     # queue 3's rows apart: row by row
+    assert _runs_if_grouped([3, 7, 7], usable) is None        # (a usable queue with no rows cannot happen)
