@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -773,11 +772,19 @@ def _not_taken(partition: Partition) -> Refusal:
 
 def _runs_if_grouped(ids: list[int], usable: Mapping[int, OpenHandle]) -> list[tuple[QueueState, int]] | None:
     """The runs of a frame spanning queues whose rows come queue by queue
-    (as the SDK sends them): each queue's state and its row count, found
-    with NumPy; None when a queue's rows are not together."""
-    at = np.asarray(ids, np.int64)
-    starts = np.flatnonzero(at[1:] != at[:-1]) + 1
-    if len(starts) + 1 != len(usable):
+    (as the SDK sends them): each queue's state and its row count; None
+    when a queue's rows are not together. (A plain loop: faster than NumPy's
+    fixed cost for the frames of tens of rows a paced producer sends.)"""
+    queues: list[int] = []
+    counts: list[int] = []
+    last = None
+    for queue_id in ids:
+        if queue_id == last:
+            counts[-1] += 1
+        else:
+            queues.append(queue_id)
+            counts.append(1)
+            last = queue_id
+    if len(queues) != len(usable):
         return None
-    counts = np.diff(starts, prepend=0, append=len(ids)).tolist()
-    return [(usable[queue_id].state, count) for queue_id, count in zip(at[np.r_[0, starts]].tolist(), counts)]
+    return [(usable[queue_id].state, count) for queue_id, count in zip(queues, counts)]
