@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence, cast
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -436,25 +436,6 @@ class QueueDispatcher:
         done, done_seqs = confirmed.guids, confirmed.seqs
         unconfirmed, known = consumer.unconfirmed, self._known
         freed = 0
-        if guids is None:   # (the SDK's ConfirmColumns: seqs alone) the loop below without its checks
-            pop = unconfirmed.pop
-            for seq in seqs:
-                held = pop(seq, None)
-                if held is None:
-                    continue
-                if held.__class__ is tuple:
-                    run, i = held
-                    guid, size = run.guids[i], run.sizes[i]
-                else:
-                    message = cast(StoredMessage, held)
-                    guid, size = message.guid, len(message.payload)
-                known.discard(guid)
-                done.append(guid)
-                done_seqs.append(seq)
-                freed += size
-            consumer.unconfirmed_bytes -= freed
-            self.confirmed += len(done_seqs)
-            return confirmed, (self._dispatch() if done and self._pending else [])
         for n, seq in enumerate(seqs):
             held = unconfirmed.pop(seq, None) if guids is None else unconfirmed.get(seq)
             if held is None:
@@ -475,7 +456,7 @@ class QueueDispatcher:
             freed += size
         consumer.unconfirmed_bytes -= freed
         self.confirmed += len(done_seqs)
-        return confirmed, (self._dispatch() if done else [])
+        return confirmed, (self._dispatch() if done and self._pending else [])
 
     def expire(self) -> None:
         """Drop pending messages whose TTL has passed (a periodic sweep: a queue

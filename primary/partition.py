@@ -308,12 +308,7 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
             queue_id, message = items[i]
             key = keys[i]
             if isinstance(message, _LinkRows):
-                # After everything before it, as a run (each queue's order).
-                _send_push_batches(link, messages, frame_messages_max)
-                messages = []
-                for before in spans.values():
-                    _send_span(link, before, frame_messages_max)
-                spans = {}
+                _send_held(link, messages, spans, frame_messages_max)   # (each queue's order)
                 message.send(link, frame_messages_max)
                 i += 1
                 continue
@@ -328,11 +323,7 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
                 # A broadcast queue's run (once for the queues of this link it
                 # goes to), or a run too short to join a span: a frame of its
                 # own, after everything before it (each queue's order).
-                _send_push_batches(link, messages, frame_messages_max)
-                messages = []
-                for span in spans.values():
-                    _send_span(link, span, frame_messages_max)
-                spans = {}
+                _send_held(link, messages, spans, frame_messages_max)
                 end = i + 1
                 while end < len(items) and items[end][1] is message:
                     end += 1
@@ -422,6 +413,17 @@ def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | 
             items = by_link[link]
             at = next(n for n, item in enumerate(items) if item[1] is rows)
             items[at:at + 1] = list(zip(rows.queue_ids, rows.messages))
+
+
+def _send_held(link: "Link", messages: list[pb.PushMessage], spans: dict[int, list[tuple[int, Pending]]],
+               frame_messages_max: int) -> None:
+    """What `send_pushes` holds for a link, sent and cleared: before a frame
+    that goes on its own."""
+    _send_push_batches(link, messages, frame_messages_max)
+    messages.clear()
+    for span in spans.values():
+        _send_span(link, span, frame_messages_max)
+    spans.clear()
 
 
 def _push_message(queue_id: int, message: StoredMessage) -> pb.PushMessage:
