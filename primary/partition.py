@@ -270,8 +270,9 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
     delivery count) to several queues of one link travel as one PushMessage
     with `queue_ids`: fanout apps and broadcast consumers below a proxy or
     replica cost one copy on that link, not one per consumer. Each queue's
-    pushes keep their order. A SharedPush's rows go as a PushColumns frame
-    a link taken from the frame they came in (`_LinkRows`)."""
+    pushes keep their order. A SharedPush's rows go as one PushColumns frame
+    per session below a link, its rows taken from the PUT frame they came
+    in (`_LinkRows`)."""
     by_link: dict["Link", list[tuple[int, Pending | _LinkRows]]] = {}
     for key, pending in pushes:
         if isinstance(pending, SharedPush):
