@@ -526,11 +526,10 @@ class QueueDispatcher:
                 return consumer
         return None
 
-    def _sole_taker(self) -> "_Consumer | None":
-        """The consumer `_dispatch` gives every message to while it has room,
-        when the queue is in its usual state: one consumer, no subscription,
-        nothing waiting. None otherwise."""
-        if not self.sole_consumer_path or self._pending or len(self._consumers) != 1:
+    def _sole_consumer(self) -> "_Consumer | None":
+        """The consumer `_dispatch` gives every message to while it has room:
+        the only one, without a subscription. None otherwise."""
+        if not self.sole_consumer_path or len(self._consumers) != 1:
             return None
         consumer = next(iter(self._consumers.values()))
         return None if consumer.options.subscriptions else consumer
@@ -552,8 +551,7 @@ class QueueDispatcher:
         # A sole consumer without a subscription (a queue's usual state) takes
         # every message while it has room: what `_pick` and `_takers` would
         # decide, without asking them per message.
-        sole = (next(iter(self._consumers.values()))
-                if self.sole_consumer_path and len(self._consumers) == 1 and not filtering else None)
+        sole = self._sole_consumer()
         while self._pending:
             if not (sole.has_capacity() if sole is not None
                     else any(c.has_capacity() for c in self._consumers.values())):
@@ -630,8 +628,8 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], messages: Sequence[Stored
     """New messages of many queues (`messages[n]` for `dispatchers[n]`, each
     queue's in seq order, none pushed yet) dispatched in one pass rather than
     a call per queue: a message goes to its queue's sole consumer at once
-    when `add_messages` would do exactly that (the queue in its usual state,
-    `_sole_taker`; the consumer with room; its GUID not held; not expired).
+    when `add_messages` would do exactly that (the queue in its usual state:
+    nothing waiting, `_sole_consumer`; the consumer with room; its GUID not held; not expired).
     Returns the positions taken and their consumers, and the positions
     spilled, in order: the caller hands those to `add_messages`. Once a
     dispatcher spills, its later messages spill too (they queue behind), in
@@ -643,7 +641,8 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], messages: Sequence[Stored
     for n, (dispatcher, message) in enumerate(zip(dispatchers, messages)):
         consumer = sole.get(dispatcher, _UNSEEN)
         if consumer is _UNSEEN:
-            consumer = sole[dispatcher] = None if dispatcher in spilled else dispatcher._sole_taker()
+            consumer = sole[dispatcher] = (None if dispatcher in spilled or dispatcher._pending
+                                           else dispatcher._sole_consumer())
         if consumer is not None:
             guid = message.guid
             known = dispatcher._known

@@ -46,6 +46,7 @@ from primary.partition import (
     PendingPut,
     QueueState,
     push_run,
+    queue_runs,
     send_acks,
 )
 from primary.quota import DomainQuota
@@ -773,18 +774,8 @@ def _not_taken(partition: Partition) -> Refusal:
 def _runs_if_grouped(ids: list[int], usable: Mapping[int, OpenHandle]) -> list[tuple[QueueState, int]] | None:
     """The runs of a frame spanning queues whose rows come queue by queue
     (as the SDK sends them): each queue's state and its row count; None
-    when a queue's rows are not together. (A plain loop: faster than NumPy's
-    fixed cost for the frames of tens of rows a paced producer sends.)"""
-    queues: list[int] = []
-    counts: list[int] = []
-    last = None
-    for queue_id in ids:
-        if queue_id == last:
-            counts[-1] += 1
-        else:
-            queues.append(queue_id)
-            counts.append(1)
-            last = queue_id
-    if len(queues) != len(usable):
+    when a queue's rows are not together."""
+    runs = queue_runs(ids)
+    if len(runs) != len(usable):
         return None
-    return [(usable[queue_id].state, count) for queue_id, count in zip(queues, counts)]
+    return [(usable[queue_id].state, count) for queue_id, count in runs]

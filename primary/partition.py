@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +93,8 @@ DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has ever
 MESSAGE_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
                    "put_time", "compression"]
 DELIVERY_COLUMNS = ["domain", "queue", "guid", "seq", "apps"]
+Q = TypeVar("Q")
+_NONE: Any = object()   # (`queue_runs`: before the first row)
 
 
 @dataclass(eq=False)  # identity: used as a dict key
@@ -364,29 +366,14 @@ class _LinkRows:
         self.queue_ids: list[int] = []
 
     def send(self, link: "Link", frame_messages_max: int) -> None:
-        """PushColumns frames of at most `frame_messages_max` rows: each a
-        take of the frame's rows, the seqs as ranges of the rows' queues."""
+        """PushColumns frames (`_SpanFrame`) of at most `frame_messages_max`
+        rows, each a take of the frame's rows."""
         for start in range(0, len(self.rows), frame_messages_max):
             end = start + frame_messages_max
-            messages, queue_ids = self.messages[start:end], self.queue_ids[start:end]
-            seqs = [m.seq for m in messages]
-            rows = self.table.take(pa.array(self.rows[start:end], pa.int64()))
-            body = encode_push_run(_run_columns(rows, seqs), 1)
-            ids: list[int] = []
-            starts: list[int] = []
-            counts: list[int] = []
-            after = -1
-            for queue_id, seq in zip(queue_ids, seqs):
-                if seq == after and ids[-1] == queue_id:
-                    counts[-1] += 1
-                else:
-                    ids.append(queue_id)
-                    starts.append(seq)
-                    counts.append(1)
-                after = seq + 1
-            one_queue = all(q == ids[0] for q in ids)
-            link.send(frame_of("push_columns", queue_id=ids[0], count=len(seqs), seq_starts=starts,
-                               seq_counts=counts, range_queue_ids=[] if one_queue else ids, arrow_ipc=body))
+            frame = _SpanFrame()
+            frame.add_rows(self.table.take(pa.array(self.rows[start:end], pa.int64())), self.queue_ids[start:end],
+                           [m.seq for m in self.messages[start:end]])
+            frame.send(link)
 
 
 def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | _LinkRows]]]") -> None:
@@ -469,6 +456,15 @@ class _SpanFrame:
         self.singles.append(message)
         self._extend(queue_id, message.seq, 1)
         self.rows += 1
+
+    def add_rows(self, rows: pa.Table, queue_ids: list[int], seqs: list[int]) -> None:
+        """PUT rows pushed for the first time (a SharedPush's), each of its
+        queue and with its seq."""
+        self._flush_singles()
+        self.parts.append(push_run_table(_run_columns(rows, seqs), 1))
+        for queue_id, seq in zip(queue_ids, seqs):
+            self._extend(queue_id, seq, 1)
+        self.rows += len(seqs)
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
         self._flush_singles()
@@ -1009,7 +1005,7 @@ class Partition:
             singles = singles_or_bulk
             props = [wire_to_maps(i.message.properties) for i in singles]
             parts.append(self._rows(
-                _queue_runs(i.queue for i in singles),
+                queue_runs(i.queue for i in singles),
                 pa.array([i.message.guid for i in singles], pa.binary()),
                 pa.array([i.message.payload for i in singles], pa.binary()),
                 pa.array([p[0] for p in props], tables.PROPERTY_MAP),
@@ -1108,9 +1104,7 @@ class Partition:
                 if fresh is None:
                     _add_targets(targets, state, message, apps)
                 else:
-                    state.delivered(message, apps)
-                    for n, app in enumerate(apps):
-                        fresh.add(i, message if n == 0 else message.for_app(), state, app)
+                    fresh.add(i, state, message, apps)
             row += 1
         return row
 
@@ -1571,10 +1565,13 @@ class _Fresh:
         self.messages: list[StoredMessage] = []
         self.targets: list[tuple[QueueState, str]] = []
 
-    def add(self, row: int, message: StoredMessage, state: QueueState, app: str) -> None:
-        self.rows.append(row)
-        self.messages.append(message)
-        self.targets.append((state, app))
+    def add(self, row: int, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
+        """Row `row` for each of `apps`, as `_add_targets` adds a message."""
+        state.delivered(message, apps)
+        for n, app in enumerate(apps):
+            self.rows.append(row)
+            self.messages.append(message if n == 0 else message.for_app())
+            self.targets.append((state, app))
 
 
 class _MessageBuilder:
@@ -1683,9 +1680,19 @@ def _on_a_thread(task: Callable[[], None]) -> Callable[[], None]:
     return thread.join
 
 
-def _queue_runs(queues: Iterable[QueueState]) -> list[tuple[QueueState, int]]:
-    """Rows' queues as runs: each queue and how many of the rows come next."""
-    return [(state, sum(1 for _ in group)) for state, group in itertools.groupby(queues)]
+def queue_runs(queues: Iterable[Q]) -> list[tuple[Q, int]]:
+    """Rows' queues (states, or ids) as runs: each queue and how many of the
+    rows come next. (A plain loop: `itertools.groupby` makes a group a run,
+    most of the cost when a frame holds a row of each of many queues.)"""
+    runs: list[list[Any]] = []
+    last: Any = _NONE
+    for queue in queues:
+        if queue == last:
+            runs[-1][1] += 1
+        else:
+            runs.append([queue, 1])
+            last = queue
+    return [(queue, count) for queue, count in runs]
 
 
 def _repeated(values: list[str], counts: list[int]) -> pa.Array:

@@ -2,7 +2,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primary.dispatcher import ConsumerOptions, MessageRun, QueueDispatcher, StoredMessage
+from primary.dispatcher import ConsumerOptions, MessageRun, QueueDispatcher, StoredMessage, take_fresh
 from protocol.columns import PROPERTY_MAP
 
 
@@ -403,9 +403,6 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
     messages of the pass (the oracle, each message through `_pick`): per queue the same pushes (consumer, seq,
     delivery count) in the same order, the same confirmed, dropped and
     pending, the same held bytes."""
-    from primary.dispatcher import take_fresh
-    from protocol.properties import to_wire
-
     queues, steps = schedule
     now = 1000
     sides = {name: [QueueDispatcher(clock=lambda: now) for _ in queues] for name in ("oracle", "fresh")}

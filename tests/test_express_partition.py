@@ -16,7 +16,7 @@ from deltalake import CommitProperties, write_deltalake
 
 from conf import ClusterConfig, parse_domain
 from primary.dispatcher import ConsumerOptions
-from primary.partition import Partition, PendingConfirms, PendingPut, _queue_runs
+from primary.partition import Partition, PendingConfirms, PendingPut, queue_runs
 from protocol import pb
 from protocol.properties import to_wire
 from protocol.stream import Link
@@ -394,7 +394,7 @@ def test_a_frame_spanning_queues_is_decided_and_pushed_queue_by_queue_as_the_pip
                       "compression": pa.array([None] * n, pa.string())}, schema=columns.SCHEMA)
     link = Link("producer")
     item = PendingColumns(link, 0, fan_state, table, b"".join(g for _, g, _ in rows),
-                          row_runs=_queue_runs([q for q, _, _ in ordered]))
+                          row_runs=queue_runs([q for q, _, _ in ordered]))
     assert item.runs == [(fan_state, 3), (plain_state, 3)]
     assert partition.put_committer.submit([item], 0)
     ack = link.next_frame(10).ack_columns
