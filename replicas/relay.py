@@ -103,6 +103,7 @@ class _Buffered:
         return self.up_qids if self.up_qids is not None else key[0]
 
 
+_UNSEEN: Any = object()   # a dict lookup's "not there yet" (None is a value)
 SPANNING = 0   # the queue id in the buffer key (and the ACK) of a PUT frame spanning queues
 
 
@@ -301,23 +302,39 @@ class Relay:
         rewritten (from the header: the body is not opened), and is held as
         one entry: it goes once all its queues are open upstream."""
         nbytes = len(body)
-        down_ids = list(req.queue_ids)
-        up_of = {q: self._up.get((link, q)) for q in dict.fromkeys(down_ids)}
-        closed = next((q for q, up_qid in up_of.items() if up_qid is None), None)
+        down_ids = req.queue_ids
+        ups, routes = self._up, self._routes
+        up_of: dict[int, int] = {}
+        closed = None
+        for q in dict.fromkeys(down_ids):   # each queue once (a session of thousands sends a row or two of each)
+            up_qid = ups.get((link, q))
+            if up_qid is None:
+                closed = q
+                break
+            up_of[q] = up_qid
         refused = ((ResultCode.INVALID_ARGUMENT, f"queue id {closed} is not open") if closed is not None
                    else self._buffer.refusal(nbytes, count))
         if refused is not None:
             return [(link, pb.Frame(ack_columns=pb.AckColumns(queue_id=req.queue_id, guids=guids,
                                                               code=wire(refused[0]), message=refused[1])))]
         out = frame_of("put_columns", arrow_ipc=body, per_message=req.per_message, guids=guids,
-                               queue_ids=[cast(int, up_of[q]) for q in down_ids])
+                               queue_ids=[up_of[q] for q in down_ids])
         up = out.put_columns
-        up_qids = cast("list[int]", list(up_of.values()))
-        sending = all(self._may_send(q) for q in up_qids)
+        up_qids = list(up_of.values())
+        # What `_may_send` asks of each queue, and the shortest time bound, in one pass.
+        sending = self.sending
+        timeout_ms = float("inf")
+        blocked = self._buffer.blocked if self._buffer.deferring else None
+        for q in up_qids:
+            route = routes[q]
+            if route.timeout_ms < timeout_ms:
+                timeout_ms = route.timeout_ms
+            if sending and (not route.open or (blocked is not None and blocked(q))):
+                sending = False
         key = (SPANNING, guids)
         if not self._again(link, req.queue_id, key):
             self._buffer.hold(key, _Buffered(up, link, req.queue_id, up_qids=up_qids), nbytes, count,
-                              self.now_ms, min(self._routes[q].timeout_ms for q in up_qids))
+                              self.now_ms, timeout_ms)
             if not sending:
                 self._buffer.defer_many(up_qids, key)
         return [(UPSTREAM, out)] if sending else []
@@ -351,33 +368,40 @@ class Relay:
                 queue_id=up_qid, starts=body.starts, counts=body.counts)))]
         # Ranges of many queues: one pass in the frame's order, each range's
         # queue id rewritten (a session of thousands of queues sends a range
-        # or two of each).
+        # or two of each); a range of a queue not open here is left out.
         ups, routes = self._up, self._routes
         held: dict[int, tuple[int, set[int]] | None] = {}
         queue_ids: list[int] = []
-        starts: list[int] = []
-        counts: list[int] = []
+        kept: list[bool] | None = None    # which ranges go up, once one does not
         for queue_id, start, count in zip(body.queue_ids, body.starts, body.counts):
-            if queue_id in held:
-                entry = held[queue_id]
-            else:
+            entry = held.get(queue_id, _UNSEEN)
+            if entry is _UNSEEN:
                 up_qid = ups.get((link, queue_id))
                 entry = held[queue_id] = None if up_qid is None else (up_qid, routes[up_qid].unconfirmed)
             if entry is None:
+                if kept is None:
+                    kept = [True] * len(queue_ids)
+                kept.append(False)
                 continue   # not open (any more): nothing of it is held here
+            if kept is not None:
+                kept.append(True)
             if count == 1:
                 entry[1].discard(start)
             else:
                 _forget(entry[1], (start,), (count,))
             queue_ids.append(entry[0])
-            starts.append(start)
-            counts.append(count)
         if not queue_ids:
             return []
+        if kept is None:
+            starts, counts = body.starts, body.counts
+        else:
+            starts = [s for s, keep in zip(body.starts, kept) if keep]
+            counts = [c for c, keep in zip(body.counts, kept) if keep]
         # A frame of its own: the one from below may be its sender's too (in-process links).
-        one_queue = all(q == queue_ids[0] for q in queue_ids)
+        first = queue_ids[0]
+        one_queue = queue_ids.count(first) == len(queue_ids)
         return [(UPSTREAM, pb.Frame(confirm_columns=pb.ConfirmColumns(
-            queue_id=queue_ids[0] if one_queue else 0, queue_ids=[] if one_queue else queue_ids,
+            queue_id=first if one_queue else 0, queue_ids=[] if one_queue else queue_ids,
             starts=starts, counts=counts)))]
 
     def _stop(self, link: Hashable, req: pb.StopRequest) -> Out:
@@ -562,20 +586,34 @@ class Relay:
         redelivers). Ranges of sessions below different links (a primary
         that did not group by push_group) make one frame per link."""
         push = frame.push_columns
-        routes = [self._routes.get(q) for q in push.range_queue_ids]
-        links = {r.link for r in routes if r is not None}
-        if not links:
-            return []
-        for route, start, count in zip(routes, push.seq_starts, push.seq_counts):
-            if route is not None:
+        get = self._routes.get
+        routes: list[_Route | None] = []
+        ids: list[int] = []
+        link = None
+        links = 0    # 0: none yet, 1: one link, 2: more than one
+        for up_qid, start, count in zip(push.range_queue_ids, push.seq_starts, push.seq_counts):
+            route = get(up_qid)
+            routes.append(route)
+            if route is None:
+                ids.append(0)
+                continue
+            ids.append(route.queue_id)
+            if count == 1:
+                route.unconfirmed.add(start)
+            else:
                 route.unconfirmed.update(range(start, start + count))
-        if len(links) > 1:
+            if links == 0:
+                link, links = route.link, 1
+            elif links == 1 and route.link != link:
+                links = 2
+        if links == 0:
+            return []
+        if links > 1:
             return self._split_push_span(push, routes)
-        ids = [r.queue_id if r is not None else 0 for r in routes]
         del push.range_queue_ids[:]
         push.range_queue_ids.extend(ids)
         push.queue_id = next(i for i in ids if i)
-        return [(next(iter(links)), frame)]
+        return [(link, frame)]
 
     @staticmethod
     def _split_push_span(push: pb.PushColumns, routes: list["_Route | None"]) -> Out:

@@ -302,3 +302,19 @@ def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_qu
     assert "3 queues cost" in out and "times 1's CPU a message" in out
     with pytest.raises(SystemExit):
         main(["--rows", "0"])
+
+
+def test_the_relay_cost_bench_relays_every_frame_and_leaves_nothing_held(capsys):
+    from taproot_ops.bench.relay_cost import KINDS, main, measure
+
+    # `measure` raises unless every PUT was sent up, ACKed, and every PUSH confirmed.
+    for queues in (1, 7):
+        cost = measure(queues=queues, rows=20, rounds=3, size=16)
+        assert (cost.queues, cost.rows, cost.rounds) == (queues, 20, 3)
+        assert set(cost.us) == set(KINDS) and all(us >= 0 for us in cost.us.values())
+        assert cost.total_us == sum(cost.us.values())
+    assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3 queues cost" in out and "times 1's a message" in out
+    with pytest.raises(SystemExit):
+        main(["--rows", "0"])

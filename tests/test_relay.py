@@ -337,6 +337,24 @@ def test_a_confirm_frame_of_several_queues_goes_up_as_one_frame_under_upstream_i
         starts=[1], counts=[1], queue_ids=[42]))) == []
 
 
+def test_a_confirm_frame_of_several_queues_keeps_its_order_when_ranges_of_queues_not_open_are_left_out():
+    relay = Relay()
+    ups = {}
+    for qid, req in ((7, 1), (9, 2)):
+        (_, up), = relay.from_downstream("A", open_frame(qid, req, read=True, write=False))
+        opened(relay, up)
+        ups[qid] = up.open_queue.queue_id
+        relay.from_upstream(pb.Frame(push_columns=pb.PushColumns(queue_id=ups[qid], count=4, seq_starts=[qid * 10],
+                                                                 seq_counts=[4])))
+    # 42 and 43 are not open here: their ranges (first, middle, last) are dropped, the rest keep their order.
+    (_, up_frame), = relay.from_downstream("A", pb.Frame(confirm_columns=pb.ConfirmColumns(
+        queue_ids=[42, 9, 7, 43, 9, 7, 42], starts=[1, 90, 70, 5, 92, 72, 8], counts=[1, 2, 1, 3, 1, 2, 1])))
+    body = up_frame.confirm_columns
+    assert list(zip(body.queue_ids, body.starts, body.counts)) == [
+        (ups[9], 90, 2), (ups[7], 70, 1), (ups[9], 92, 1), (ups[7], 72, 2)]
+    assert relay.unconfirmed_count == 2    # 71 and 93
+
+
 def test_relay_splits_a_multi_queue_push_by_link_and_keeps_one_copy_per_link():
     relay = Relay()
     ups = {}
