@@ -19,11 +19,11 @@ clients.
 
 from __future__ import annotations
 
-import argparse
 import queue
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import cast
 
 WARM_UP_ROUNDS = 5
 FRAME_WAIT_S = 30
@@ -145,27 +145,12 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> NodeCost:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--queues", type=int, nargs="+", default=[1, 2000], help="queue counts to compare")
-    parser.add_argument("--rows", type=int, default=500, help="rows a PUT frame")
-    parser.add_argument("--rounds", type=int, default=100, help="frames measured, after 5 of warm-up")
-    parser.add_argument("--size", type=int, default=1024, help="payload bytes")
-    args = parser.parse_args(argv)
-    if min(args.queues) < 1 or args.rows < 1 or args.rounds < 1 or args.size < 0:
-        parser.error("--queues, --rows and --rounds must be at least 1, --size at least 0")
-    results = []
-    for queues in args.queues:
-        print(f"measuring {queues:,} queues ({args.rounds} frames of {args.rows} rows) ...", flush=True)
-        try:
-            results.append(measure(queues, args.rows, args.rounds, args.size))
-        except RuntimeError as exc:
-            print(f"node_cost: {exc}")
-            return 1
-        print("  " + results[-1].line(), flush=True)
-    base = results[0].cpu_us
-    for r in results[1:]:
-        print(f"{r.queues:,} queues cost {r.cpu_us / base:.2f} times {results[0].queues:,}'s CPU a message")
-    return 0
+    from taproot_ops.bench import queue_sweep
+
+    return queue_sweep.main(
+        "node_cost", __doc__ or "", measure, lambda cost: cast(NodeCost, cost).cpu_us, argv,
+        queues=[1, 2000], rows=500, rows_help="rows a PUT frame", rounds=100,
+        rounds_help="frames measured, after 5 of warm-up", unit="CPU a message", announce=True)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,10 @@ which `taproot bench` measures with the rest.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 KINDS = ("put", "ack", "push", "confirm")
 
@@ -123,27 +122,12 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> RelayCost:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--queues", type=int, nargs="+", default=[1, 10_000], help="queue counts to compare")
-    parser.add_argument("--rows", type=int, default=110, help="rows a frame (110: a PUT frame's rows in "
-                        "`taproot bench --scenario queues-10000`)")
-    parser.add_argument("--rounds", type=int, default=400, help="rounds of four frames measured")
-    parser.add_argument("--size", type=int, default=1024, help="payload bytes")
-    args = parser.parse_args(argv)
-    if min(args.queues) < 1 or args.rows < 1 or args.rounds < 1 or args.size < 0:
-        parser.error("--queues, --rows and --rounds must be at least 1, --size at least 0")
-    results = []
-    for queues in args.queues:
-        try:
-            results.append(measure(queues, args.rows, args.rounds, args.size))
-        except RuntimeError as exc:
-            print(f"relay_cost: {exc}")
-            return 1
-        print("  " + results[-1].line(), flush=True)
-    base = results[0].total_us
-    for r in results[1:]:
-        print(f"{r.queues:,} queues cost {r.total_us / base:.2f} times {results[0].queues:,}'s a message")
-    return 0
+    from taproot_ops.bench import queue_sweep
+
+    return queue_sweep.main(
+        "relay_cost", __doc__ or "", measure, lambda cost: cast(RelayCost, cost).total_us, argv,
+        queues=[1, 10_000], rows=110, rows_help="rows a frame (110: a PUT frame's rows in `taproot bench "
+        "--scenario queues-10000`)", rounds=400, rounds_help="rounds of four frames measured", unit="a message")
 
 
 if __name__ == "__main__":
