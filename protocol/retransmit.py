@@ -154,12 +154,6 @@ class RetransmissionBuffer(Generic[K, T]):
             else:
                 self._deferred.setdefault(group, deque()).append(key)
 
-    @property
-    def deferring(self) -> bool:
-        """Some group has entries deferred (`blocked` may say True of it);
-        False: no group is blocked (one question, not one per group)."""
-        return bool(self._deferred)
-
     def blocked(self, group: Hashable) -> bool:
         """`group` still has entries deferred (held back behind an entry of
         several queues): a new entry of it must wait behind them too."""

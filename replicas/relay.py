@@ -321,16 +321,12 @@ class Relay:
                                queue_ids=[up_of[q] for q in down_ids])
         up = out.put_columns
         up_qids = list(up_of.values())
-        # What `_may_send` asks of each queue, and the shortest time bound, in one pass.
-        sending = self.sending
+        # Whether every queue may send, and the shortest time bound, in one pass.
+        sending = True
         timeout_ms = float("inf")
-        blocked = self._buffer.blocked if self._buffer.deferring else None
         for q in up_qids:
-            route = routes[q]
-            if route.timeout_ms < timeout_ms:
-                timeout_ms = route.timeout_ms
-            if sending and (not route.open or (blocked is not None and blocked(q))):
-                sending = False
+            timeout_ms = min(timeout_ms, routes[q].timeout_ms)
+            sending = sending and self._may_send(q)
         key = (SPANNING, guids)
         if not self._again(link, req.queue_id, key):
             self._buffer.hold(key, _Buffered(up, link, req.queue_id, up_qids=up_qids), nbytes, count,
@@ -372,19 +368,13 @@ class Relay:
         ups, routes = self._up, self._routes
         held: dict[int, tuple[int, set[int]] | None] = {}
         queue_ids: list[int] = []
-        kept: list[bool] | None = None    # which ranges go up, once one does not
         for queue_id, start, count in zip(body.queue_ids, body.starts, body.counts):
             entry = held.get(queue_id, _UNSEEN)
             if entry is _UNSEEN:
                 up_qid = ups.get((link, queue_id))
                 entry = held[queue_id] = None if up_qid is None else (up_qid, routes[up_qid].unconfirmed)
             if entry is None:
-                if kept is None:
-                    kept = [True] * len(queue_ids)
-                kept.append(False)
                 continue   # not open (any more): nothing of it is held here
-            if kept is not None:
-                kept.append(True)
             if count == 1:
                 entry[1].discard(start)
             else:
@@ -392,11 +382,11 @@ class Relay:
             queue_ids.append(entry[0])
         if not queue_ids:
             return []
-        if kept is None:
-            starts, counts = body.starts, body.counts
-        else:
-            starts = [s for s, keep in zip(body.starts, kept) if keep]
-            counts = [c for c, keep in zip(body.counts, kept) if keep]
+        starts: Iterable[int] = body.starts
+        counts: Iterable[int] = body.counts
+        if len(queue_ids) < len(body.starts):   # some were left out: the ranges of the open queues only
+            kept = [(s, c) for q, s, c in zip(body.queue_ids, body.starts, body.counts) if held[q] is not None]
+            starts, counts = [s for s, _ in kept], [c for _, c in kept]
         # A frame of its own: the one from below may be its sender's too (in-process links).
         first = queue_ids[0]
         one_queue = queue_ids.count(first) == len(queue_ids)
@@ -589,8 +579,8 @@ class Relay:
         get = self._routes.get
         routes: list[_Route | None] = []
         ids: list[int] = []
-        link = None
-        links = 0    # 0: none yet, 1: one link, 2: more than one
+        link: Hashable | None = None   # the link of the ranges' sessions, if they share one
+        mixed = False
         for up_qid, start, count in zip(push.range_queue_ids, push.seq_starts, push.seq_counts):
             route = get(up_qid)
             routes.append(route)
@@ -602,13 +592,13 @@ class Relay:
                 route.unconfirmed.add(start)
             else:
                 route.unconfirmed.update(range(start, start + count))
-            if links == 0:
-                link, links = route.link, 1
-            elif links == 1 and route.link != link:
-                links = 2
-        if links == 0:
+            if link is None:
+                link = route.link
+            elif route.link != link:
+                mixed = True
+        if link is None:
             return []
-        if links > 1:
+        if mixed:
             return self._split_push_span(push, routes)
         del push.range_queue_ids[:]
         push.range_queue_ids.extend(ids)

@@ -11,8 +11,8 @@ sends is serialized, as the proxy does.
     .venv/bin/python -m taproot_ops.bench.relay_cost [--queues 1 10000] [--rows 110] [--rounds 400]
 
 Prints, per queue count, the microseconds of CPU (this thread's) a message
-of each frame's handling. It isolates the relay's per-range Python from gRPC, the event
-loop and the threads around it (`replicas/upstream.py`, `proxies/server.py`),
+of each frame's handling. It isolates the relay's per-range Python from
+gRPC, the event loop and the threads around it (`replicas/upstream.py`, `proxies/server.py`),
 which `taproot bench` measures with the rest.
 """
 
@@ -81,9 +81,9 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> RelayCost:
         return out
 
     seq = 1
+    spanning = queues > 1
     for n in range(rounds):
         qids = [1 + (n * rows + i) % queues for i in range(rows)]
-        spanning = queues > 1
         guids = os.urandom(16 * rows)
         put = pb.PutColumns(arrow_ipc=body, guids=guids, per_message=True)
         if spanning:
