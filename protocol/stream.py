@@ -199,7 +199,18 @@ class Link:
         event loop (a stream writes them with `serialized`)."""
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
-        self._wake = lambda: loop.call_soon_threadsafe(ready.set)
+        on_loop = threading.get_ident()
+
+        def wake() -> None:
+            # A sender on the loop's own thread (a relay's handler inline, an
+            # upstream session's reader) sets the event directly: no write to
+            # the loop's self-pipe and no wake-up of its selector.
+            if threading.get_ident() == on_loop:
+                ready.set()
+            else:
+                loop.call_soon_threadsafe(ready.set)
+
+        self._wake = wake
         while True:
             try:
                 data = self._taken(self._out.get_nowait())
@@ -213,6 +224,26 @@ class Link:
             if data is CLOSE or self.dropped is not None:
                 return
             yield cast(bytes, data)
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop for gRPC, running on a daemon thread of
+    its own (started on first use): every grpc.aio server (`serve_broker`)
+    and upstream session (`replicas.upstream`) of the process runs on it.
+    One loop, because grpc.aio wakes every loop bound to its completion
+    queue on each event (grpc/grpc#25364), and because a proxy relaying
+    between its clients' streams and its upstream on one thread hands
+    nothing between threads."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="grpc-loop", daemon=True).start()
+        return _loop
 
 
 FRAME_THREADS = 16   # frame handlers running at once, over every session of a server
@@ -329,6 +360,10 @@ def serialized(frame: "pb.Frame | bytes") -> bytes:
     return frame if isinstance(frame, bytes) else frame.SerializeToString()
 
 
+SERVICE = "taproot.v1.Broker"
+SESSION_METHOD = f"/{SERVICE}/Session"   # what a relay's upstream calls (`replicas.upstream`)
+
+
 def add_broker(servicer: Any, server: Any) -> None:
     """`pb_grpc.add_BrokerServicer_to_server`, but the Session stream's
     responses go through `serialized`: a role's links yield bytes."""
@@ -339,8 +374,8 @@ def add_broker(servicer: Any, server: Any) -> None:
             servicer.NotifyDelivery, request_deserializer=pb.DeliveryNotice.FromString,
             response_serializer=pb.NoticeAck.SerializeToString),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("taproot.v1.Broker", handlers),))
-    server.add_registered_method_handlers("taproot.v1.Broker", handlers)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_file: str | None = None,
@@ -354,13 +389,11 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     the bound port) once serving. `on_started(port)` runs once bound, before
     the ready file; `before_stop` runs while the server still serves (a
     graceful drain). Returns after the server has stopped; the caller then
-    stops its role. The server runs on an event loop in a thread of its own.
+    stops its role. The server runs on the process's event loop (`event_loop`).
     `ready_info` goes into the ready file too (the HTTP port); `admin`, an
     AdminServicer, is served on the same port (`protocol.admin`); with `tls`
     the port takes TLS only (`protocol.tls`)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name=f"grpc-{role}", daemon=True)
-    thread.start()
+    loop = event_loop()
 
     async def start() -> tuple[Any, int]:
         server = grpc.aio.server(options=SERVER_GRPC_OPTIONS)
@@ -372,43 +405,39 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
             await server.start()
         return server, bound
 
-    try:
-        server, bound = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-        if bound == 0:
-            raise SystemExit(f"{role}: cannot bind {host}:{port}")
-        log.info("%s serving on %s:%d", role, host, bound)
-        stop = stop_event or threading.Event()
-        if stop_event is None:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: stop.set())
-        if on_started is not None:
-            on_started(bound)
-        # This server is the process (it took the signals): its garbage
-        # collector is tuned for serving (`gc_tuning`); in a test's process
-        # it is left alone.
-        gc_watch = gc_tuning.settle_for_serving() if stop_event is None else None
-        write_ready_file(ready_file, port=bound, host=host, **(ready_info or {}))
-        # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
-        # delta-rs's), and Python runs the handler only when the main thread next
-        # wakes. A bare wait() then slept through it until the launcher's SIGKILL.
-        while not stop.wait(0.2):
-            pass
-        log.info("%s stopping", role)
-        if gc_watch is not None:
-            log.info("%s: garbage collector while serving: %s", role, gc_watch.describe())
-        if before_stop is not None:
-            try:
-                before_stop()
-            except Exception:
-                log.exception("%s: graceful stop failed; stopping anyway", role)
-        # Bounded: the role has stopped by now, so leaving is safe.
+    server, bound = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    if bound == 0:
+        raise SystemExit(f"{role}: cannot bind {host}:{port}")
+    log.info("%s serving on %s:%d", role, host, bound)
+    stop = stop_event or threading.Event()
+    if stop_event is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    if on_started is not None:
+        on_started(bound)
+    # This server is the process (it took the signals): its garbage
+    # collector is tuned for serving (`gc_tuning`); in a test's process
+    # it is left alone.
+    gc_watch = gc_tuning.settle_for_serving() if stop_event is None else None
+    write_ready_file(ready_file, port=bound, host=host, **(ready_info or {}))
+    # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
+    # delta-rs's), and Python runs the handler only when the main thread next
+    # wakes. A bare wait() then slept through it until the launcher's SIGKILL.
+    while not stop.wait(0.2):
+        pass
+    log.info("%s stopping", role)
+    if gc_watch is not None:
+        log.info("%s: garbage collector while serving: %s", role, gc_watch.describe())
+    if before_stop is not None:
         try:
-            asyncio.run_coroutine_threadsafe(server.stop(grace=2), loop).result(3)
+            before_stop()
         except Exception:
-            log.warning("%s: gRPC server shutdown did not finish in 3 s; exiting anyway", role)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+            log.exception("%s: graceful stop failed; stopping anyway", role)
+    # Bounded: the role has stopped by now, so leaving is safe.
+    try:
+        asyncio.run_coroutine_threadsafe(server.stop(grace=2), loop).result(3)
+    except Exception:
+        log.warning("%s: gRPC server shutdown did not finish in 3 s; exiting anyway", role)
 
 
 def write_ready_file(path: str | None, **info: object) -> None:

@@ -10,6 +10,7 @@ nothing more. `taproot_ops.tls_init` makes a throwaway CA (`make run`)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import grpc
+import grpc.aio
 
 ENV_CA, ENV_CERT, ENV_KEY = "TAPROOT_TLS_CA_FILE", "TAPROOT_TLS_CERT_FILE", "TAPROOT_TLS_KEY_FILE"
 
@@ -96,6 +98,13 @@ def channel(address: str, tls: ClientTls | None, options: Sequence[tuple[str, An
     return grpc.secure_channel(address, tls.credentials(), options=list(options))
 
 
+def aio_channel(address: str, tls: ClientTls | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    """`channel` for grpc.aio, on the running event loop."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.secure_channel(address, tls.credentials(), options=list(options))
+
+
 # How long a host may take to answer a TCP connect before it counts as
 # unreachable: the kernel answers, whatever load its processes are under, so
 # this is about the network only (a lost SYN costs one more attempt).
@@ -122,6 +131,21 @@ def connect(address: str, tls: ClientTls | None, options: Sequence[tuple[str, An
     except grpc.FutureTimeoutError:
         ready.cancel()   # its watch of the channel first: a watch left on a closed channel raises in gRPC's thread
         conn.close()
+        return None
+    return conn
+
+
+async def connect_aio(address: str, tls: ClientTls | None, options: Sequence[tuple[str, Any]], timeout_s: float
+                      ) -> grpc.aio.Channel | None:
+    """`connect` on the running event loop: a grpc.aio channel to `address`,
+    ready, or None after `timeout_s` (the TCP probe runs off the loop)."""
+    if not await asyncio.to_thread(_answers, address, min(timeout_s, PROBE_TIMEOUT_S)):
+        return None
+    conn = aio_channel(address, tls, options)
+    try:
+        await asyncio.wait_for(conn.channel_ready(), timeout_s)
+    except asyncio.TimeoutError:
+        await conn.close()
         return None
     return conn
 

@@ -14,22 +14,24 @@ call happens under one lock, so upstream order is relay order.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
-from typing import Callable
+from concurrent import futures
+from typing import Any, Callable
 
 import grpc
+import grpc.aio
 
-from protocol import pb, pb_grpc
+from protocol import pb
 from protocol.auth import metadata as auth_metadata
 from protocol.clock import wall_time_us
 from protocol.liveness import Due, Liveness, heartbeat
 from protocol.metrics import FrameCounts
 from protocol.retransmit import RetransmissionLimits
-from protocol.stream import CLOSE, GRPC_OPTIONS, Link, drain
-from protocol.tls import ClientTls, connect
+from protocol.stream import GRPC_OPTIONS, SESSION_METHOD, Link, event_loop, serialized
+from protocol.tls import ClientTls, connect_aio
 from replicas.relay import UPSTREAM, Out, Relay
 
 log = logging.getLogger(__name__)
@@ -53,14 +55,22 @@ class Upstream:
         self._lock = threading.Lock()
         self._links: set[Link] = set()
         self._stopped_links: set[Link] = set()   # answered our StopRequest
-        self._up_out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        # What goes up (frames serialized as the relay queues them); a fresh
+        # one each connection, written by the session on the event loop.
+        self._up_out = Link("upstream")
         self._stop = threading.Event()
+        self._ended = threading.Event()    # the session's task has finished
         self.connected = threading.Event()
         self._next_host = 0
-        self._channel: grpc.Channel | None = None   # the upstream connection now, if any
+        self._channel: grpc.aio.Channel | None = None   # the upstream connection now, if any
+        self._call: Any = None                          # its Session stream
         self._liveness = Liveness()   # heartbeats up, and when to give the upstream up
-        self._threads = [threading.Thread(target=self._upstream_loop, name=f"{name}-upstream", daemon=True),
-                         threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)]
+        # The session runs on the process's event loop (`protocol.stream.event_loop`):
+        # in a proxy, the one its clients' streams run on, so relaying a frame
+        # from either side hands nothing to another thread.
+        self._loop = event_loop()
+        self._session: "futures.Future[None] | None" = None
+        self._expirer = threading.Thread(target=self._expire_loop, name=f"{name}-expire", daemon=True)
 
     @property
     def session_count(self) -> int:
@@ -74,17 +84,18 @@ class Upstream:
             return self.relay.unacked_count, self.relay.unacked_bytes
 
     def start(self, connect_timeout_s: float = 0.0) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._session = asyncio.run_coroutine_threadsafe(self._upstream_loop(), self._loop)
+        self._expirer.start()
         if connect_timeout_s and not self.connected.wait(connect_timeout_s):
             log.warning("%s: no upstream reachable yet among %s; retrying in the background", self.name,
                         self.hosts())
 
     def stop(self) -> None:
         self._stop.set()
-        self._up_out.put(CLOSE)
-        for thread in self._threads:
-            thread.join(5)
+        if self._session is not None:
+            self._session.cancel()   # cancels the task on the loop: its cleanup closes the stream and channel
+            self._ended.wait(5)
+        self._expirer.join(5)
 
     # -- downstream ---------------------------------------------------------
     def open_link(self, link: Link) -> None:
@@ -144,82 +155,93 @@ class Upstream:
     def _send(self, out: Out) -> None:
         # Called with the lock held: upstream order must match relay order.
         for destination, frame in out:
-            if destination == UPSTREAM:
-                self._up_out.put(frame)
-            elif frame is None:
-                destination.close()
+            if frame is None:
+                destination.close()   # a link below (the relay never closes its upstream so)
+            elif destination == UPSTREAM:
+                self._up_out.send(frame)
             else:
                 destination.send(frame)
 
     # -- upstream -----------------------------------------------------------
-    def _connect(self) -> tuple[grpc.Channel, str] | None:
+    async def _connect(self) -> tuple[grpc.aio.Channel, str] | None:
         addresses = self.hosts()
         for i in range(len(addresses)):
             address = addresses[(self._next_host + i) % len(addresses)]
-            channel = connect(address, self.tls, GRPC_OPTIONS, self.connect_timeout_s)
+            channel = await connect_aio(address, self.tls, GRPC_OPTIONS, self.connect_timeout_s)
             if channel is None:
                 continue
             self._next_host = (self._next_host + i) % len(addresses)
             return channel, address
         return None
 
-    def _upstream_loop(self) -> None:
-        """Connect, forward, and on any failure start over: this thread must
+    async def _upstream_loop(self) -> None:
+        """Connect, forward, and on any failure start over: this task must
         never end while the relay accepts clients (a frame that makes the
         relay raise costs a reconnection, which resends what is unacknowledged)."""
-        while not self._stop.is_set():
-            try:
-                self._upstream_round()
-            except Exception:
-                log.exception("%s: the upstream loop failed; reconnecting", self.name)
-                self.connected.clear()
-                self._stop.wait(self.reconnect_interval_s)
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._upstream_round()
+                except Exception:
+                    log.exception("%s: the upstream loop failed; reconnecting", self.name)
+                    self.connected.clear()
+                    await asyncio.sleep(self.reconnect_interval_s)
+        finally:
+            self._ended.set()
 
-    def _upstream_round(self) -> None:
-        if self._stop.is_set():
-            return
-        connected = self._connect()
+    async def _upstream_round(self) -> None:
+        connected = await self._connect()
         if connected is None:
-            self._stop.wait(self.reconnect_interval_s)
+            await asyncio.sleep(self.reconnect_interval_s)
             return
         channel, address = connected
+        up_out = Link(address)   # what goes up, serialized as it is queued, written by this loop
         with self._lock:
-            self._up_out = queue.SimpleQueue()
+            self._up_out = up_out
             self.address = address
             self._channel = channel
             self._liveness.connected(time.monotonic() * 1000)
             self._send(self.relay.upstream_restored())
-            up_out = self._up_out
-        responses = pb_grpc.BrokerStub(channel).Session(drain(up_out), metadata=self._metadata)
+        call = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
+                                     response_deserializer=pb.Frame.FromString)(
+            up_out.aio_frames(), metadata=self._metadata)
+        self._call = call
         self.connects += 1
         log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,
                  self.relay.route_count, self.relay.unacked_count)
         self.connected.set()
         reason = "upstream stream ended"
         try:
-            for frame in responses:
+            async for frame in call:
                 with self._lock:
                     self._liveness.heard(time.monotonic() * 1000)
                     self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
         except grpc.RpcError as exc:
             reason = f"upstream lost: {exc.code().name}"
+        except asyncio.CancelledError:
+            if self._stop.is_set():
+                raise   # stopping: the cleanup below still runs
+            reason = "upstream left"   # the call cancelled here: a silent upstream (`_expire_loop`)
         except Exception as exc:
             log.exception("%s: relaying an upstream frame failed", self.name)
             reason = f"relaying an upstream frame failed ({type(exc).__name__}: {exc})"
-        self.connected.clear()
-        with self._lock:
-            self._send(self.relay.upstream_lost())
-            self.address = None
-            self._channel = None
-        up_out.put(CLOSE)
-        channel.close()
+        finally:
+            self.connected.clear()
+            with self._lock:
+                self._send(self.relay.upstream_lost())
+                self.address = None
+                self._channel = None
+                self._call = None
+            up_out.close()
+            call.cancel()
+            await channel.close()
         # Start the next round with the next host: the one just lost is
         # probably the one that went away.
         self._next_host += 1
         if not self._stop.is_set():
             log.warning("%s: %s from %s; %d PUTs buffered, reconnecting", self.name, reason, address,
                         self.relay.unacked_count)
-            self._stop.wait(self.reconnect_interval_s)
+            await asyncio.sleep(self.reconnect_interval_s)
 
     def _expire_loop(self) -> None:
         """Expire buffered PUTs, heartbeat the upstream, and leave it if it
@@ -232,12 +254,12 @@ class Upstream:
                     self._send(self.relay.expire(time.monotonic() * 1000))
                     due = self._liveness.due(time.monotonic() * 1000) if self._channel is not None else Due.NOTHING
                     if due is Due.HEARTBEAT:
-                        self._up_out.put(heartbeat(wall_time_us()))
+                        self._up_out.send(heartbeat(wall_time_us()))
                     elif due is Due.LEAVE:
                         log.warning("%s: upstream %s silent for over %.1f s; moving to the next host", self.name,
                                     self.address, self._liveness.silence_max_ms / 1000)
-                        silent = self._channel
+                        silent = self._call
                 if silent is not None:
-                    silent.close()
+                    self._loop.call_soon_threadsafe(silent.cancel)
             except Exception:
                 log.exception("%s: expiring buffered PUTs failed; trying again", self.name)
