@@ -224,6 +224,9 @@ class SessionCore:
         self._confirms_since_ms = 0.0
         self._requests: dict[int, _Request] = {}
         self._reopens: dict[int, int] = {}            # reopen request id -> queue id
+        # Queues closed by a refused reopen: why (a PUT the application posts
+        # before its shell learns the queue is gone gets that code, not CANCELED).
+        self._refused: dict[int, tuple[ResultCode, str]] = {}
         self._restored: list[str] = []                # queues reopened on this connection
         self._not_restored: list[str] = []
         self._request_ids = itertools.count(1)
@@ -411,6 +414,12 @@ class SessionCore:
         buffer, counting those batched (not made into a frame yet), or None."""
         return self.buffer.refusal(nbytes + self._puts.nbytes, count + len(self._puts.items))
 
+    def _gone(self, queue_id: int, guid: bytes) -> AckError:
+        """The answer to a PUT for a queue no longer open: the code of the
+        reopen that closed it, or CANCELED (the application closed it)."""
+        code, text = self._refused.get(queue_id, (ResultCode.CANCELED, "the queue was closed"))
+        return AckError(code, text, guid)
+
     def post(self, queue_id: int, message: Put | pb.PutMessage, token: Any, now_ms: float) -> AckError | None:
         """Batch one PUT. Once the batch is full or its linger time is up
         (`tick`), its PUTs become frames (`_seal`), one entry each in the
@@ -418,7 +427,7 @@ class SessionCore:
         (the shell waits first while connected)."""
         q = self.queues.get(queue_id)
         if q is None:
-            return AckError(ResultCode.CANCELED, "the queue was closed", message.guid)
+            return self._gone(queue_id, message.guid)
         nbytes = len(message.payload)
         refused = self.refusal(nbytes)
         if refused is not None:
@@ -431,7 +440,7 @@ class SessionCore:
                      now_ms: float) -> AckError | None:
         q = self.queues.get(queue_id)
         if q is None:
-            return AckError(ResultCode.CANCELED, "the queue was closed", guids[:16])
+            return self._gone(queue_id, guids[:16])
         nbytes = len(frame.arrow_ipc)
         refused = self.refusal(nbytes, count)
         if refused is not None:
@@ -689,10 +698,11 @@ class SessionCore:
                 self.buffer.forget_deferred(queue_id)
                 self._effects.closed.append(queue_id)
                 code = ResultCode.of(body.status.code)
+                why = self._refused[queue_id] = (code, f"queue could not be reopened: {body.status.message}")
                 for key, held in self.buffer.items():
                     if any(r is q for r in held.item.spanned):
                         self.buffer.release(key)
-                        self._answer(held, code, f"queue could not be reopened: {body.status.message}")
+                        self._answer(held, *why)
         if not self._reopens:
             self._effects.events.append(events.StateRestored(self.host or "?", len(self._restored),
                                                              tuple(self._not_restored)))

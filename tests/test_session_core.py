@@ -231,6 +231,10 @@ def test_a_refused_reopen_ends_that_queue_and_answers_its_puts():
     (token, error), = effects.answered
     assert token == "p" and error.code == ResultCode.REFUSED and "unknown domain" in str(error)
     assert len(core.buffer) == 0
+    # Posted before the shell learns the queue is gone: the reopen's answer, not CANCELED.
+    for late in (core.post(1, put(2), "q", now_ms=1),
+                 core.post_columns(1, pb.PutColumns(queue_id=1), g(3), 1, "r", now_ms=1)):
+        assert isinstance(late, AckError) and late.code == ResultCode.REFUSED and "unknown domain" in str(late)
 
 
 def test_stop_request_holds_puts_for_the_next_host_while_acks_and_confirms_flow():
