@@ -423,17 +423,19 @@ class QueueDispatcher:
         confirmed, pushes = self.confirm_many(key, [seq], None if guid is None else [guid])
         return (Confirmed(confirmed.guids[0], seq) if confirmed.seqs else None), pushes
 
-    def confirm_many(self, key: ConsumerKey, seqs: Iterable[int],
-                     guids: Sequence[bytes] | None = None) -> tuple["ConfirmedRows", list[Push]]:
+    def confirm_many(self, key: ConsumerKey, seqs: Iterable[int], guids: Sequence[bytes] | None = None,
+                     into: "ConfirmedRows | None" = None) -> tuple["ConfirmedRows", list[Push]]:
         """Confirm a CONFIRM frame's seqs for `key` at once, then dispatch once:
         the messages confirmed (seqs `key` does not hold are skipped, and so
         is a seq whose GUID, when `guids` names one, is not the held one) and
-        what the room they free lets through."""
-        confirmed = ConfirmedRows([], [])
+        what the room they free lets through. With `into` the confirmed rows
+        are appended to it (a frame's queues into one list) and it is returned."""
+        confirmed = ConfirmedRows([], []) if into is None else into
         consumer = self._consumers.get(key)
         if consumer is None:
             return confirmed, []
         done, done_seqs = confirmed.guids, confirmed.seqs
+        before = len(done_seqs)
         unconfirmed, known = consumer.unconfirmed, self._known
         freed = 0
         for n, seq in enumerate(seqs):
@@ -455,8 +457,8 @@ class QueueDispatcher:
             done_seqs.append(seq)
             freed += size
         consumer.unconfirmed_bytes -= freed
-        self.confirmed += len(done_seqs)
-        return confirmed, (self._dispatch() if done and self._pending else [])
+        self.confirmed += len(done_seqs) - before
+        return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
 
     def expire(self) -> None:
         """Drop pending messages whose TTL has passed (a periodic sweep: a queue

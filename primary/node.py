@@ -746,8 +746,8 @@ class Node:
                             None if guids_by_queue is None else guids_by_queue[queue_id]))
         for partition, entries in by_partition.items():
             done = partition.confirm(entries)   # what the room they free lets through goes out together
-            if done:
-                partition.confirm_committer.submit(done, 0, sum(len(c.confirmed.guids) for c in done))
+            if done is not None:
+                partition.confirm_committer.submit([done], 0, len(done.confirmed.guids))
 
     def _on_stop(self, link: Link, req: pb.StopRequest) -> None:
         # The peer is stopping: send it no new PUSHes, then answer.

@@ -229,14 +229,22 @@ class PendingColumns:
 
 @dataclass
 class PendingConfirms:
-    """What one CONFIRM frame (or an admin's purge) confirmed of one queue
-    and app. `committed`, if given, is set once the commit was tried, with
-    `ok` saying whether it is durable (a purge waits for it)."""
-    queue: QueueState
-    app_id: str
+    """What one CONFIRM frame (or an admin's purge) confirmed on a
+    partition: its rows (GUIDs and seqs, in order) and the queue and app of
+    each run of them (`runs`: queue, app, rows; a frame of a session with
+    thousands of queues has a run per queue). `committed`, if given, is set
+    once the commit was tried, with `ok` saying whether it is durable (a
+    purge waits for it)."""
+    runs: list[tuple[QueueState, str, int]]
     confirmed: ConfirmedRows
     committed: threading.Event | None = None
     ok: bool = False
+
+    @classmethod
+    def of(cls, queue: QueueState, app_id: str, confirmed: ConfirmedRows,
+           committed: threading.Event | None = None) -> "PendingConfirms":
+        """The rows of one queue and app."""
+        return cls([(queue, app_id, len(confirmed.seqs))], confirmed, committed)
 
 
 # One queue's part of a CONFIRM frame: its state, the app, the consumer that
@@ -749,14 +757,16 @@ class Partition:
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
 
-    def confirm(self, entries: Iterable[ConfirmEntry]) -> list[PendingConfirms]:
+    def confirm(self, entries: Iterable[ConfirmEntry]) -> PendingConfirms | None:
         """A CONFIRM frame's queues, in one pass under one hold of the locks:
         each queue's seqs confirmed in its app's dispatcher, what the room they
         free lets through sent together (frames spanning queues), and what
-        they confirmed returned for the confirm committer. No callable, tuple
-        of results or dispatcher is made per queue (a frame of a session with
-        thousands of queues holds a range or two of each)."""
-        done: list[PendingConfirms] = []
+        they confirmed returned for the confirm committer (None: nothing), its
+        rows in one list with a run per queue. No callable, result or
+        dispatcher is made per queue (a frame of a session with thousands of
+        queues holds a range or two of each)."""
+        rows = ConfirmedRows([], [])
+        runs: list[tuple[QueueState, str, int]] = []
         pushes: list[Push] = []
         dropped: list[tuple[QueueState, str, list[Dropped]]] = []
         with self._push_lock:
@@ -765,20 +775,22 @@ class Partition:
                     dispatcher = state.dispatchers.get(app)
                     if dispatcher is None:
                         continue   # no consumer of this app ever came: nothing is held
-                    confirmed, freed = dispatcher.confirm_many(key, seqs, guids)
+                    before = len(rows.seqs)
+                    _, freed = dispatcher.confirm_many(key, seqs, guids, rows)
                     if freed:
                         pushes.extend(freed)
                     if dispatcher.has_dropped:
                         dropped.append((state, app, dispatcher.take_dropped()))
-                    if confirmed.guids:
-                        done.append(PendingConfirms(state, app, confirmed))
+                    count = len(rows.seqs) - before
+                    if count:
+                        runs.append((state, app, count))
                         if state.quota is not None:
-                            state.apps_done(confirmed.guids, app)
+                            state.apps_done(rows.guids[before:], app)
             if pushes:
                 self._push(pushes)
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
-        return done
+        return PendingConfirms(runs, rows) if runs else None
 
     def _dispatch_all(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]
                       ) -> tuple[list[list[Push]], list[tuple[QueueState, str, list[Dropped]]]]:
@@ -1173,12 +1185,13 @@ class Partition:
 
     def _commit_confirms(self, items: list[PendingConfirms]) -> None:
         now = datetime.now(timezone.utc)
-        counts = [len(i.confirmed.guids) for i in items]
+        runs = [run for i in items for run in i.runs]
+        counts = [count for _, _, count in runs]
         total = sum(counts)
         batch = pa.table({
-            "domain": _repeated([i.queue.uri.domain for i in items], counts),
-            "queue": _repeated([i.queue.uri.queue for i in items], counts),
-            "app_id": _repeated([i.app_id for i in items], counts),
+            "domain": _repeated([state.uri.domain for state, _, _ in runs], counts),
+            "queue": _repeated([state.uri.queue for state, _, _ in runs], counts),
+            "app_id": _repeated([app for _, app, _ in runs], counts),
             "guid": pa.array(itertools.chain.from_iterable(i.confirmed.guids for i in items), pa.binary(), size=total),
             "seq": pa.array(itertools.chain.from_iterable(i.confirmed.seqs for i in items), pa.int64(), size=total),
             "confirm_time": pa.repeat(pa.scalar(now, tables.TIMESTAMP), total),
@@ -1367,7 +1380,7 @@ class Partition:
                 purged[a] = len(rows.seqs)
                 if rows.seqs:
                     state.apps_done(rows.guids, a)
-                    items.append(PendingConfirms(state, a, rows, threading.Event()))
+                    items.append(PendingConfirms.of(state, a, rows, threading.Event()))
         if items:
             if not self.confirm_committer.submit(items, 0, sum(purged.values())):
                 raise PurgeFailed(f"partition {self.index} is stopping: the purge of {sum(purged.values())} "
@@ -1375,7 +1388,8 @@ class Partition:
             for i in items:
                 if not (i.committed is not None and i.committed.wait(timeout_s) and i.ok):
                     raise PurgeFailed(f"partition {self.index}: the confirm log commit recording the purge of "
-                                      f"{len(i.confirmed.seqs)} messages of app {i.app_id!r} failed (see the log)")
+                                      f"{len(i.confirmed.seqs)} messages of app {i.runs[0][1]!r} failed "
+                                      "(see the log)")
         log.info("partition %d: purged %s of %s", self.index,
                  ", ".join(f"{n} messages of app {a!r}" for a, n in purged.items()) or "nothing", state.uri)
         return purged

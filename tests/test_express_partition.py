@@ -63,7 +63,7 @@ class Consumer:
         confirmed: list = []
         self.partition.route(self.state, self.app, confirm)
         if confirmed[0].guids:
-            self.partition.confirm_committer.submit([PendingConfirms(self.state, self.app, confirmed[0])], 0)
+            self.partition.confirm_committer.submit([PendingConfirms.of(self.state, self.app, confirmed[0])], 0)
 
 
 class Producer:
