@@ -1,8 +1,8 @@
 """Server-side plumbing for `Broker.Session` streams, shared by every role.
 
 A `Link` is one session stream seen from the server: frames go out through
-`send` (thread safe, never blocks). The server is grpc.aio on an event loop of
-its own thread (`serve_broker`), so a session costs no thread: thousands of
+`send` (thread safe, never blocks). The server is grpc.aio on the process's
+event loop, a thread of its own (`event_loop`, `serve_broker`), so a session costs no thread: thousands of
 clients below one node or proxy are served (the thread pool of the first
 versions held one thread per session, and the 257th session hung).
 

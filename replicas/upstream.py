@@ -1,4 +1,5 @@
-"""The thread shell around a `Relay`: one upstream session at a time.
+"""The shell around a `Relay`: one upstream session at a time, a grpc.aio
+stream on the process's event loop (`protocol.stream.event_loop`).
 
 `Upstream` connects to the first reachable address of `hosts()` (asked again
 before every attempt, so a node can point it at a partition's current
