@@ -610,6 +610,40 @@ class Reconciler:
         else:
             self._add(_Run(seq, key, [guid], None, None, [apps]))
 
+    def decided_rows(self, seqs: Sequence[int], keys: Sequence[Any], guids: Sequence[bytes],
+                     apps: Sequence[tuple[str, ...] | None]) -> None:
+        """`decided` for many rows at once (`seqs` ascending; gaps allowed),
+        the same runs as a call per row would make: each block of consecutive
+        seqs joins the last run in one extend rather than row by row (a frame
+        spanning thousands of queues decides a row or two of each)."""
+        n, total = 0, len(seqs)
+        while n < total:
+            seq = seqs[n]
+            m = n + 1
+            while m < total and seqs[m] == seqs[m - 1] + 1:
+                m += 1
+            last = self._runs[-1] if len(self._runs) > self._head else None
+            if last is None or last.rows is None or last.end != seq:
+                last = _Run(seq, keys[n], [guids[n]], None, None, [apps[n]])
+                self._add(last)
+                n += 1
+                if n == m:
+                    continue
+            block = keys[n:m]
+            if last.keys is not None:
+                last.keys.extend(block)
+            elif any(k is not last.key for k in block):
+                last.keys = [last.key] * (last.end - last.first)
+                last.keys.extend(block)
+            rows = last.rows
+            assert rows is not None   # (a run of rows, joined above)
+            rows.extend(apps[n:m])
+            last.guids.extend(guids[n:m])
+            last.open.extend(b"\x01" * (m - n))
+            last.end += m - n
+            self._added(m - n)
+            n = m
+
     def decided_run(self, first_seq: int, key: Any, guids: Any, apps: tuple[str, ...],
                     duplicates: Sequence[bool] | np.ndarray | None = None) -> None:
         """One decision for a run of rows (a columnar frame to a queue whose

@@ -1059,64 +1059,91 @@ class Partition:
                     self._decide_and_target(targets, state, message, duplicates[row])
                 row += 1
                 continue
-            # Queue by queue: a run of one queue's rows (a frame of one queue,
-            # or a part of a frame spanning queues) is decided as one when
-            # its apps do not subscribe and it has COLUMNAR_RUN_MIN rows;
-            # other rows one by one (the same outcome, cheaper for a few).
-            offset = 0
-            built: _MessageBuilder | None = None
-            frame_fresh: _Fresh | None = None
-            for state, count in b.runs:
-                if not state.express:
-                    row += count
-                elif count >= COLUMNAR_RUN_MIN and not state.rules.filtered:
-                    table = b.table if count == b.table.num_rows else b.table.slice(offset, count)
-                    row = self._express_frame(targets, state, table, first_seq, row, duplicates, now_us)
-                else:
-                    if built is None:
-                        built = _MessageBuilder.of_frame(b.table)
-                    into = None
-                    if not state.rules.filtered and not any((state, app) in targets for app in state.rules.apps):
-                        if frame_fresh is None:
-                            frame_fresh = _Fresh(b.table)
-                            fresh.append(frame_fresh)
-                        into = frame_fresh
-                    row = self._express_rows(targets, state, built, offset, count, first_seq, row, duplicates,
-                                             now_us, into)
-                offset += count
+            row = self._express_runs(b, targets, fresh, first_seq, row, duplicates, now_us)
         return targets, fresh
 
+    def _express_runs(self, b: PendingColumns, targets: Targets, fresh: "list[_Fresh]", first_seq: int, row: int,
+                      duplicates: list[bool], now_us: int) -> int:
+        """The express lane for a frame's queue runs from `row` of the
+        commit: a run of COLUMNAR_RUN_MIN rows of a queue without
+        subscriptions as one (`_express_frame`); a queue's few rows without
+        subscriptions or targets in this commit into the frame's `_Fresh`,
+        every row to every app and a duplicate to none (`_decide` without
+        asking the rules row by row), in this loop: with thousands of queues
+        of a row or two each in a commit, it runs once a message, so it
+        makes no call a row for a queue of one app and no quota; the rest
+        row by row into `targets` (`_express_rows`). Returns the next row."""
+        offset = 0
+        built: _MessageBuilder | None = None
+        frame_fresh: _Fresh | None = None
+        decisions = _Decisions()
+        seqs, keys, guids, decided = decisions.seqs, decisions.keys, decisions.guids, decisions.apps
+        reconciler = self._reconciler
+        for state, count in b.runs:
+            if not state.express:
+                row += count
+                offset += count
+                continue
+            rules = state.rules
+            if count >= COLUMNAR_RUN_MIN and not rules.filtered:
+                decisions.flush(reconciler)
+                table = b.table if count == b.table.num_rows else b.table.slice(offset, count)
+                row = self._express_frame(targets, state, table, first_seq, row, duplicates, now_us)
+                offset += count
+                continue
+            if built is None:
+                built = _MessageBuilder.of_frame(b.table)
+                guid, payload, values, types, compression, producer = (
+                    built.guid, built.payload, built.values, built.types, built.compression, built.producer)
+            apps = rules.apps
+            if rules.filtered or (targets and any((state, app) in targets for app in apps)):
+                decisions.flush(reconciler)
+                row = self._express_rows(targets, state, built, offset, count, first_seq, row, duplicates, now_us)
+                offset += count
+                continue
+            if frame_fresh is None:
+                frame_fresh = _Fresh(b.table)
+                fresh.append(frame_fresh)
+                fresh_rows, fresh_messages, fresh_targets = frame_fresh.rows, frame_fresh.messages, frame_fresh.targets
+            ttl_ms = state.domain.message_ttl_ms
+            expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
+            lean = len(apps) == 1 and state.quota is None
+            target = (state, apps[0] if apps else "")
+            for i in range(offset, offset + count):
+                seq = first_seq + row
+                g = guid[i]
+                seqs.append(seq)
+                keys.append(state)
+                guids.append(g)
+                if duplicates[row]:
+                    decided.append(None)
+                else:
+                    decided.append(apps)
+                    message = StoredMessage(g, seq, payload[i], None, producer[i] or 0, 0, expires_us,
+                                            COMPRESSION_CODES.get(compression[i] or "", 0),
+                                            maps=(values[i], types[i]) if values[i] else None)
+                    if lean:
+                        fresh_rows.append(i)
+                        fresh_messages.append(message)
+                        fresh_targets.append(target)
+                    else:
+                        frame_fresh.add(i, state, message, apps)
+                row += 1
+            offset += count
+        decisions.flush(reconciler)
+        return row
+
     def _express_rows(self, targets: Targets, state: QueueState, built: _MessageBuilder, offset: int,
-                      count: int, first_seq: int, row: int, duplicates: list[bool], now_us: int,
-                      fresh: "_Fresh | None" = None) -> int:
+                      count: int, first_seq: int, row: int, duplicates: list[bool], now_us: int) -> int:
         """The express lane row by row for `count` rows of one queue, from
         `offset` of a frame (`built` from its columns) and `row` of the
-        commit, into `targets`, or into `fresh` when given (the queue's apps
-        without subscriptions). Returns the next row."""
+        commit, into `targets` (a queue with subscriptions, or with targets
+        in this commit already; the others go to `_Fresh.add_rows`).
+        Returns the next row."""
         ttl_ms = state.domain.message_ttl_ms
         expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
-        rules = state.rules
-        if rules.filtered:
-            for i in range(offset, offset + count):
-                self._decide_and_target(targets, state, built.stored(i, first_seq + row, expires_us),
-                                        duplicates[row])
-                row += 1
-            return row
-        # No subscription: every row goes to every app (`_decide` without
-        # asking the rules row by row; with thousands of queues of a row or
-        # two each in a commit, this loop runs once a message).
-        apps = rules.apps
-        decided = self._reconciler.decided
         for i in range(offset, offset + count):
-            message = built.stored(i, first_seq + row, expires_us)
-            if duplicates[row]:
-                decided(message.seq, state, message.guid, None)
-            else:
-                decided(message.seq, state, message.guid, apps)
-                if fresh is None:
-                    _add_targets(targets, state, message, apps)
-                else:
-                    fresh.add(i, state, message, apps)
+            self._decide_and_target(targets, state, built.stored(i, first_seq + row, expires_us), duplicates[row])
             row += 1
         return row
 
@@ -1586,6 +1613,28 @@ class _Fresh:
             self.rows.append(row)
             self.messages.append(message if n == 0 else message.for_app())
             self.targets.append((state, app))
+
+
+class _Decisions:
+    """Express decisions of rows in seq order, handed to the reconciler in
+    one call (`Reconciler.decided_rows`); flushed before any other decision
+    of the commit is recorded, so the reconciler sees every row in order."""
+
+    __slots__ = ("seqs", "keys", "guids", "apps")
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.keys: list[QueueState] = []
+        self.guids: list[bytes] = []
+        self.apps: list[tuple[str, ...] | None] = []
+
+    def flush(self, reconciler: Reconciler) -> None:
+        """To the reconciler, and cleared in place (the lists stay the
+        caller's: the reconciler keeps copies)."""
+        if self.seqs:
+            reconciler.decided_rows(self.seqs, self.keys, self.guids, self.apps)
+            for rows in (self.seqs, self.keys, self.guids, self.apps):
+                rows.clear()
 
 
 class _MessageBuilder:

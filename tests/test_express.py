@@ -282,11 +282,18 @@ def reconcile_schedules(draw):
     decisions_max = draw(st.sampled_from([3, 10, 40, 10_000]))
     steps, next_seq = [], 0
     for _ in range(draw(st.integers(1, 25))):
-        kind = draw(st.sampled_from(["one", "run", "row", "rows", "judged"]))
+        kind = draw(st.sampled_from(["one", "many", "run", "row", "rows", "judged"]))
         key = draw(st.sampled_from(["q1", "q2"]))
         if kind == "one":
             steps.append(("one", next_seq, key, draw(st.sampled_from(APPS))))
             next_seq += 1
+        elif kind == "many":   # a spanning frame's rows: gaps (rows of other queues), keys mixed
+            rows = []
+            for _ in range(draw(st.integers(1, 12))):
+                next_seq += draw(st.sampled_from([0, 0, 0, 1, 3]))
+                rows.append((next_seq, draw(st.sampled_from(["q1", "q2", "q3"])), draw(st.sampled_from(APPS))))
+                next_seq += 1
+            steps.append(("many", rows))
         elif kind == "run":
             count = draw(st.integers(1, 30))
             apps = draw(st.sampled_from([a for a in APPS if a is not None]))
@@ -319,6 +326,12 @@ def test_runs_reconcile_as_the_per_seq_reconciler_did(schedule):
             _, seq, key, apps = step
             runs.decided(seq, key, _guid(seq), apps)
             oracle.decided(seq, key, _guid(seq), apps)
+        elif step[0] == "many":
+            _, rows = step
+            runs.decided_rows([q for q, _, _ in rows], [k for _, k, _ in rows], [_guid(q) for q, _, _ in rows],
+                              [a for _, _, a in rows])
+            for seq, key, apps in rows:
+                oracle.decided(seq, key, _guid(seq), apps)
         elif step[0] == "run":
             _, first, key, count, apps, dups = step
             guids = pa.array([_guid(first + i) for i in range(count)], pa.binary())
@@ -340,6 +353,39 @@ def test_runs_reconcile_as_the_per_seq_reconciler_did(schedule):
             assert runs.judged_through(step[1]) == oracle.judged_through(step[1])
         assert (len(runs), runs.agreed, runs.disagreed, runs.forgotten, runs.forgotten_through) == (
             len(oracle), oracle.agreed, oracle.disagreed, oracle.forgotten, oracle.forgotten_through)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 0, 1, 4]), st.sampled_from(["q1", "q2"]), st.sampled_from(APPS)),
+                max_size=30), st.sampled_from([None, "run", "row"]), st.integers(1, 3))
+def test_decided_rows_makes_the_runs_a_decision_a_row_makes(rows, before, calls):
+    """`decided_rows` (a spanning frame's decisions in one call, or in a few
+    calls when the frame is cut by other decisions) builds the same runs,
+    keys and open rows as `decided` row by row, after a frame's run, a run
+    of rows, or nothing."""
+    one, many = Reconciler(), Reconciler()
+    for r in (one, many):
+        if before == "run":
+            r.decided_run(0, "q1", [_guid(i) for i in range(11)], ("",))
+        elif before == "row":
+            r.decided(10, "q2", _guid(10), ("",))
+    seqs, seq = [], 11
+    for gap, _, _ in rows:
+        seq += gap
+        seqs.append(seq)
+        seq += 1
+    for (_, key, apps), seq in zip(rows, seqs):
+        one.decided(seq, key, _guid(seq), apps)
+    cut = [len(rows) * n // calls for n in range(calls + 1)]
+    for a, b in zip(cut, cut[1:]):
+        many.decided_rows(seqs[a:b], [k for _, k, _ in rows[a:b]], [_guid(q) for q in seqs[a:b]],
+                          [x for _, _, x in rows[a:b]])
+
+    def shape(r):
+        return [(run.first, run.end, run.key, run.keys, run.rows, list(run.guids), bytes(run.open))
+                for run in r._runs], r._rows, len(r)
+
+    assert shape(many) == shape(one)
 
 
 def test_a_batch_of_rows_that_agree_with_a_frame_takes_no_per_row_path():
