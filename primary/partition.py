@@ -562,6 +562,38 @@ def _push_table(run: list[StoredMessage]) -> pa.Table:
         [m.delivery_count for m in run], [m.compression for m in run])
 
 
+def _frames_merged(items: list[PendingPut | PendingColumns]) -> list[PendingPut | PendingColumns]:
+    """The items of a commit, in order, with consecutive frames of one
+    express queue without subscriptions (and of one schema) as one: the
+    express lane decides and pushes them as one run (`_express_frame`),
+    not a run a frame. A paced producer's frames hold tens of rows, a
+    commit several of them, and each run's Arrow calls cost about as much
+    whatever its rows."""
+    out: list[PendingPut | PendingColumns] = []
+    group: list[PendingColumns] = []
+
+    def close() -> None:
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            first = group[0]
+            table = pa.concat_tables([g.table for g in group])
+            out.append(PendingColumns(first.link, first.queue_id, first.queue, table, b""))
+        group.clear()
+
+    for item in items:
+        if not (isinstance(item, PendingColumns) and len(item.runs) == 1 and item.queue.express
+                and not item.queue.rules.filtered):
+            close()
+            out.append(item)
+            continue
+        if group and (item.queue is not group[0].queue or not item.table.schema.equals(group[0].table.schema)):
+            close()
+        group.append(item)
+    close()
+    return out
+
+
 def _segments(items: list[PendingPut | PendingColumns]) -> list[list[PendingPut] | PendingColumns]:
     """`items` in order, consecutive single PUTs together."""
     out: list[list[PendingPut] | PendingColumns] = []
@@ -1060,7 +1092,7 @@ class Partition:
         targets: Targets = {}
         fresh: list[_Fresh] = []
         row = 0
-        for b in items:
+        for b in _frames_merged(items):
             if isinstance(b, PendingPut):
                 state, m = b.queue, b.message
                 if state.express:

@@ -413,6 +413,55 @@ def test_a_frame_spanning_queues_is_decided_and_pushed_queue_by_queue_as_the_pip
     assert disagreements(partition.paths) == []
 
 
+def test_a_groups_consecutive_frames_of_one_queue_are_decided_and_pushed_as_one_run(partition):
+    """A paced producer's frames (tens of rows each, several a commit):
+    consecutive frames of one queue are decided as one run and pushed as
+    one; a frame of another queue or a single PUT between them starts
+    another. Each frame still gets its own ACK; duplicates within and
+    across the frames are not pushed; the pipeline's rows agree."""
+    from primary.partition import PendingColumns
+    from protocol import columns
+
+    consumer, other = Consumer(partition), Consumer(partition, queue_name="r")
+    state, other_state = consumer.state, other.state
+    link = Link("producer")
+
+    def frame(into, guids: list[bytes]) -> PendingColumns:
+        n = len(guids)
+        table = pa.table({"guid": pa.array(guids, pa.binary()), "payload": pa.array([g[:1] * 2 for g in guids]),
+                          "properties": pa.array([None] * n, columns.PROPERTY_MAP),
+                          "property_types": pa.array([None] * n, columns.PROPERTY_MAP),
+                          "compression": pa.array([None] * n, pa.string())}, schema=columns.SCHEMA)
+        return PendingColumns(link, 1 if into is state else 2, into, table, b"".join(guids))
+
+    items = [frame(state, G[0:5]), frame(state, [G[5], G[6], G[2], G[7], G[7]]),   # seqs 0-9: 7 and 8 dups
+             frame(state, G[8:12]),                                               # 10-13
+             frame(other_state, G[20:25]),                                        # 14-18, another queue
+             frame(state, G[12:17]),                                              # 19-23
+             PendingPut(link, 1, state, pb.PutMessage(queue_id=1, guid=G[17], payload=b"s")),   # 24
+             frame(state, G[18:20])]                                              # 25-26
+    runs_before = len(partition._reconciler._runs)
+    assert partition.put_committer.submit(items, 0)   # one group
+    acks = [link.next_frame(10) for _ in range(len(items))]
+    assert sorted(a.WhichOneof("body") for a in acks) == ["ack"] + ["ack_columns"] * 6
+    assert all(a.ack_columns.code == pb.SUCCESS for a in acks if a.HasField("ack_columns"))
+    expected = [(g, seq) for seq, g in enumerate(G[0:7] + [G[2], G[7], G[7]] + G[8:12]) if seq not in (7, 9)]
+    expected += [(g, 19 + i) for i, g in enumerate(G[12:17])] + [(G[17], 24), (G[18], 25), (G[19], 26)]
+    pushed = consumer.pushed(len(expected), timeout_s=10)
+    assert [(m.guid, m.sequence) for m in pushed] == expected
+    assert [(m.guid, m.sequence) for m in other.pushed(5, timeout_s=5)] == [(g, 14 + i) for i, g in
+                                                                            enumerate(G[20:25])]
+    assert consumer.pushed(1, timeout_s=0.3) == []
+    # The first three frames (5, 5 and 4 rows: each below a run's minimum)
+    # are one run of one decision; the rest, frames of a few rows and a
+    # single PUT, are decided row by row.
+    runs = [(r.first, r.end, r.rows is None) for r in partition._reconciler._runs[runs_before:]]
+    assert runs == [(0, 14, True), (14, 27, False)]
+    FakePipeline(partition.paths).deliver([(seq, [""]) for _, seq in expected] + [(14 + i, [""]) for i in range(5)])
+    wait_until(lambda: partition._judged_seq >= 26, 10, what="the pipeline's rows reconciled")
+    assert disagreements(partition.paths) == []
+
+
 def test_a_frame_and_single_puts_in_one_group_commit_keep_the_order_they_came_in(partition):
     """A producer's few PUTs go as PutMessages and its many as a frame; both
     to one queue may share a group commit. Their seqs, and so the PUSH
