@@ -595,15 +595,34 @@ def _frames_merged(items: list[PendingPut | PendingColumns]) -> list[PendingPut 
 
 
 def _segments(items: list[PendingPut | PendingColumns]) -> list[list[PendingPut] | PendingColumns]:
-    """`items` in order, consecutive single PUTs together."""
+    """`items` in order, consecutive single PUTs together, and consecutive
+    frames of one schema as one (their tables and runs joined): a group's
+    PUT-log rows are built a part at a time, and a part's Arrow calls cost
+    about as much whatever its rows (a paced producer's frames hold tens)."""
     out: list[list[PendingPut] | PendingColumns] = []
+    frames: list[PendingColumns] = []
+
+    def close() -> None:
+        if len(frames) == 1:
+            out.append(frames[0])
+        elif frames:
+            first = frames[0]
+            out.append(PendingColumns(first.link, 0, first.queue, pa.concat_tables([f.table for f in frames]), b"",
+                                      row_runs=[run for f in frames for run in f.runs]))
+        frames.clear()
+
     for item in items:
         if isinstance(item, PendingColumns):
-            out.append(item)
-        elif out and isinstance(out[-1], list):
+            if frames and not item.table.schema.equals(frames[0].table.schema):
+                close()
+            frames.append(item)
+            continue
+        close()
+        if out and isinstance(out[-1], list):
             out[-1].append(item)
         else:
             out.append([item])
+    close()
     return out
 
 
