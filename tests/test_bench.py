@@ -296,12 +296,18 @@ def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_qu
     # frame, so the CONFIRM frame names a range (or two) of each of the 7.
     assert (cost.queues, cost.rows, cost.rounds) == (7, 20, 3)
     assert 7 <= cost.ranges <= 20
-    assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0
-    assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8"]) == 0
+    assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0 and cost.round_ms > 0
+    # Frames a round: each one ACKed and every row of them pushed and
+    # confirmed, or `measure` waits and raises.
+    grouped = measure(queues=3, rows=10, rounds=2, size=16, frames=4)
+    assert (grouped.rows, grouped.frames) == (10, 4) and 3 <= grouped.ranges <= 40
+    assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8", "--frames", "2"]) == 0
     out = capsys.readouterr().out
     assert "3 queues cost" in out and "times 1's CPU a message" in out
-    with pytest.raises(SystemExit):
-        main(["--rows", "0"])
+    assert "6 rows a frame x 2 frames" in out and "ms a round" in out
+    for bad in (["--rows", "0"], ["--frames", "0"]):
+        with pytest.raises(SystemExit):
+            main(bad)
 
 
 def test_the_relay_cost_bench_relays_every_frame_and_leaves_nothing_held(capsys):
@@ -316,5 +322,6 @@ def test_the_relay_cost_bench_relays_every_frame_and_leaves_nothing_held(capsys)
     assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8"]) == 0
     out = capsys.readouterr().out
     assert "3 queues cost" in out and "times 1's a message" in out
-    with pytest.raises(SystemExit):
-        main(["--rows", "0"])
+    for bad in (["--rows", "0"], ["--frames", "2"]):   # relay_cost's rounds are one frame of each kind
+        with pytest.raises(SystemExit):
+            main(bad)

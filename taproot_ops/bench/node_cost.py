@@ -1,12 +1,17 @@
 """What a node's process spends per message when a session's frames span
 many queues: a node in this process (one partition, real delta-rs tables,
 no sockets, no pipeline) and one link that opens Q queues for reading and
-writing, then, per round, posts one PUT frame of R 1 KiB rows spread over
-the queues (a row per queue when R <= Q, as a session of thousands of
-queues sends them), reads the ACK and the PUSH frames, and confirms them in
-one CONFIRM frame of their ranges, as the SDK does.
+writing, then, per round, posts F PUT frames (one by default) of R 1 KiB
+rows spread over the queues (a row per queue when R <= Q, as a session of
+thousands of queues sends them), reads the ACKs and the PUSH frames, and
+confirms them in one CONFIRM frame of their ranges, as the SDK does.
 
     .venv/bin/python -m taproot_ops.bench.node_cost [--queues 1 2000] [--rows 500] [--rounds 100]
+        [--frames F]
+
+`--frames 5 --rows 50` is what a paced producer sends: the frames of a
+round arrive together, so one group commit takes them (the linger is 2 ms),
+and the per-frame and per-commit costs show at a small frame's size.
 
 Prints, per queue count, the process's CPU per message (every thread: the
 commit threads, dispatch, the Delta commits, and this driver's own frame
@@ -34,18 +39,21 @@ class NodeCost:
     queues: int
     rows: int
     rounds: int
+    frames: int            # PUT frames a round
     cpu_us: float          # process CPU per message
     put_us: float          # Node.on_frame of the PUT frames, per message
     confirm_us: float      # Node.on_frame of the CONFIRM frames, per message
     ranges: float          # CONFIRM ranges per frame
+    round_ms: float = 0.0  # wall time of a round: its PUT frames to their ACKs, PUSHes and the CONFIRM
 
     def line(self) -> str:
-        return (f"{self.queues:>6,} queues, {self.rows} rows a frame: {self.cpu_us:6.1f} us of CPU a message; "
+        frames = f" x {self.frames} frames" if self.frames > 1 else ""
+        return (f"{self.queues:>6,} queues, {self.rows} rows a frame{frames}: {self.cpu_us:6.1f} us of CPU a message; "
                 f"on_frame PUT {self.put_us:.2f} us, CONFIRM {self.confirm_us:.2f} us a message "
-                f"({self.ranges:.0f} ranges a CONFIRM frame)")
+                f"({self.ranges:.0f} ranges a CONFIRM frame); {self.round_ms:.2f} ms a round")
 
 
-def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> NodeCost:
+def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int = 1) -> NodeCost:
     from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
     from primary.node import Node
     from protocol import columns, gc_tuning, pb
@@ -86,27 +94,31 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> NodeCost:
             payload = b"x" * size
             guid = 0
 
-            def one_round(first: int) -> tuple[float, float, int]:
+            def put_frame(first: int) -> pb.Frame:
                 nonlocal guid
                 qids = [1 + (first + i) % queues for i in range(rows)]
                 messages = [pb.PutMessage(queue_id=q, guid=(guid + i).to_bytes(16, "big"), payload=payload)
                             for i, q in enumerate(qids)]
                 guid += rows
-                put = pb.Frame(put_columns=pb.PutColumns(
+                return pb.Frame(put_columns=pb.PutColumns(
                     arrow_ipc=columns.encode_puts(messages), per_message=True,
                     guids=b"".join(m.guid for m in messages), queue_ids=qids))
+
+            def one_round(first: int) -> tuple[float, float, int]:
+                puts = [put_frame(first + f * rows) for f in range(frames)]
                 started = time.perf_counter()
-                node.on_frame(link, put)
+                for put in puts:
+                    node.on_frame(link, put)
                 put_s = time.perf_counter() - started
-                acked, pushed = False, 0
+                acked, pushed = 0, 0
                 ids: list[int] = []
                 starts: list[int] = []
                 counts: list[int] = []
-                while not acked or pushed < rows:
+                while acked < frames or pushed < frames * rows:
                     frame = take()
                     kind = frame.WhichOneof("body")
                     if kind == "ack_columns":
-                        acked = True
+                        acked += 1
                     elif kind == "push_columns":
                         push = frame.push_columns
                         pushed += sum(push.seq_counts)
@@ -126,22 +138,23 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024) -> NodeCost:
 
             gc_tuning.settle_for_serving()   # as a serving node does
             for n in range(WARM_UP_ROUNDS):
-                one_round(n * rows)
-            cpu0 = time.process_time()
+                one_round(n * rows * frames)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
             put_s = confirm_s = 0.0
             ranges = 0
             for n in range(rounds):
-                p, c, r = one_round((WARM_UP_ROUNDS + n) * rows)
+                p, c, r = one_round((WARM_UP_ROUNDS + n) * rows * frames)
                 put_s, confirm_s, ranges = put_s + p, confirm_s + c, ranges + r
+            wall = time.perf_counter() - wall0
             partition = node.partitions[0]
             while not partition.confirm_committer.idle:
                 time.sleep(0.005)
             cpu = time.process_time() - cpu0
         finally:
             node.stop(graceful=False)
-    messages = rounds * rows
-    return NodeCost(queues, rows, rounds, cpu * 1e6 / messages, put_s * 1e6 / messages,
-                    confirm_s * 1e6 / messages, ranges / rounds)
+    messages = rounds * rows * frames
+    return NodeCost(queues, rows, rounds, frames, cpu * 1e6 / messages, put_s * 1e6 / messages,
+                    confirm_s * 1e6 / messages, ranges / rounds, wall * 1e3 / rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     return queue_sweep.main(
         "node_cost", __doc__ or "", measure, lambda cost: cast(NodeCost, cost).cpu_us, argv,
         queues=[1, 2000], rows=500, rows_help="rows a PUT frame", rounds=100,
-        rounds_help="frames measured, after 5 of warm-up", unit="CPU a message", announce=True)
+        rounds_help="rounds measured, after 5 of warm-up", unit="CPU a message", announce=True,
+        frames_help="PUT frames a round (one group commit takes them)")
 
 
 if __name__ == "__main__":
