@@ -151,6 +151,32 @@ def test_payloads_carry_their_send_time():
 
 
 @pytest.mark.unit
+def test_a_paced_producer_sleeps_only_when_a_millisecond_ahead_and_holds_its_rate():
+    from taproot_ops.bench.runner import MIN_SLEEP_S, pacing_delay
+
+    assert pacing_delay(0.0, 0, 10_000, 0.0) == 0.0             # behind or on time: post
+    assert pacing_delay(0.0, 5, 10_000, 0.0) == 0.0             # 0.5 ms ahead: post
+    assert pacing_delay(0.0, 20, 10_000, 0.0) == pytest.approx(0.002)
+    # A producer on a simulated clock: each post costs 20 us, each sleep
+    # lasts what it asked. Over 2 s at 10k msg/s it posts 20,000 messages
+    # (the rate holds), is never more than MIN_SLEEP_S ahead of schedule
+    # when it posts, and sleeps about once a millisecond, not once a message.
+    for rate in (10_000, 1_000, 50):
+        now, posted, sleeps = 0.0, 0, 0
+        while now < 2.0:
+            delay = pacing_delay(0.0, posted, rate, now)
+            if delay:
+                sleeps += 1
+                now += delay
+                continue
+            assert posted / rate - now < MIN_SLEEP_S
+            posted += 1
+            now += 20e-6
+        assert abs(posted - 2 * rate) <= max(2, rate * MIN_SLEEP_S + 1)
+        assert sleeps <= 2.0 / MIN_SLEEP_S + 1 and sleeps <= posted
+
+
+@pytest.mark.unit
 def test_statistics_rates_percentiles_and_series():
     acks = Samples(array("d", [100.0 + i / 100 for i in range(101)]), array("d", [float(i) for i in range(101)]))
     assert sustained_rate(acks.times) == pytest.approx(101.0)

@@ -12,7 +12,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from taproot_ops.bench.report import Samples
-from taproot_ops.bench.runner import Shared, payload_factory, push_latency_ms
+from taproot_ops.bench.runner import Shared, pacing_delay, payload_factory, push_latency_ms
 from taproot_ops.bench.scenarios import Scenario
 
 
@@ -51,8 +51,8 @@ async def produce(scenario: Scenario, shared: Shared,
     began, posted, last_report = time.perf_counter(), 0, time.monotonic()
     while time.time() < stop:
         if rate_each:
-            delay = began + posted / rate_each - time.perf_counter()
-            if delay > 0:
+            delay = pacing_delay(began, posted, rate_each, time.perf_counter())
+            if delay:
                 await asyncio.sleep(delay)
         await window.acquire()
         sent_ns = time.perf_counter_ns()

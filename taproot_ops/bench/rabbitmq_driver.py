@@ -28,6 +28,7 @@ from taproot_ops.bench.runner import (
     in_threads,
     merge_consumers,
     merge_producers,
+    pacing_delay,
     payload_factory,
     push_latency_ms,
 )
@@ -142,8 +143,8 @@ class _Producer:
         assert self.channel is not None
         while len(self.inflight) < self.scenario.window and time.time() < self.stop_at:
             if self.rate_each:
-                delay = self.began + self.posted / self.rate_each - time.perf_counter()
-                if delay > 0:
+                delay = pacing_delay(self.began, self.posted, self.rate_each, time.perf_counter())
+                if delay:
                     self.connection.ioloop.call_later(delay, self._pump)
                     return
             self.tag += 1

@@ -18,6 +18,7 @@ from taproot_ops.bench.runner import (
     in_threads,
     merge_consumers,
     merge_producers,
+    pacing_delay,
     payload_factory,
     push_latencies_ms,
     push_latency_ms,
@@ -132,8 +133,8 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
                 if now >= stop:
                     break
                 if rate:
-                    delay = began + posted / rate - time.perf_counter()
-                    if delay > 0:
+                    delay = pacing_delay(began, posted, rate, time.perf_counter())
+                    if delay:
                         time.sleep(delay)
                 if scenario.bulk:  # one columnar frame of `batch` rows, stamped once
                     queue_index, queue = targets[frames % len(targets)]
