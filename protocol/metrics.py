@@ -81,6 +81,11 @@ class WeightedHistogram:
     def count(self) -> int:
         return sum(self._counts)
 
+    @property
+    def sum(self) -> float:
+        """The observations' total (each value times its count)."""
+        return self._sum
+
     def add_to(self, family: HistogramMetricFamily, labels: Sequence[str] = ()) -> None:
         with self._lock:
             counts, total = list(self._counts), self._sum

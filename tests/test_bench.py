@@ -322,7 +322,7 @@ def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_qu
     # frame, so the CONFIRM frame names a range (or two) of each of the 7.
     assert (cost.queues, cost.rows, cost.rounds) == (7, 20, 3)
     assert 7 <= cost.ranges <= 20
-    assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0 and cost.round_ms > 0
+    assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0 and cost.round_ms > cost.commit_ms > 0
     # Frames a round: each one ACKed and every row of them pushed and
     # confirmed, or `measure` waits and raises.
     grouped = measure(queues=3, rows=10, rounds=2, size=16, frames=4)
@@ -330,7 +330,7 @@ def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_qu
     assert main(["--queues", "1", "3", "--rows", "6", "--rounds", "2", "--size", "8", "--frames", "2"]) == 0
     out = capsys.readouterr().out
     assert "3 queues cost" in out and "times 1's CPU a message" in out
-    assert "6 rows a frame x 2 frames" in out and "ms a round" in out
+    assert "6 rows a frame x 2 frames" in out and "ms a round" in out and "ms a PUT commit" in out
     for bad in (["--rows", "0"], ["--frames", "0"]):
         with pytest.raises(SystemExit):
             main(bad)

@@ -45,12 +45,14 @@ class NodeCost:
     confirm_us: float      # Node.on_frame of the CONFIRM frames, per message
     ranges: float          # CONFIRM ranges per frame
     round_ms: float = 0.0  # wall time of a round: its PUT frames to their ACKs, PUSHes and the CONFIRM
+    commit_ms: float = 0.0  # a PUT group commit's wall time (the committer's own histogram): append, ACKs, PUSHes
 
     def line(self) -> str:
         frames = f" x {self.frames} frames" if self.frames > 1 else ""
         return (f"{self.queues:>6,} queues, {self.rows} rows a frame{frames}: {self.cpu_us:6.1f} us of CPU a message; "
                 f"on_frame PUT {self.put_us:.2f} us, CONFIRM {self.confirm_us:.2f} us a message "
-                f"({self.ranges:.0f} ranges a CONFIRM frame); {self.round_ms:.2f} ms a round")
+                f"({self.ranges:.0f} ranges a CONFIRM frame); {self.round_ms:.2f} ms a round, "
+                f"{self.commit_ms:.2f} ms a PUT commit")
 
 
 def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int = 1) -> NodeCost:
@@ -139,13 +141,16 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
             gc_tuning.settle_for_serving()   # as a serving node does
             for n in range(WARM_UP_ROUNDS):
                 one_round(n * rows * frames)
+            committer = node.partitions[0].put_committer
             cpu0, wall0 = time.process_time(), time.perf_counter()
+            commits0, commit_s0 = committer.seconds.count, committer.seconds.sum
             put_s = confirm_s = 0.0
             ranges = 0
             for n in range(rounds):
                 p, c, r = one_round((WARM_UP_ROUNDS + n) * rows * frames)
                 put_s, confirm_s, ranges = put_s + p, confirm_s + c, ranges + r
             wall = time.perf_counter() - wall0
+            commits, commit_s = committer.seconds.count - commits0, committer.seconds.sum - commit_s0
             partition = node.partitions[0]
             while not partition.confirm_committer.idle:
                 time.sleep(0.005)
@@ -154,7 +159,8 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
             node.stop(graceful=False)
     messages = rounds * rows * frames
     return NodeCost(queues, rows, rounds, frames, cpu * 1e6 / messages, put_s * 1e6 / messages,
-                    confirm_s * 1e6 / messages, ranges / rounds, wall * 1e3 / rounds)
+                    confirm_s * 1e6 / messages, ranges / rounds, wall * 1e3 / rounds,
+                    commit_s * 1e3 / max(1, commits))
 
 
 def main(argv: list[str] | None = None) -> int:
