@@ -1045,6 +1045,8 @@ class Partition:
         except Exception:
             log.warning("partition %d: updating the PUT log's handle failed; the next commit retries it",
                         self.index, exc_info=True)
+        # The next commit's files, created now rather than on its ACK path.
+        self._puts.reserve()
 
     def _count_puts(self, singles: list[PendingPut], bulks: list[PendingColumns]) -> None:
         """Each queue's committed messages (`QueueState.puts`), and PUT->ACK

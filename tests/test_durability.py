@@ -9,6 +9,7 @@ import datetime as dt
 import glob
 import json
 import os
+import time
 
 import pyarrow as pa
 import pytest
@@ -103,6 +104,30 @@ def test_data_then_its_directory_then_the_commit_then_the_log_directory_are_fsyn
     assert os.path.dirname(temp) == log_dir and os.path.basename(temp).startswith(".taproot-")
     assert not os.path.exists(temp) and os.path.exists(os.path.join(log_dir, f"{version:020d}.json"))
     assert not glob.glob(os.path.join(log_dir, ".taproot-*"))
+
+
+def test_a_commit_into_reserved_files_keeps_the_order_and_leaves_no_file_behind(tmp_path, monkeypatch):
+    """`Appender.reserve` makes the next commit's data file and temp file
+    ahead of it: the commit writes into those two, fsyncs in the same
+    order, and leaves neither the temp nor an unused data file."""
+    root = str(tmp_path / "puts")
+    appender = deltars.Appender(root, tables.PUTS_SCHEMA)
+    appender.append(puts())
+    appender.reserve()
+    deadline = time.monotonic() + 10
+    while appender._reserved is None:       # made by the appender's reserve thread
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    data_name, temp, _ = appender._reserved
+    assert os.path.getsize(os.path.join(root, data_name)) == 0 and os.path.getsize(temp) == 0
+    calls = fsynced_paths(monkeypatch)
+    version = appender.append(puts())
+    assert last_add(root)["path"] == data_name and os.path.getsize(os.path.join(root, data_name)) > 0
+    log_dir = os.path.join(root, "_delta_log")
+    assert calls == [os.path.join(root, data_name), root, temp, log_dir]
+    assert not os.path.exists(temp) and os.path.exists(os.path.join(log_dir, f"{version:020d}.json"))
+    assert not glob.glob(os.path.join(log_dir, ".taproot-*"))
+    assert deltars.try_open(root).to_pyarrow_table().num_rows == 2 * puts().num_rows
 
 
 def test_through_delta_rs_the_same_order_is_kept(tmp_path, monkeypatch):

@@ -264,6 +264,57 @@ def test_a_commit_whose_temp_file_a_new_primary_removed_after_the_link_stands(tm
     assert xs(path) == [7]
 
 
+def reserve(appender: deltars.Appender) -> tuple[str, str, float]:
+    """`Appender.reserve`, then its thread's files."""
+    appender.reserve()
+    deadline = time.monotonic() + 10
+    while appender._reserved is None:
+        assert time.monotonic() < deadline, "the reserve thread made no files in 10 s"
+        time.sleep(0.005)
+    return appender._reserved
+
+
+def test_reserved_files_are_used_once_and_never_when_old_removed_or_closed(tmp_path, monkeypatch):
+    """The files `reserve` makes for the next commit: used by it, not by
+    the one after; a reservation older than RESERVED_MAX_AGE_S is removed,
+    not written (vacuum may take a stray that old); a temp file a new
+    primary removed as a leftover is made again; `close` removes them."""
+    path = str(tmp_path / "puts")
+    appender = deltars.Appender(path, SCHEMA)
+    log_dir = os.path.join(path, "_delta_log")
+
+    def parquet_files() -> set[str]:
+        return {n for n in os.listdir(path) if n.endswith(".parquet")}
+
+    def temps() -> list[str]:
+        return glob.glob(os.path.join(log_dir, ".taproot-*"))
+
+    reserve(appender)
+    reserve(appender)                        # one reservation at a time
+    assert len(temps()) == 1 and len(parquet_files()) == 1
+    (data, _temp, _) = appender._reserved
+    assert appender.append(rows(1)) == 1 and actions(path, 1)[1]["add"]["path"] == data
+    assert appender.append(rows(2)) == 2 and actions(path, 2)[1]["add"]["path"] != data
+    assert not temps() and len(parquet_files()) == 2
+
+    (old, _temp, _) = reserve(appender)
+    monkeypatch.setattr(deltars, "RESERVED_MAX_AGE_S", 0.0)
+    time.sleep(0.01)
+    assert appender.append(rows(3)) == 3
+    assert actions(path, 3)[1]["add"]["path"] != old and old not in parquet_files() and not temps()
+    monkeypatch.setattr(deltars, "RESERVED_MAX_AGE_S", 60.0)
+
+    reserve(appender)
+    deltars.LocalLog.remove_leftovers(path)   # a new primary's open took the reserved temp
+    assert not temps()
+    assert appender.append(rows(4)) == 4 and not temps()
+
+    (unused, _temp, _) = reserve(appender)
+    appender.close()
+    assert unused not in parquet_files() and not temps()
+    assert xs(path) == [1, 2, 3, 4] and len(parquet_files()) == 4
+
+
 def test_a_compaction_whose_input_another_writer_removed_first_is_refused(tmp_path):
     """A compaction's commit through the log removes its inputs: if another
     commit removed one of them first (retention, another compaction), it is
