@@ -866,7 +866,8 @@ class Appender:
     every `delta.checkpointInterval` commits, in `settle`, or by a
     `Checkpointer` thread with `background_checkpoints` (the primary's
     tables). On an object store (or a table whose protocol `LocalLog` does
-    not write) delta-rs commits, through the one handle."""
+    not write) delta-rs commits, through the one handle. After a commit is
+    answered, `reserve` has a thread make the next one's files (`_reserved`)."""
 
     def __init__(self, path: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
                  epoch: int | None = None, durable: bool = True, checkpoints: bool = True,
