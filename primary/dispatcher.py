@@ -447,7 +447,7 @@ class QueueDispatcher:
                 guid = run.guids[i]
                 size = run.sizes[i]
             else:
-                guid, size = held.guid, len(held.payload)
+                guid, size = held.guid, held.size
             if guids is not None:
                 if guids[n] and guids[n] != guid:
                     continue   # not the message held for this seq: it stays held

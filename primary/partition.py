@@ -470,20 +470,8 @@ class _SpanFrame:
         queue and with its seq."""
         self._flush_singles()
         self.parts.append(push_run_table(_run_columns(rows, seqs), 1))
-        # `_extend` of each row, in this loop (a row or two of each of
-        # thousands of queues: a call a row was a fifth of the frame's cost).
-        ids, starts, counts, next_seq = self.queue_ids, self.starts, self.counts, self._next_seq
-        last = ids[-1] if ids else None
         for queue_id, seq in zip(queue_ids, seqs):
-            if seq == next_seq and queue_id == last:
-                counts[-1] += 1
-            else:
-                ids.append(queue_id)
-                starts.append(seq)
-                counts.append(1)
-                last = queue_id
-            next_seq = seq + 1
-        self._next_seq = next_seq
+            self._extend(queue_id, seq, 1)
         self.rows += len(seqs)
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
@@ -1526,8 +1514,8 @@ class Partition:
         rest: Targets = {}
         now_us = wall_time_us()
         for f in fresh:
-            taken, keys, left = take_fresh([state.dispatchers.get(app) or state.dispatcher(app)
-                                            for state, app in f.targets], f.messages, now_us, spilled)
+            taken, keys, left = take_fresh([state.dispatcher(app) for state, app in f.targets], f.messages, now_us,
+                                           spilled)
             if taken:
                 pushes.append((None, SharedPush(f.frame, [f.rows[n] for n in taken], [f.messages[n] for n in taken],
                                                 keys)))

@@ -141,7 +141,8 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
             gc_tuning.settle_for_serving()   # as a serving node does
             for n in range(WARM_UP_ROUNDS):
                 one_round(n * rows * frames)
-            committer = node.partitions[0].put_committer
+            partition = node.partitions[0]
+            committer = partition.put_committer
             cpu0, wall0 = time.process_time(), time.perf_counter()
             commits0, commit_s0 = committer.seconds.count, committer.seconds.sum
             put_s = confirm_s = 0.0
@@ -151,7 +152,6 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
                 put_s, confirm_s, ranges = put_s + p, confirm_s + c, ranges + r
             wall = time.perf_counter() - wall0
             commits, commit_s = committer.seconds.count - commits0, committer.seconds.sum - commit_s0
-            partition = node.partitions[0]
             while not partition.confirm_committer.idle:
                 time.sleep(0.005)
             cpu = time.process_time() - cpu0
