@@ -294,9 +294,11 @@ def write_data_file(root: str, batch: pa.Table, durable: bool = True, name: str 
 
 def reserve_data_file(root: str) -> str:
     """Create an empty data file in the local table `root` and return its
-    name, for a `write_data_file` to come: on a busy disk a file's creation
-    waits for the journal (0.5-0.6 ms a create in the node, strace), and a
-    reserved file moves that wait off the commit's path. An unused one is a
+    name, for a `write_data_file` to come: a file's creation can be slow
+    (on ext4 without a journal, for about 40 s after many deletes, it scans
+    past the inodes just freed: 0.4-1.1 ms a create against 23-43 us,
+    `taproot_ops/bench/settling.py`), and a reserved file moves that cost
+    off the commit's path. An unused one is a
     stray that no commit names (vacuum removes those past its age bound)."""
     name = data_file_name()
     os.close(os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
@@ -935,11 +937,10 @@ class Appender:
     def reserve(self) -> None:
         """Have the next commit's data file and commit temp file made, empty,
         by a thread of the appender's own (a local log's table only): a
-        file's creation waits for the file system's journal while a sync is
-        under way (0.5-0.6 ms a create in the node, twice a commit, strace),
-        and the commit thread then takes files already made instead. Called
-        after a commit is answered; it never waits. A failure leaves nothing
-        reserved: the commit creates its files itself."""
+        file's creation can cost a millisecond (`reserve_data_file`), twice
+        a commit, and the commit thread then takes files already made
+        instead. Called after a commit is answered; it never waits. A
+        failure leaves nothing reserved: the commit creates its files itself."""
         if self.log is None:
             return
         if self._reserver is None:

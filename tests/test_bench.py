@@ -4,6 +4,7 @@ a short real run through the proxy (integration)."""
 from __future__ import annotations
 
 import argparse
+import os
 from array import array
 
 import pytest
@@ -119,7 +120,8 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("x")
     run = subprocess.run([sys.executable, "-m", "taproot_ops.cli", "bench", "--scenario", "priority-1q",
-                          "--duration", "1", "--data-dir", str(not_a_dir)], capture_output=True, text=True, timeout=120)
+                          "--duration", "1", "--data-dir", str(not_a_dir)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})   # no other run's tidy to wait out
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert f"data directory {not_a_dir} cannot be used" in run.stderr and "Not a directory" in run.stderr
     assert "logs are in" not in run.stdout      # no pointer to logs that cannot exist

@@ -26,7 +26,6 @@ import multiprocessing as mp
 import os
 import platform
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Callable
 import conf
 from taproot_ops.bench.report import fmt_ms, plot
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
+from taproot_ops.bench.settling import settle, tidy
 
 
 def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
@@ -308,6 +308,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
+    settle(args.data_dir or str(work))
     tls, auth = getattr(args, "tls", False), getattr(args, "auth", False)
     object_store = getattr(args, "object_store", False)
     data_dir = f"s3://{OBJECT_STORE_BUCKET}/bench" if object_store else args.data_dir or str(work / "data")
@@ -449,6 +450,7 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
     from taproot_ops.embedded import EmbeddedCluster
 
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
+    settle(args.data_dir or str(work))
     data_root = Path(args.data_dir) if args.data_dir else work / "data"
     results: list[dict[str, Any]] = []
     try:
@@ -479,7 +481,7 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
 def _tidy(work: Path, results: list[dict[str, Any]], logs: str) -> None:
     """The bench's temp dir goes unless something failed: then its logs are what to read."""
     if results and not any(sum(r["failed"].values()) for r in results):
-        shutil.rmtree(work, ignore_errors=True)
+        tidy(work)
     else:
         print(f"kept {work}" + (f" ({logs})" if logs else ""), flush=True)
 

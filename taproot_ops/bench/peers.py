@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from taproot_ops.bench.settling import settle, tidy
 from taproot_ops.embedded import free_port
 
 PACKAGES = {"rabbitmq": ("rabbitmq-server", "rabbitmq-server"), "nats": ("nats-server", "nats-server")}
@@ -91,6 +92,7 @@ def server(system: str) -> Iterator[str]:
     """Start `system` on loopback; yield its address."""
     ensure_installed(system)
     work = Path(tempfile.mkdtemp(prefix=f"taproot-bench-{system}-"))
+    settle(str(work))
     port = free_port()
     log = work / "server.log"
     if system == "nats":
@@ -130,4 +132,4 @@ def server(system: str) -> Iterator[str]:
         if system == "rabbitmq":  # the broker's epmd (on its own port) outlives it
             subprocess.run(["epmd", "-kill"], env=env, check=False, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
-        shutil.rmtree(work, ignore_errors=True)
+        tidy(work)
