@@ -53,9 +53,15 @@ def marked(tmp_path, monkeypatch):
 
 @pytest.mark.unit
 def test_settle_waits_the_rest_of_the_window_after_a_tidy(tmp_path, marked):
+    small = tmp_path / "short-run"
+    small.mkdir()
+    (small / "f").write_text("x")
+    settle_mod.tidy(small)
+    assert not small.exists() and not marked.exists()   # a few files deleted: nothing to wait for
     work = tmp_path / "run"
     (work / "data").mkdir(parents=True)
-    (work / "data" / "f").write_text("x")
+    for i in range(settle_mod.TIDY_MIN_FILES):
+        (work / "data" / f"f{i}").write_bytes(b"")
     settle_mod.tidy(work)
     assert not work.exists() and marked.exists()
     tidied_at = marked.stat().st_mtime
