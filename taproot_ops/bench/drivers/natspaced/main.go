@@ -74,6 +74,8 @@ func main() {
 	}
 }
 
+const minSleepNs = int64(time.Millisecond)
+
 func run(url, stream string, rate, seconds, warmup float64, size, inflight int) error {
 	warm := int64(math.Round(rate * warmup))
 	total := warm + int64(math.Round(rate*seconds))
@@ -148,7 +150,9 @@ func run(url, stream string, rate, seconds, warmup float64, size, inflight int) 
 	begin := since()
 	var start int64
 	for i := int64(0); i < total; i++ {
-		if wait := begin + int64(float64(i)*period) - since(); wait > 0 {
+		// Sleep only once a millisecond ahead, as the Python drivers and
+		// Kafka's ThroughputThrottler do, not before every message.
+		if wait := begin + int64(float64(i)*period) - since(); wait >= minSleepNs {
 			time.Sleep(time.Duration(wait))
 		}
 		if i == warm {
