@@ -298,8 +298,8 @@ def reserve_data_file(root: str) -> str:
     (on ext4 without a journal, for about 40 s after many deletes, it scans
     past the inodes just freed: 0.4-1.1 ms a create against 23-43 us,
     `taproot_ops/bench/settling.py`), and a reserved file moves that cost
-    off the commit's path. An unused one is a
-    stray that no commit names (vacuum removes those past its age bound)."""
+    off the commit's path. An unused one is a stray that no commit names
+    (vacuum removes those past its age bound)."""
     name = data_file_name()
     os.close(os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     return name
