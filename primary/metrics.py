@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from primary.partition import Partition
 
 MAX_QUEUE_SERIES = 1000
+# Where a committed PUT's PUT->ACK goes, at the node (`NodeMetrics.observe_put_ack`).
+PUT_ACK_PHASES = ("to_node", "group", "commit")
 
 
 class NodeMetrics:
@@ -28,10 +30,30 @@ class NodeMetrics:
     def __init__(self, max_queue_series: int = MAX_QUEUE_SERIES) -> None:
         self.put_ack = WeightedHistogram(LATENCY_BUCKETS)
         self.put_push = WeightedHistogram(LATENCY_BUCKETS)
+        self.put_ack_phases = {phase: WeightedHistogram(LATENCY_BUCKETS) for phase in PUT_ACK_PHASES}
         self.frames = FrameCounts()
         self.labels = QueueLabels(max_queue_series)
         self.partitions_taken = 0     # leases won and served (the first and every failover to here)
         self.partitions_lost = 0      # stepped down (a lost lease, a newer primary)
+
+    def observe_put_ack(self, put_us: int, arrived_us: int, taken_us: int, acked_us: int, count: int) -> None:
+        """PUT->ACK of `count` committed messages put at `put_us` (the
+        producer's clock), and its three phases, which add up to it:
+        `to_node`, until the node handed them to the group commit (the
+        producer's batching, every hop, the node's reading and admission);
+        `group`, until the commit thread took their group (the linger, a
+        commit before it); `commit`, until their ACK left (the rows, the
+        Parquet file, the log entry, their fsyncs). Without `arrived_us`,
+        the first two phases are one, counted as `group`. A frame's
+        messages are timed from its first one's put, as PUT->ACK is."""
+        total = max(0, acked_us - put_us)
+        commit = min(total, max(0, acked_us - taken_us))
+        to_node = min(total - commit, max(0, arrived_us - put_us)) if arrived_us else 0
+        self.put_ack.observe(total / 1e6, count)
+        phases = self.put_ack_phases
+        phases["to_node"].observe(to_node / 1e6, count)
+        phases["group"].observe((total - commit - to_node) / 1e6, count)
+        phases["commit"].observe(commit / 1e6, count)
 
     def observe_pushes(self, pushes: Sequence[tuple[object, "Pending | SharedPush"]]) -> None:
         """PUT->PUSH of first deliveries, from the producer's put time (its
@@ -145,6 +167,13 @@ def collect(node: "Node") -> Iterator[Metric]:
                                 "time (its clock) to the ACK leaving this node")
     metrics.put_ack.add_to(ack)
     yield ack
+    phases = HistogramMetricFamily("taproot_put_ack_phase_seconds", "taproot_put_ack_seconds in three phases "
+                                   "that add up to it: to_node (the producer's batching, every hop, this node's "
+                                   "reading and admission), group (waiting for the group commit: its linger, the "
+                                   "commit before), commit (until the ACK left)", labels=["phase"])
+    for phase, histogram in metrics.put_ack_phases.items():
+        histogram.add_to(phases, [phase])
+    yield phases
     push = HistogramMetricFamily("taproot_put_push_seconds", "PUT->PUSH of first deliveries: the producer's "
                                  "put time (its clock) to the PUSH leaving this node")
     metrics.put_push.add_to(push)

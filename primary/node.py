@@ -52,6 +52,7 @@ from primary.partition import (
 from primary.quota import DomainQuota
 from protocol import ResultCode, columns, pb, status, wire
 from protocol import seqs as seq_ranges
+from protocol.clock import wall_time_us
 from protocol.stream import Link
 from protocol.uri import QueueUri, partition_of
 from replicas.forwarding import Forwarding
@@ -497,6 +498,7 @@ class Node:
         nacks: list[tuple[Link, pb.AckMessage]] = []
         accepted: dict[Partition, tuple[list[PendingPut], int]] = {}
         broadcasts: dict[int, tuple[OpenHandle, list[StoredMessage]]] = {}
+        arrived_us = wall_time_us()
         for message in batch.messages:
             handle = handles.get(message.queue_id)
             refused: Refusal | None
@@ -522,7 +524,7 @@ class Node:
                                                   code=wire(code), message=text)))
                 continue
             items, nbytes = accepted.setdefault(handle.partition, ([], 0))
-            items.append(PendingPut(link, message.queue_id, handle.state, message))
+            items.append(PendingPut(link, message.queue_id, handle.state, message, arrived_us))
             accepted[handle.partition] = (items, nbytes + len(message.payload))
         for partition, (items, nbytes) in accepted.items():
             if not partition.put_committer.submit(items, nbytes):
@@ -595,7 +597,7 @@ class Node:
             run = push_run(table, [0] * table.num_rows, delivery_count=1)
             handle.partition.route(state, "", lambda d: d.broadcast_run(run))  # to the consumers, then the ACK
             return nack(ResultCode.SUCCESS, "")
-        item = PendingColumns(link, req.queue_id, state, table, guids, refused)
+        item = PendingColumns(link, req.queue_id, state, table, guids, refused, arrived_us=wall_time_us())
         if not handle.partition.put_committer.submit([item], sum(s for r, s in enumerate(sizes) if r not in refused),
                                                      table.num_rows):
             item.unadmit()
@@ -654,7 +656,7 @@ class Node:
             if not runs:
                 return nack(ResultCode.SUCCESS, "")   # every row refused on its own
         partition = next(iter(partitions))
-        item = PendingColumns(link, req.queue_id, runs[0][0], table, guids, refused, runs)
+        item = PendingColumns(link, req.queue_id, runs[0][0], table, guids, refused, runs, wall_time_us())
         if not partition.put_committer.submit([item], nbytes, table.num_rows):
             item.unadmit()
             not_taken = _not_taken(partition)

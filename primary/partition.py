@@ -193,6 +193,7 @@ class PendingPut:
     queue_id: int
     queue: QueueState
     message: pb.PutMessage
+    arrived_us: int = 0    # when the node handed it to the group commit (wall clock; 0: not known)
 
 
 @dataclass
@@ -211,6 +212,7 @@ class PendingColumns:
     guids: bytes
     refused: dict[int, tuple[ResultCode, str]] = field(default_factory=dict)
     row_runs: list[tuple[QueueState, int]] | None = None
+    arrived_us: int = 0    # as `PendingPut.arrived_us`
 
     @property
     def runs(self) -> list[tuple[QueueState, int]]:
@@ -973,6 +975,7 @@ class Partition:
     def _commit_puts(self, items: list[PendingPut | PendingColumns]) -> None:
         """One Delta commit for every PUT of the group (single PUTs and columnar
         batches alike), then the ACKs."""
+        taken_us = wall_time_us()
         build_started = time.perf_counter()
         now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
         singles = [i for i in items if isinstance(i, PendingPut)]
@@ -1012,7 +1015,7 @@ class Partition:
             # The ACKs first: the producers wait for them; the express
             # decisions come next, still before any delivery row is reconciled.
             _answer_puts(singles, bulks, ResultCode.SUCCESS, "")
-            self._count_puts(singles, bulks)
+            self._count_puts(singles, bulks, taken_us)
             for forwarder in self.links:
                 forwarder.notify()
             targets, fresh = self._express(batch, items, now_us)
@@ -1036,23 +1039,25 @@ class Partition:
         # The next commit's files, created now rather than on its ACK path.
         self._puts.reserve()
 
-    def _count_puts(self, singles: list[PendingPut], bulks: list[PendingColumns]) -> None:
+    def _count_puts(self, singles: list[PendingPut], bulks: list[PendingColumns], taken_us: int) -> None:
         """Each queue's committed messages (`QueueState.puts`), and PUT->ACK
-        from the producers' put times (`metrics`), a frame at a time."""
+        from the producers' put times (`metrics`), a frame at a time, with
+        its phases (`NodeMetrics.observe_put_ack`): this group was taken by
+        the commit thread at `taken_us` and is answered now."""
         now_us = wall_time_us()
-        observe = self.metrics.put_ack.observe
+        observe = self.metrics.observe_put_ack
         for state, group in itertools.groupby(singles, key=lambda i: i.queue):
             run = list(group)
             state.puts += len(run)
             if run[0].message.put_time_us:
-                observe(max(0, now_us - run[0].message.put_time_us) / 1e6, len(run))
+                observe(run[0].message.put_time_us, run[0].arrived_us, taken_us, now_us, len(run))
         for b in bulks:
             for state, n in b.runs:
                 state.puts += n
             if PUT_TIME in b.table.column_names and b.table.num_rows:
                 put_us = b.table[PUT_TIME][0].as_py()
                 if put_us:
-                    observe(max(0, now_us - put_us) / 1e6, b.table.num_rows)
+                    observe(put_us, b.arrived_us, taken_us, now_us, b.table.num_rows)
 
     def _put_batch(self, items: list[PendingPut | PendingColumns], now_us: int) -> pa.Table:
         """The PUT-log rows of one group commit, in the order the PUTs came

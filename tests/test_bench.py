@@ -213,6 +213,30 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
 
 @pytest.mark.unit
+def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
+    from taproot_ops.bench.phases import means_ms, totals_of
+
+    def scraped(to_node, group, commit, count):
+        lines = ["# TYPE taproot_put_ack_phase_seconds histogram"]
+        for phase, total in (("to_node", to_node), ("group", group), ("commit", commit)):
+            lines += [f'taproot_put_ack_phase_seconds_bucket{{le="+Inf",phase="{phase}"}} {count}',
+                      f'taproot_put_ack_phase_seconds_count{{phase="{phase}"}} {count}',
+                      f'taproot_put_ack_phase_seconds_sum{{phase="{phase}"}} {total}']
+        return "\n".join(lines) + "\n"
+
+    # Two nodes add up; the run is what moved between the scrapes.
+    before: dict = {}
+    totals_of(scraped(1.0, 2.0, 0.5, 100), before)
+    after: dict = {}
+    totals_of(scraped(1.0, 2.0, 0.5, 100), after)
+    totals_of(scraped(3.0, 4.0, 1.5, 200), after)
+    means = means_ms({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()})
+    assert means == {"to_node": pytest.approx(15.0), "group": pytest.approx(20.0), "commit": pytest.approx(7.5)}
+    # Nothing ACKed in between: no means rather than a division by zero.
+    assert means_ms({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
+
+
+@pytest.mark.unit
 def test_comparison_table_gives_taproot_over_peer_ratios():
     def run(system, produce, ack_p99):
         return {"system": system, "label": "priority 1Q/1P/1C", "produce_msg_s": produce, "consume_msg_s": produce,
@@ -224,15 +248,22 @@ def test_comparison_table_gives_taproot_over_peer_ratios():
 @pytest.mark.integration
 def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     from taproot_ops.bench.cpu import tree_cpu_seconds
+    from taproot_ops.bench.phases import scrape as scrape_phases
     from taproot_ops.bench.runner import run
 
     # Four queues, two per client session: two producer and two consumer sessions.
     scenario = Scenario("test", "priority", queues=4, queues_per_client=2, rate=400, duration_s=2, size=256)
     processes = {name: p.popen.pid for name, p in cluster.processes.items()}
+    nodes = [cluster.metrics_url(name) for name, p in cluster.processes.items() if p.role == "node"]
     result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False,
-                 cpu_probe=lambda: tree_cpu_seconds(processes))
+                 cpu_probe=lambda: tree_cpu_seconds(processes), phase_probe=lambda: scrape_phases(nodes))
     assert result["failed"] == {} and result["posted"] == result["acked"] > 500
     assert set(result["cpu_s"]) == set(processes) and result["cpu_us_per_msg"] > 0
+    # Where PUT->ACK went at the node: the three phases, each a mean over this
+    # run's messages; the node's part is at most what the producers saw.
+    phases = result["put_ack_phases_ms"]
+    assert set(phases) == {"to_node", "group", "commit"} and phases["commit"] > 0
+    assert 0 < sum(phases.values()) <= result["ack_ms"]["max"] and result["ack_mean_ms"] > 0
     assert result["received"] == result["expected_received"] == result["acked"]
     assert 0 < result["ack_ms"]["p50"] <= result["ack_ms"]["max"]
     assert result["push_ms"]["p99"] >= result["ack_ms"]["p50"]  # a PUSH follows its ACK

@@ -40,6 +40,30 @@ def test_a_weighted_histogram_counts_each_observation_with_its_messages():
 
 
 @pytest.mark.unit
+def test_put_ack_is_split_into_phases_that_add_up_to_it():
+    from primary.metrics import NodeMetrics
+
+    m = NodeMetrics()
+    m.observe_put_ack(put_us=1_000_000, arrived_us=1_012_000, taken_us=1_030_000, acked_us=1_037_000, count=5)
+    phases = {p: (h.count, h.sum) for p, h in m.put_ack_phases.items()}
+    assert phases["to_node"] == (5, pytest.approx(5 * 0.012))
+    assert phases["group"] == (5, pytest.approx(5 * 0.018))
+    assert phases["commit"] == (5, pytest.approx(5 * 0.007))
+    assert (m.put_ack.count, m.put_ack.sum) == (5, pytest.approx(5 * 0.037))
+
+    # A producer's clock ahead of the node's: nothing is negative and the
+    # phases still add up to PUT->ACK (here all of it commit time).
+    m = NodeMetrics()
+    m.observe_put_ack(put_us=2_000_000, arrived_us=1_990_000, taken_us=1_995_000, acked_us=2_004_000, count=1)
+    assert [m.put_ack_phases[p].sum for p in ("to_node", "group", "commit")] == [0, 0, pytest.approx(0.004)]
+    assert m.put_ack.sum == pytest.approx(0.004)
+    # No arrival time: the wait before the commit is all `group`.
+    m = NodeMetrics()
+    m.observe_put_ack(put_us=0, arrived_us=0, taken_us=20_000, acked_us=25_000, count=2)
+    assert [m.put_ack_phases[p].sum for p in ("to_node", "group", "commit")] == [
+        0, pytest.approx(0.040), pytest.approx(0.010)]
+
+
 def test_frame_counts_read_acks_by_code_and_messages_from_the_headers():
     counts = FrameCounts()
     counts.observe(pb.Frame(ack=pb.AckBatch(messages=[
@@ -249,6 +273,13 @@ def test_metrics_after_known_traffic_count_it_exactly(cluster):
     assert delta(after, node_before, "taproot_put_ack_seconds_count") == 87
     assert delta(after, node_before, "taproot_put_push_seconds_count") == 87
     assert value(after, "taproot_put_ack_seconds_bucket", le="+Inf") == value(after, "taproot_put_ack_seconds_count")
+    phases = ("to_node", "group", "commit")
+    for phase in phases:
+        assert delta(after, node_before, "taproot_put_ack_phase_seconds_count", phase=phase) == 87
+    # The phases add up to PUT->ACK, and the producer's put went through all three.
+    assert sum(delta(after, node_before, "taproot_put_ack_phase_seconds_sum", phase=p) for p in phases) == \
+        pytest.approx(delta(after, node_before, "taproot_put_ack_seconds_sum"), rel=1e-6)
+    assert delta(after, node_before, "taproot_put_ack_phase_seconds_sum", phase="commit") > 0
     assert delta(after, node_before, "taproot_group_commit_messages_sum", partition="0", log="puts") == 87
     assert value(after, "taproot_group_commit_seconds_count", partition="0", log="puts") >= 1
     assert value(after, "taproot_partition_epoch", partition="0") >= 1

@@ -99,6 +99,10 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
     return cluster_file
 
 
+# `taproot_put_ack_phase_seconds`'s phases, as the bench prints them.
+PHASE_NAMES = {"to_node": "to the node", "group": "waiting for its group commit", "commit": "commit"}
+
+
 def print_result(r: dict[str, Any]) -> None:
     failed = sum(r["failed"].values())
     print(f"{r['system']:>8} {r['label']}: produce {r['produce_msg_s']:,.0f} msg/s, consume "
@@ -106,6 +110,13 @@ def print_result(r: dict[str, Any]) -> None:
           f"received {r['received']:,} of {r['expected_received']:,}")
     print(f"         PUT->ACK  {fmt_ms(r['ack_ms'])}")
     print(f"         PUT->PUSH {fmt_ms(r['push_ms'])}", flush=True)
+    phases = r.get("put_ack_phases_ms")
+    if phases:
+        print("         PUT->ACK at the nodes, mean ms: " + ", ".join(
+            f"{PHASE_NAMES.get(phase, phase)} {ms:,.1f}" for phase, ms in phases.items())
+            + f" (together {sum(phases.values()):,.1f}"
+            + (f"; the producers saw {r['ack_mean_ms']:,.1f} on average)"
+               if r.get("ack_mean_ms") is not None else ")"), flush=True)
     if r.get("apps"):
         print("         per app (received/expected, not matching its subscription, duplicates): " + ", ".join(
             f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']}, {e['duplicates']})"
@@ -142,7 +153,7 @@ def print_result(r: dict[str, Any]) -> None:
 def run_system(system: str, address: str, scenarios: list[Scenario], args: argparse.Namespace,
                out_dir: Path | None,
                cpu_probe: Any = None, memory_probe: Any = None, cluster: Any = None,
-               consumer_address: str | None = None) -> list[dict[str, Any]]:
+               consumer_address: str | None = None, phase_probe: Any = None) -> list[dict[str, Any]]:
     """Each scenario on one system. With `cluster` (Taproot's embedded one),
     also the authority's lag and disagreements, from its tables."""
     from taproot_ops.bench.runner import run
@@ -155,7 +166,7 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
                      (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe,
-                     consumer_address=consumer_address)
+                     consumer_address=consumer_address, phase_probe=phase_probe)
         if cluster is not None and scenario.mode != "broadcast":
             from taproot_ops.bench.authority import authority_lag
             from taproot_ops.bench.taproot_driver import domain_name
@@ -330,6 +341,9 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             os.environ.update(cluster.client_env())
             _warm_up(cluster.client_address, scenarios, args)
             from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+            from taproot_ops.bench.phases import scrape as scrape_phases
+            node_urls = [cluster.metrics_url(name) for name, p in cluster.processes.items()
+                         if p.role == "node" and name in cluster.http_ports]
 
             def pids() -> dict[str, int]:
                 return {**{name: p.popen.pid for name, p in cluster.processes.items()}, **engine_pids}
@@ -337,7 +351,8 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             with SqlLoad(cluster.connect_url, getattr(args, "sql_every", 0.0), cluster.connect_token) as sql:
                 results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
                                      lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()),
-                                     cluster if with_pipeline else None)
+                                     cluster if with_pipeline else None,
+                                     phase_probe=lambda: scrape_phases(node_urls))
             for r in results:
                 r["pipeline"] = with_pipeline
             if sql.times_s:
@@ -465,6 +480,10 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
             with EmbeddedCluster(str(london_conf), str(data_root / "london"), ephemeral_ports=True) as london:
                 _warm_up(london.client_address, scenarios, args, consumer_address=paris.client_address)
                 from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+                from taproot_ops.bench.phases import scrape as scrape_phases
+                # The producers' PUTs are ACKed by london's nodes.
+                node_urls = [london.metrics_url(name) for name, p in london.processes.items()
+                             if p.role == "node" and name in london.http_ports]
 
                 def pids() -> dict[str, int]:
                     return {f"{side}-{name}": p.popen.pid for side, c in (("london", london), ("paris", paris))
@@ -472,7 +491,8 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
 
                 results = run_system("taproot", london.client_address, scenarios, args, out_dir,
                                      lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), london,
-                                     consumer_address=paris.client_address)
+                                     consumer_address=paris.client_address,
+                                     phase_probe=lambda: scrape_phases(node_urls))
                 return results
     finally:
         _tidy(work, results, f"the clusters' logs are in {data_root}/*/logs")

@@ -90,6 +90,9 @@ def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int
         "produce_msg_s": sustained_rate(acks.times),
         "consume_msg_s": sustained_rate(pushes.times),
         "ack_ms": percentiles(acks.latency_ms),
+        # Beside the nodes' mean phases (`put_ack_phases_ms`), which time a
+        # frame's messages from its first one's put.
+        "ack_mean_ms": float(np.mean(acks.latency_ms)) if len(acks.latency_ms) else None,
         "push_ms": percentiles(pushes.latency_ms),
         "series": {"ack": time_series(acks, start_s), "push": time_series(pushes, start_s)},
         # Per minute: does a long run hold its latency from the first minute to the last?

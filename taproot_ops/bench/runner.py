@@ -199,12 +199,16 @@ def _spread(items: list[Any], parts: int) -> list[list[Any]]:
 def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drain_idle_s: float = 30.0,
         progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None,
         memory_probe: Callable[[], dict[str, float]] | None = None,
-        consumer_address: str | None = None) -> dict[str, Any]:
+        consumer_address: str | None = None,
+        phase_probe: "Callable[[], dict[str, tuple[float, float]]] | None" = None) -> dict[str, Any]:
     """One scenario. `cpu_probe` gives the server processes' CPU seconds so
     far (by name); with it the result has each one's CPU time over the run
     and the CPU cost per message. `memory_probe` gives their resident MiB,
     sampled every second into `rss_mb`. `consumer_address`: where consumers
-    connect, when not where producers do (a federation scenario)."""
+    connect, when not where producers do (a federation scenario).
+    `phase_probe` gives the nodes' PUT->ACK phases so far
+    (`taproot_ops.bench.phases`): their means over the run go to
+    `put_ack_phases_ms`."""
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
@@ -242,6 +246,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         start = time.time() + 1.0  # producers connect meanwhile
         cpu_before = cpu_probe() if cpu_probe else {}
         cpu_after: dict[str, float] = {}
+        phases_before = phase_probe() if phase_probe else {}
+        phases_after: dict[str, tuple[float, float]] = {}
         shared.start_at.value = start
         acks, pushes, posted = Samples(), Samples(), 0
         failed: dict[str, int] = {}
@@ -260,6 +266,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             if cpu_probe and not cpu_after and shared.producers_done.is_set() and \
                     shared.progress[1] >= sum(per_queue) * scenario.copies:
                 cpu_after = cpu_probe()  # everything delivered: before the clients close their queues
+                phases_after = phase_probe() if phase_probe else {}
             if progress and time.monotonic() - last_print >= 1.0:
                 _print_progress(scenario, start, shared)
                 last_print = time.monotonic()
@@ -296,6 +303,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                         entry[key] += seen[key]
         if cpu_probe and not cpu_after:
             cpu_after = cpu_probe()
+        if phase_probe and not phases_after:
+            phases_after = phase_probe()
         if progress:
             _print_progress(scenario, start, shared)
             sys.stderr.write("\n")
@@ -314,6 +323,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         result["apps"] = {f"app{a}": apps[a] for a in sorted(apps)}
         result["expected_received"] = sum(e["expected"] for e in apps.values())
     result["start_s"] = start
+    if phase_probe:
+        from taproot_ops.bench.phases import means_ms
+        result["put_ack_phases_ms"] = means_ms(phases_before, phases_after)
     if memory_probe:
         result["rss_mb"] = rss
     if cpu_probe:

@@ -1,0 +1,52 @@
+"""Where a run's PUT->ACK went at the nodes: the means of
+`taproot_put_ack_phase_seconds` (`primary.metrics.NodeMetrics.observe_put_ack`)
+over the run, from the nodes' own metrics, scraped before and after it."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+FAMILY = "taproot_put_ack_phase_seconds"
+Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
+
+
+def scrape(urls: Sequence[str], timeout_s: float = 5.0) -> Totals:
+    """Each phase's sum and count, added over the nodes at `urls`. A node that
+    does not answer counts nothing (the bench still prints what it has)."""
+    totals: dict[str, list[float]] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                text = response.read().decode()
+        except OSError:
+            continue
+        totals_of(text, totals)
+    return {phase: (t[0], t[1]) for phase, t in totals.items()}
+
+
+def totals_of(text: str, into: dict[str, list[float]]) -> None:
+    for family in text_string_to_metric_families(text):
+        if family.name != FAMILY:
+            continue
+        for sample in family.samples:
+            phase = sample.labels.get("phase")
+            if phase is None:
+                continue
+            if sample.name == FAMILY + "_sum":
+                into.setdefault(phase, [0.0, 0.0])[0] += sample.value
+            elif sample.name == FAMILY + "_count":
+                into.setdefault(phase, [0.0, 0.0])[1] += sample.value
+
+
+def means_ms(before: Totals, after: Totals) -> dict[str, float]:
+    """Each phase's mean over the messages ACKed between the two scrapes, in
+    ms; empty when none was."""
+    means = {}
+    for phase, (total, count) in after.items():
+        total0, count0 = before.get(phase, (0.0, 0.0))
+        if count > count0:
+            means[phase] = (total - total0) * 1000 / (count - count0)
+    return means
