@@ -22,7 +22,13 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # on 2 cores (`storage.spark.JVM_OPTIONS_ENV`); and with this machine's
 # class-data archive of a Spark driver's classes where `make test` made one
 # (`taproot_ops.jvm_archive`: 3 s less CPU per JVM start). `make run`'s test clears it.
-os.environ.setdefault("TAPROOT_JVM_OPTIONS", f"-XX:TieredStopAtLevel=1 {jvm_archive.archive_options()}".strip())
+# C1 alone gets the 48 MB code cache of a JVM without tiers, and the shared
+# cluster's pipeline lives the whole session: once (CI, 2026-12-03) it filled
+# that in 62 s ("CodeCache is full. Compiler has been disabled"), its tasks
+# failed on method-handle intrinsics that no longer fit, and 16 tests that
+# waited for its delivery rows timed out. The tiered default, 240 MB, instead.
+os.environ.setdefault("TAPROOT_JVM_OPTIONS", f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m "
+                                             f"{jvm_archive.archive_options()}".strip())
 # PySpark logs each failed query's whole plan as one JSON line; the exception says it all.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 

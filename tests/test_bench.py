@@ -248,13 +248,14 @@ def test_comparison_table_gives_taproot_over_peer_ratios():
 @pytest.mark.integration
 def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     from taproot_ops.bench.cpu import tree_cpu_seconds
+    from taproot_ops.bench.phases import node_urls
     from taproot_ops.bench.phases import scrape as scrape_phases
     from taproot_ops.bench.runner import run
 
     # Four queues, two per client session: two producer and two consumer sessions.
     scenario = Scenario("test", "priority", queues=4, queues_per_client=2, rate=400, duration_s=2, size=256)
     processes = {name: p.popen.pid for name, p in cluster.processes.items()}
-    nodes = [cluster.metrics_url(name) for name, p in cluster.processes.items() if p.role == "node"]
+    nodes = node_urls(cluster)
     result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False,
                  cpu_probe=lambda: tree_cpu_seconds(processes), phase_probe=lambda: scrape_phases(nodes))
     assert result["failed"] == {} and result["posted"] == result["acked"] > 500

@@ -341,9 +341,9 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
             os.environ.update(cluster.client_env())
             _warm_up(cluster.client_address, scenarios, args)
             from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+            from taproot_ops.bench.phases import node_urls
             from taproot_ops.bench.phases import scrape as scrape_phases
-            node_urls = [cluster.metrics_url(name) for name, p in cluster.processes.items()
-                         if p.role == "node" and name in cluster.http_ports]
+            nodes = node_urls(cluster)
 
             def pids() -> dict[str, int]:
                 return {**{name: p.popen.pid for name, p in cluster.processes.items()}, **engine_pids}
@@ -352,7 +352,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
                 results = run_system("taproot", cluster.client_address, scenarios, args, out_dir,
                                      lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()),
                                      cluster if with_pipeline else None,
-                                     phase_probe=lambda: scrape_phases(node_urls))
+                                     phase_probe=lambda: scrape_phases(nodes))
             for r in results:
                 r["pipeline"] = with_pipeline
             if sql.times_s:
@@ -480,10 +480,9 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
             with EmbeddedCluster(str(london_conf), str(data_root / "london"), ephemeral_ports=True) as london:
                 _warm_up(london.client_address, scenarios, args, consumer_address=paris.client_address)
                 from taproot_ops.bench.cpu import tree_cpu_seconds, tree_rss_mb
+                from taproot_ops.bench.phases import node_urls
                 from taproot_ops.bench.phases import scrape as scrape_phases
-                # The producers' PUTs are ACKed by london's nodes.
-                node_urls = [london.metrics_url(name) for name, p in london.processes.items()
-                             if p.role == "node" and name in london.http_ports]
+                nodes = node_urls(london)   # the producers' PUTs are committed and ACKed in london
 
                 def pids() -> dict[str, int]:
                     return {f"{side}-{name}": p.popen.pid for side, c in (("london", london), ("paris", paris))
@@ -492,7 +491,7 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
                 results = run_system("taproot", london.client_address, scenarios, args, out_dir,
                                      lambda: tree_cpu_seconds(pids()), lambda: tree_rss_mb(pids()), london,
                                      consumer_address=paris.client_address,
-                                     phase_probe=lambda: scrape_phases(node_urls))
+                                     phase_probe=lambda: scrape_phases(nodes))
                 return results
     finally:
         _tidy(work, results, f"the clusters' logs are in {data_root}/*/logs")

@@ -5,12 +5,18 @@ over the run, from the nodes' own metrics, scraped before and after it."""
 from __future__ import annotations
 
 import urllib.request
-from typing import Sequence
+from typing import Any, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
 FAMILY = "taproot_put_ack_phase_seconds"
 Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
+
+
+def node_urls(cluster: Any) -> list[str]:
+    """The metrics URLs of an embedded cluster's nodes (those serving one)."""
+    return [cluster.metrics_url(name) for name, p in cluster.processes.items()
+            if p.role == "node" and name in cluster.http_ports]
 
 
 def scrape(urls: Sequence[str], timeout_s: float = 5.0) -> Totals:
