@@ -977,7 +977,7 @@ class Partition:
         batches alike), then the ACKs."""
         taken_us = wall_time_us()
         build_started = time.perf_counter()
-        now_us = self._last_put_us = max(wall_time_us(), self._last_put_us)
+        now_us = self._last_put_us = max(taken_us, self._last_put_us)
         singles = [i for i in items if isinstance(i, PendingPut)]
         bulks = [i for i in items if isinstance(i, PendingColumns)]
         next_seq = self._next_seq
