@@ -364,3 +364,43 @@ def test_the_property_columns_are_what_spark_finds_in_the_put_logs(spark, tmp_pa
                                               "odd": "string", "mixed": "string"}
     rows = spark.sql("SELECT seq, n, flag, blob FROM taproot_messages WHERE seq IN (1, 2) ORDER BY seq").collect()
     assert [tuple(r) for r in rows] == [(1, 2, None, None), (2, None, True, b"\x00\x01")]
+
+
+def test_the_views_warm_up_reads_scratch_tables_of_its_own_that_fill_every_view(spark, tmp_path, caplog):
+    """The endpoint's views are warmed up over `write_scratch_tables`, not over
+    the cluster's tables (their size would set its cost): every view has rows
+    from them, and the warm-up's own session leaves the catalog as it was."""
+    import logging
+    import threading
+
+    from pipelines.runner import SharedViews, write_scratch_tables
+
+    write_scratch_tables(str(tmp_path))
+    session = spark.newSession()
+    register_views(session, str(tmp_path), [0])
+    backlog = session.sql("SELECT app_id, delivered, confirmed, dead_lettered, backlog FROM taproot_backlog").collect()
+    assert sorted(map(tuple, backlog)) == [("a", 3, 1, 0, 2), ("b", 3, 0, 1, 2)]
+    for view in ("taproot_messages", "taproot_latency", "taproot_rates", "taproot_disagreements"):
+        assert session.sql(f"SELECT * FROM {view}").count() > 0, view
+    assert session.sql("SELECT k FROM taproot_messages").collect()[0].k == "v"   # a property as a column
+
+    before = {t.name for t in spark.catalog.listTables()}
+    views = SharedViews(spark, None, warm=True)     # reads no config: nothing of a cluster's
+
+    def warm_up_ends():
+        wait_until(lambda: not any(t.name == "taproot-views-warm-up" for t in threading.enumerate()), 120)
+
+    with caplog.at_level(logging.INFO, logger="pipelines.runner"):
+        views._govern_warm_up(10.0)                 # the authority is behind: not yet
+        assert views.warm and views._warming is None
+        views._govern_warm_up(0.0)
+        views._govern_warm_up(10.0)                 # behind again: it gives way, to run later
+        views._govern_warm_up(10.0)
+        warm_up_ends()
+        assert caplog.text.count("gives way to the authority (lag 10.0 s)") == 1, caplog.text
+        assert views.warm and "warmed up" not in caplog.text and "not warmed up" not in caplog.text
+        views._govern_warm_up(1.0)
+        warm_up_ends()
+    assert "Spark Connect views warmed up in" in caplog.text, caplog.text
+    assert not views.warm and "not warmed up" not in caplog.text
+    assert {t.name for t in spark.catalog.listTables()} == before
