@@ -102,25 +102,31 @@ def test_queue_labels_stay_bounded():
 @pytest.mark.unit
 def test_the_pipeline_counts_its_dedup_history_and_the_time_spent_expiring_it(caplog):
     """From each micro-batch's progress: the GUIDs its dedup state holds
-    and the task time spent scanning them for expired ones."""
+    (added less expired, summed over the batches: Spark does not count them,
+    numRowsTotal is 0) and the task time spent scanning them for expired ones."""
     from pipelines.runner import DedupState, PipelineStats, log_progress
 
-    def progress(batch: int, rows: int, removals_ms: int) -> dict:
+    def progress(batch: int, added: int, removed: int, removals_ms: int) -> dict:
         return {"batchId": batch, "numInputRows": 1000, "durationMs": {"triggerExecution": 900, "addBatch": 800},
-                "stateOperators": [{"numRowsTotal": rows // 2, "allRemovalsTimeMs": removals_ms},
-                                   {"numRowsTotal": rows - rows // 2, "allRemovalsTimeMs": 1}]}
+                "stateOperators": [{"numRowsTotal": 0, "numRowsUpdated": added // 2, "numRowsRemoved": removed,
+                                    "allRemovalsTimeMs": removals_ms},
+                                   {"numRowsTotal": 0, "numRowsUpdated": added - added // 2, "numRowsRemoved": 0,
+                                    "allRemovalsTimeMs": 1}]}
 
     class Query:
         name = "taproot-dedup-000"
-        recentProgress = [progress(0, 1000, 40), progress(1, 2001, 250)]
+        recentProgress = [progress(0, 1000, 0, 40), progress(1, 1201, 200, 250)]
 
     assert DedupState.of({"stateOperators": []}) is None
-    assert DedupState.of(progress(1, 2001, 250)) == DedupState(rows=2001, eviction_ms=251)
+    assert DedupState.of(progress(1, 1201, 200, 250)) == DedupState(added=1201, removed=200, eviction_ms=251)
+    # After a restart the query expires GUIDs it did not count: never below none.
+    assert DedupState(added=10, removed=500, eviction_ms=0).held_after(100) == 0
     stats, logged = PipelineStats(), {}
     with caplog.at_level("INFO", logger="pipelines.runner"):
         log_progress(Query(), logged, stats)   # type: ignore[arg-type]
         log_progress(Query(), logged, stats)   # type: ignore[arg-type]  # nothing new: counted once
-    assert "dedup history 2001 GUIDs, expiring them 251 ms" in caplog.text
+    assert "dedup history 1000 GUIDs, +1000 -0, expiring them 41 ms" in caplog.text
+    assert "dedup history 2001 GUIDs, +1201 -200, expiring them 251 ms" in caplog.text
     samples = {(s.name, tuple(s.labels.values())): s.value for family in stats.collect() for s in family.samples}
     assert samples[("taproot_pipeline_dedup_history_guids", ("taproot-dedup-000",))] == 2001
     assert samples[("taproot_pipeline_dedup_eviction_seconds_total", ("taproot-dedup-000",))] == pytest.approx(0.292)

@@ -151,11 +151,12 @@ def history_cost(rows: int, per_commit: int, per_batch: int, size: int,
         try:
             run = _dedup_over_put_log(spark, Path(work), "history", rows, per_commit, size, history_window_ms,
                                       max_files_per_trigger=per_batch // per_commit)
-            batches = []
+            batches, held = [], 0     # one fresh query: its count of the GUIDs held is exact
             for progress in run["query"].recentProgress:
                 state = DedupState.of(progress)
+                held = state.held_after(held) if state else held
                 operators = progress.get("stateOperators") or [{}]
-                batches.append({"rows": progress["numInputRows"], "history": state.rows if state else 0,
+                batches.append({"rows": progress["numInputRows"], "history": held,
                                 "eviction_ms": state.eviction_ms if state else 0,
                                 "updates_ms": sum(int(o.get("allUpdatesTimeMs", 0)) for o in operators),
                                 "batch_ms": progress["durationMs"].get("triggerExecution")})
