@@ -284,8 +284,20 @@ def test_a_bulk_producer_and_batch_consumers_ack_and_deliver_everything(cluster)
     assert result["failed"] == {} and result["posted"] == result["acked"] >= 4_000
     assert result["posted"] % 200 == 0   # whole frames
     assert result["received"] == result["expected_received"] == result["acked"]
-    with pytest.raises(ValueError, match="not broadcast"):
-        Scenario("x", "broadcast", bulk=True)
+
+
+@pytest.mark.integration
+def test_a_bulk_producer_to_a_broadcast_queue_reaches_all_five_batch_consumers(cluster):
+    """`broadcast-5c-bulk`: each bulk frame goes to the five consumers (never
+    committed); every consumer receives every ACKed row."""
+    from taproot_ops.bench.runner import run
+    from taproot_ops.bench.scenarios import TAPROOT_ONLY
+
+    scenario = TAPROOT_ONLY["broadcast-5c-bulk"].with_(rate=4_000, duration_s=2, size=256, batch=200)
+    assert "bulk producers, batch consumers" in scenario.label
+    result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False)
+    assert result["failed"] == {} and result["posted"] == result["acked"] >= 4_000
+    assert result["received"] == result["expected_received"] == 5 * result["acked"]
 
 
 @pytest.mark.integration

@@ -178,6 +178,33 @@ def test_broadcast_late_joiner_gets_only_later_messages_and_nothing_is_stored(cl
     assert post(cluster.proxy_address, uri, [b"void"])[0].exception() is None
 
 
+def test_a_columnar_put_frame_to_a_broadcast_queue_reaches_every_consumer_in_order_and_is_not_stored(cluster):
+    """`post_columns` to a broadcast queue: one frame, ACKed once handed on;
+    each consumer attached gets every row in order, one read per message and
+    one as Arrow batches; nothing is committed."""
+    import pyarrow as pa
+
+    uri = "taproot://bcast/bulk"
+    payloads = [b"c%04d" % i for i in range(500)]
+    with Session([cluster.proxy_address]) as session:
+        one_by_one = session.open_queue(uri, read=True)
+        batches = session.open_queue(uri, read=True)
+        with Session([cluster.proxy_address]) as producer, producer.open_queue(uri, write=True) as queue:
+            guids = queue.post_columns(pa.table({"payload": pa.array(payloads, pa.binary())})).result(timeout=60)
+        assert len(guids) == 500
+        assert [m.payload for m in collect(one_by_one, 500, timeout_s=30)] == payloads
+        got: list[bytes] = []
+        while len(got) < 500:
+            batch = batches.get_columns(1000, timeout_s=30)
+            assert batch is not None, f"{len(got)} of 500 rows arrived"
+            got.extend(batch.table["payload"].to_pylist())
+            assert batch.table["guid"].to_pylist() == guids[len(got) - len(batch):len(got)]
+            batch.confirm()   # a broadcast queue's confirms are not sent; harmless
+        assert got == payloads
+        assert quiet(one_by_one, 1) == [] and batches.get_columns(10, timeout_s=1) is None
+    assert table_rows(PartitionPaths(cluster.data_dir, 0).puts, domain="bcast") == []
+
+
 # -- poison pills, TTL ------------------------------------------------------------------
 def test_message_that_always_crashes_its_consumer_is_dead_lettered_after_3_attempts(cluster):
     uri = "taproot://poison/jobs"

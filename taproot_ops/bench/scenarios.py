@@ -37,8 +37,6 @@ class Scenario:
                 raise ValueError(f"{name} must be at least 1")
         if self.rate < 0 or self.duration_s <= 0:
             raise ValueError("rate must be >= 0 and duration > 0")
-        if self.bulk and self.mode == "broadcast":
-            raise ValueError("columnar PUTs are for stored queues, not broadcast")
         if self.federated and self.mode == "broadcast":
             raise ValueError("broadcast messages are not stored, so no link carries them")
 
@@ -103,6 +101,9 @@ TAPROOT_ONLY: dict[str, Scenario] = {s.name: s for s in (
     Scenario("priority-10q-batch", "priority", 10, 1, 1, bulk=True, batch_consumer=True),
     Scenario("fanout-5c-batch", "fanout", 1, 1, 5, bulk=True, batch_consumer=True),
     Scenario("broadcast-5c-batch", "broadcast", 1, 1, 5, batch_consumer=True),
+    # The same with a bulk producer: each PUT frame of `batch` rows goes to
+    # the five consumers as one PUSH frame each, never committed.
+    Scenario("broadcast-5c-bulk", "broadcast", 1, 1, 5, bulk=True, batch_consumer=True),
     # Federation (docs/federation.md): posted to cluster "london", consumed on
     # cluster "paris"; PUT->PUSH is across the push link.
     Scenario("federation-push", "priority", 1, 1, 1, federated=True),
