@@ -1,4 +1,6 @@
-"""Python's garbage collector in a server process (node, proxy).
+"""Python's garbage collector in a server process (node, proxy), or in an
+application that moves many messages a second (`taproot.tune_gc`, which the
+bench's load generator calls).
 
 With the interpreter's defaults (a young collection every 700 net
 allocations, older generations scanned as their survivors pile up) the node

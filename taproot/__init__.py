@@ -35,6 +35,7 @@ from taproot.errors import (
 )
 
 if TYPE_CHECKING:
+    from protocol.gc_tuning import GcWatch
     from protocol.tls import ClientTls
     from taproot.mirror import MirroredQueue, MirroredSession
     from taproot.session import Ack, Message, Queue, Session
@@ -42,11 +43,32 @@ if TYPE_CHECKING:
 __all__ = [
     "Session", "Queue", "Message", "Ack", "MirroredSession", "MirroredQueue", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
-    "TimeoutError", "UnauthenticatedError", "NotAuthorizedError", "PostError", "AckError", "ClientTls",
+    "TimeoutError", "UnauthenticatedError", "NotAuthorizedError", "PostError", "AckError", "ClientTls", "tune_gc",
 ]
 _LAZY = {"Session": "taproot.session", "Queue": "taproot.session", "Message": "taproot.session",
          "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror",
          "ClientTls": "protocol.tls"}
+
+
+def tune_gc() -> "GcWatch":
+    """Tune Python's garbage collector for a process that posts or consumes
+    many messages a second (what Taproot's node and proxy do for
+    themselves): one full collection, `gc.freeze()` of everything alive
+    (modules, sessions, the application's start-up state: never scanned
+    again), and collection thresholds that let a message's objects die
+    young instead of being rescanned by full collections. Call it once,
+    after start-up (the sessions open). It changes the whole interpreter's
+    collector, which is why the SDK never does it unasked; reference cycles
+    are still collected, later.
+
+    With the interpreter's defaults, a producer posting 30k msg/s one
+    `post()` at a time spent about half its CPU in collections, full ones of
+    about 100 ms each with every thread stopped (`docs/benchmarks.md`,
+    2026-12-04, thirteenth session). Returns a `GcWatch` counting
+    collections from now on (`describe()`)."""
+    from protocol import gc_tuning
+
+    return gc_tuning.settle_for_serving()
 
 
 def __getattr__(name: str) -> Any:

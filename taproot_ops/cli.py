@@ -809,6 +809,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="msg/s over all producers (default 0: max)")
     p.add_argument("--duration", type=float, help="seconds of producing (default 10)")
     p.add_argument("--workers", type=int, default=2, help="processes per role (clients are spread over them)")
+    p.add_argument("--client-gc", choices=["tuned", "default"], default="tuned",
+                   help="the load generator's processes, every system's: tuned (default), the garbage collector "
+                        "frozen and tuned as `taproot.tune_gc` does, before they connect; default, the "
+                        "interpreter's settings (the figures in docs/benchmarks.md before 2026-12-04's thirteenth "
+                        "session)")
     p.add_argument("--drain-idle", type=float, help="consumers stop after this long without a message once "
                                                      "the producers are done (default 60 s Taproot, 10 s peers)")
     p.add_argument("--system", choices=["taproot", "rabbitmq", "nats", "kafka", "nats-native", "rabbitmq-native"],

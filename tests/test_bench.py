@@ -145,6 +145,19 @@ def test_options_the_embedded_cluster_cannot_follow_are_a_clear_error(scenario, 
         bench._run_taproot(scenarios_from(args), args, None)
 
 
+@pytest.mark.unit
+def test_the_load_generators_collector_setting_is_checked():
+    from taproot_ops import cli
+    from taproot_ops.bench.runner import run
+
+    assert cli.build_parser().parse_args(["bench"]).client_gc == "tuned"
+    assert cli.build_parser().parse_args(["bench", "--client-gc", "default"]).client_gc == "default"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--client-gc", "off"])
+    with pytest.raises(ValueError, match="client_gc must be one of tuned, default, not 'off'"):
+        run("taproot", "127.0.0.1:1", Scenario("x"), client_gc="off")
+
+
 def test_payloads_carry_their_send_time():
     payload = payload_factory(1024)()
     assert len(payload) == 1024
@@ -298,6 +311,7 @@ def test_a_bulk_producer_to_a_broadcast_queue_reaches_all_five_batch_consumers(c
     result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False)
     assert result["failed"] == {} and result["posted"] == result["acked"] >= 4_000
     assert result["received"] == result["expected_received"] == 5 * result["acked"]
+    assert result["client_gc"] == "tuned"
 
 
 @pytest.mark.integration

@@ -166,7 +166,8 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
                      (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe,
-                     consumer_address=consumer_address, phase_probe=phase_probe)
+                     consumer_address=consumer_address, phase_probe=phase_probe,
+                     client_gc=getattr(args, "client_gc", "tuned"))
         if cluster is not None and scenario.mode != "broadcast":
             from taproot_ops.bench.authority import authority_lag
             from taproot_ops.bench.taproot_driver import domain_name

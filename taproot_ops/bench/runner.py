@@ -177,10 +177,19 @@ def merge_consumers(pushes: list[Samples]) -> dict[str, Any]:
     return {"pushes": total}
 
 
+CLIENT_GC = ("tuned", "default")
+
+
 def _worker(system: str, role: str, address: str, scenario: Scenario, clients: list[tuple[int, int]],
-            shared: Shared, results: "mp.Queue[Any]") -> None:
+            shared: Shared, results: "mp.Queue[Any]", client_gc: str = "tuned") -> None:
     try:
         driver = importlib.import_module(SYSTEMS[system])
+        if client_gc == "tuned":
+            # As an application moving this many messages would (`taproot.tune_gc`):
+            # with the interpreter's defaults a per-message producer spent
+            # about half its CPU in full collections. Every system's clients alike.
+            from protocol import gc_tuning
+            gc_tuning.settle_for_serving()
         if role == "producer":
             out = driver.run_producers(address, scenario, clients, shared)
         else:
@@ -200,7 +209,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         progress: bool = True, cpu_probe: Callable[[], dict[str, float]] | None = None,
         memory_probe: Callable[[], dict[str, float]] | None = None,
         consumer_address: str | None = None,
-        phase_probe: "Callable[[], dict[str, tuple[float, float]]] | None" = None) -> dict[str, Any]:
+        phase_probe: "Callable[[], dict[str, tuple[float, float]]] | None" = None,
+        client_gc: str = "tuned") -> dict[str, Any]:
     """One scenario. `cpu_probe` gives the server processes' CPU seconds so
     far (by name); with it the result has each one's CPU time over the run
     and the CPU cost per message. `memory_probe` gives their resident MiB,
@@ -208,7 +218,11 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     connect, when not where producers do (a federation scenario).
     `phase_probe` gives the nodes' PUT->ACK phases so far
     (`taproot_ops.bench.phases`): their means over the run go to
-    `put_ack_phases_ms`."""
+    `put_ack_phases_ms`. `client_gc`: "tuned", the load generator's
+    processes tune their garbage collector (`taproot.tune_gc`) before they
+    connect; "default", the interpreter's settings."""
+    if client_gc not in CLIENT_GC:
+        raise ValueError(f"client_gc must be one of {', '.join(CLIENT_GC)}, not {client_gc!r}")
     driver = importlib.import_module(SYSTEMS[system])
     driver.prepare(address, scenario)
     ctx = mp.get_context("spawn")
@@ -220,9 +234,10 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
     procs = [ctx.Process(target=_worker, args=(system, "consumer", consumer_address or address, scenario, group,
-                                               shared, results), daemon=True) for group in _spread(consumers, workers)]
-    procs += [ctx.Process(target=_worker, args=(system, "producer", address, scenario, group, shared, results),
-                          daemon=True) for group in _spread(producers, workers)]
+                                               shared, results, client_gc), daemon=True)
+             for group in _spread(consumers, workers)]
+    procs += [ctx.Process(target=_worker, args=(system, "producer", address, scenario, group, shared, results,
+                                                client_gc), daemon=True) for group in _spread(producers, workers)]
     for p in procs:
         p.start()
     n_consumer_procs = len(_spread(consumers, workers))
@@ -323,6 +338,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         result["apps"] = {f"app{a}": apps[a] for a in sorted(apps)}
         result["expected_received"] = sum(e["expected"] for e in apps.values())
     result["start_s"] = start
+    result["client_gc"] = client_gc
     if phase_probe:
         from taproot_ops.bench.phases import means_ms
         result["put_ack_phases_ms"] = means_ms(phases_before, phases_after)
