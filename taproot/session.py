@@ -148,6 +148,15 @@ class Queue:
         `compression` ("zlib" or "zstd") is a hint: payloads under 1 KiB, and
         payloads it would not shrink, go as they are. The domain's payload
         limit applies to the bytes sent."""
+        if properties is None and compression is None and type(payload) is bytes:
+            # Nothing to convert (most PUTs): the checks of `_wire_put`, inline.
+            if not self.write or self._closed:
+                self._check_writable()
+            limit = self._record.max_payload_bytes
+            if limit and len(payload) > limit:
+                raise errors.PostError(f"payload of {len(payload)} bytes exceeds the domain's "
+                                       f"max_payload_bytes {limit}")
+            return self._session._post(self, payload, [], on_ack, 0)
         wire_payload, wire_properties, codec = self._wire_put(payload, properties, compression)
         return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
 
@@ -714,14 +723,17 @@ class Session:
              compression: int, guid: bytes, wait: bool) -> PutFuture | None:
         """One PUT with its GUID. `wait=False` (a mirrored PUT, `taproot.mirror`):
         None at once, and nothing kept, when it would have waited for room."""
+        nbytes = len(payload)
         message = Put(guid, payload, properties, wall_time_us(), compression)
         with self._lock:
-            if not self._room_locked(len(payload), 1, wait):
+            core = self._core
+            # `_room_locked`, with its first test inline: no PUT is pending,
+            # or there is room (most PUTs), and nothing waits.
+            if core.pending and core.refusal(nbytes) is not None and not self._room_locked(nbytes, 1, wait):
                 return None
             self._check_live()
             future = PutFuture(guid, on_ack)
-            core = self._core
-            refused = core.post(q.queue_id, message, future, self._now_ms())
+            refused = core.post(q.queue_id, message, future, self._clock.now_ms())
             if refused is None:
                 batched = core.batched
                 if batched == 0:   # the batch was full: sealed into frames, which go now

@@ -85,8 +85,21 @@ def test_oversized_payload_is_refused_by_sdk_and_by_the_broker(cluster):
     with Session([cluster.proxy_address]) as session, session.open_queue(URI, write=True) as queue:
         limit = queue.max_payload_bytes
         assert limit > 0
-        with pytest.raises(PostError):
-            queue.post(b"x" * (limit + 1))
+        # The same checks with nothing to convert (exact bytes, post()'s
+        # inline path) and with something (a bytearray, properties).
+        for payload, properties in ((b"x" * (limit + 1), None), (bytearray(limit + 1), None),
+                                    (b"x" * (limit + 1), {"k": 1})):
+            with pytest.raises(PostError, match=f"payload of {limit + 1} bytes exceeds the domain's "
+                                                f"max_payload_bytes {limit}"):
+                queue.post(payload, properties)
+        reader = session.open_queue(URI, read=True)
+        with pytest.raises(PostError, match="is not open for writing"):
+            reader.post(b"fine")
+        reader.close()
+        other = session.open_queue(URI, write=True)
+        other.close()
+        with pytest.raises(PostError, match="is closed"):
+            other.post(b"fine")
         queue._record.max_payload_bytes = 0  # bypass the SDK check: the broker must refuse too
         with pytest.raises(AckError) as exc:
             queue.post(b"x" * (limit + 1)).result(timeout=30)
