@@ -3,12 +3,14 @@ cluster (node, proxy, no pipeline) on a temp dir, and one session in this
 process posting 1 KiB PUTs as fast as its window allows, with an `on_ack`
 callback each.
 
-    .venv/bin/python -m taproot_ops.bench.post_cost [--messages 200000] [--rounds 3]
+    .venv/bin/python -m taproot_ops.bench.post_cost [--messages 200000] [--rounds 3] [--client-gc default]
 
 Prints, per round, the PUTs a second and this process's CPU per PUT (every
 thread: the posting one, the session's receiver and flusher, gRPC's), and
 the posting thread's share. The load generator of `taproot bench
---scenario priority-1q` pays this on the same cores as the servers.
+--scenario priority-1q` pays this on the same cores as the servers; like
+it, this process tunes its collector (`taproot.tune_gc`) after the
+warm-up, unless `--client-gc default`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000, help="PUTs per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", type=int, default=1024, help="payload bytes")
+    parser.add_argument("--client-gc", choices=["tuned", "default"], default="tuned",
+                        help="this process's garbage collector: tuned as `taproot.tune_gc` does (default), or "
+                             "the interpreter's settings")
     args = parser.parse_args(argv)
 
     from taproot.batching import BatchPolicy
@@ -58,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                     return time.perf_counter() - wall0, time.process_time() - cpu0, mine
 
                 one_round(20_000)   # warm-up: connections, pyarrow, the node's first commits
+                if args.client_gc == "tuned":
+                    import taproot
+                    taproot.tune_gc()
                 for r in range(1, args.rounds + 1):
                     wall, cpu, mine = one_round(args.messages)
                     print(f"round {r}: {args.messages / wall:,.0f} PUTs/s; {cpu / args.messages * 1e6:.1f} us of "
