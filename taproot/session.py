@@ -152,10 +152,7 @@ class Queue:
             # Nothing to convert (most PUTs): the checks of `_wire_put`, inline.
             if not self.write or self._closed:
                 self._check_writable()
-            limit = self._record.max_payload_bytes
-            if limit and len(payload) > limit:
-                raise errors.PostError(f"payload of {len(payload)} bytes exceeds the domain's "
-                                       f"max_payload_bytes {limit}")
+            self._check_size(len(payload))
             return self._session._post(self, payload, [], on_ack, 0)
         wire_payload, wire_properties, codec = self._wire_put(payload, properties, compression)
         return self._session._post(self, wire_payload, wire_properties, on_ack, codec)
@@ -171,10 +168,14 @@ class Queue:
             wire_properties = to_wire(properties)
         except ValueError as exc:
             raise errors.PostError(str(exc)) from exc
-        if self.max_payload_bytes and len(wire_payload) > self.max_payload_bytes:
-            raise errors.PostError(f"payload of {len(wire_payload)} bytes exceeds the domain's "
-                                   f"max_payload_bytes {self.max_payload_bytes}")
+        self._check_size(len(wire_payload))
         return wire_payload, wire_properties, codec
+
+    def _check_size(self, nbytes: int) -> None:
+        """The domain's payload limit, on the bytes sent."""
+        limit = self._record.max_payload_bytes
+        if limit and nbytes > limit:
+            raise errors.PostError(f"payload of {nbytes} bytes exceeds the domain's max_payload_bytes {limit}")
 
     def _check_writable(self) -> None:
         if not self.write:
@@ -733,7 +734,7 @@ class Session:
                 return None
             self._check_live()
             future = PutFuture(guid, on_ack)
-            refused = core.post(q.queue_id, message, future, self._clock.now_ms())
+            refused = core.post(q.queue_id, message, future, self._now_ms())
             if refused is None:
                 batched = core.batched
                 if batched == 0:   # the batch was full: sealed into frames, which go now
