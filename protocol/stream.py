@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Mapping, cast
 
 import grpc
 
-from protocol import gc_tuning
+from protocol import gc_tuning, malloc_tuning
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.auth import Authenticator, LinkAuth, admit, presented
@@ -416,9 +416,11 @@ def serve_broker(servicer: object, role: str, host: str, port: int, *, ready_fil
     if on_started is not None:
         on_started(bound)
     # This server is the process (it took the signals): its garbage
-    # collector is tuned for serving (`gc_tuning`); in a test's process
-    # it is left alone.
+    # collector and its C allocator are tuned for serving (`gc_tuning`,
+    # `malloc_tuning`); in a test's process they are left alone.
     gc_watch = gc_tuning.settle_for_serving() if stop_event is None else None
+    if stop_event is None:
+        log.info("%s: %s", role, malloc_tuning.tune().describe())
     write_ready_file(ready_file, port=bound, host=host, **(ready_info or {}))
     # With a timeout: the kernel may deliver SIGTERM to any thread (gRPC's,
     # delta-rs's), and Python runs the handler only when the main thread next

@@ -36,6 +36,7 @@ from taproot.errors import (
 
 if TYPE_CHECKING:
     from protocol.gc_tuning import GcWatch
+    from protocol.malloc_tuning import MallocTuning
     from protocol.tls import ClientTls
     from taproot.mirror import MirroredQueue, MirroredSession
     from taproot.session import Ack, Message, Queue, Session
@@ -44,6 +45,7 @@ __all__ = [
     "Session", "Queue", "Message", "Ack", "MirroredSession", "MirroredQueue", "BatchPolicy", "ResultCode",
     "TaprootError", "ConnectionError", "RequestError", "InvalidArgumentError", "RefusedError",
     "TimeoutError", "UnauthenticatedError", "NotAuthorizedError", "PostError", "AckError", "ClientTls", "tune_gc",
+    "tune_malloc",
 ]
 _LAZY = {"Session": "taproot.session", "Queue": "taproot.session", "Message": "taproot.session",
          "Ack": "taproot.session", "MirroredSession": "taproot.mirror", "MirroredQueue": "taproot.mirror",
@@ -69,6 +71,25 @@ def tune_gc() -> "GcWatch":
     from protocol import gc_tuning
 
     return gc_tuning.settle_for_serving()
+
+
+def tune_malloc() -> "MallocTuning":
+    """Tune the C allocator (glibc's malloc) for a process that posts or
+    consumes frames of a megabyte or more (what Taproot's node and proxy do
+    for themselves): such blocks come from the heap instead of fresh pages
+    mapped from the kernel, and up to 64 MiB of freed heap is kept for the
+    next frame instead of being given back. With glibc's defaults each
+    frame's memory was faulted in and zeroed again: a relay spent about
+    2 ms of CPU in the kernel per 1 MiB frame, against 0.2 ms tuned
+    (`docs/benchmarks.md`, 2026-12-06). It changes the whole process's
+    allocator, which is why the SDK never does it unasked; the price is
+    memory kept after a burst. glibc only (elsewhere, and where the
+    environment sets glibc's `MALLOC_MMAP_THRESHOLD_` or
+    `MALLOC_TRIM_THRESHOLD_`, or `TAPROOT_MALLOC_TUNING=off`, it leaves
+    malloc alone). Returns what it did (`applied`, `describe()`)."""
+    from protocol import malloc_tuning
+
+    return malloc_tuning.tune()
 
 
 def __getattr__(name: str) -> Any:

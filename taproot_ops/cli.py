@@ -814,6 +814,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "frozen and tuned as `taproot.tune_gc` does, before they connect; default, the "
                         "interpreter's settings (the figures in docs/benchmarks.md before 2026-12-04's thirteenth "
                         "session)")
+    p.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
+                   help="the C allocator of every process the bench starts (the embedded cluster's roles and the "
+                        "load generator; with --hosts, the load generator only): tuned (default), as the servers "
+                        "and `taproot.tune_malloc` tune it; default, glibc's own settings "
+                        "(TAPROOT_MALLOC_TUNING=off; the figures in docs/benchmarks.md before 2026-12-06)")
     p.add_argument("--drain-idle", type=float, help="consumers stop after this long without a message once "
                                                      "the producers are done (default 60 s Taproot, 10 s peers)")
     p.add_argument("--system", choices=["taproot", "rabbitmq", "nats", "kafka", "nats-native", "rabbitmq-native"],

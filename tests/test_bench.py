@@ -158,6 +158,23 @@ def test_the_load_generators_collector_setting_is_checked():
         run("taproot", "127.0.0.1:1", Scenario("x"), client_gc="off")
 
 
+@pytest.mark.unit
+def test_malloc_default_switches_the_tuning_off_for_every_process_the_bench_starts(monkeypatch, capsys):
+    from protocol import malloc_tuning
+    from taproot_ops import bench, cli
+
+    monkeypatch.setenv(malloc_tuning.SWITCH, "on")   # and gone again after the test
+    assert cli.build_parser().parse_args(["bench"]).malloc == "tuned"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--malloc", "off"])
+    # A scenario it does not know ends the run before anything starts, after the switch is set.
+    assert bench.main(cli.build_parser().parse_args(["bench", "--scenario", "no-such"])) == 2
+    assert not malloc_tuning.switched_off()
+    assert bench.main(cli.build_parser().parse_args(["bench", "--malloc", "default", "--scenario", "no-such"])) == 2
+    assert os.environ[malloc_tuning.SWITCH] == "off" and malloc_tuning.switched_off()
+    assert "no-such" in capsys.readouterr().err
+
+
 def test_payloads_carry_their_send_time():
     payload = payload_factory(1024)()
     assert len(payload) == 1024
@@ -311,7 +328,7 @@ def test_a_bulk_producer_to_a_broadcast_queue_reaches_all_five_batch_consumers(c
     result = run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False)
     assert result["failed"] == {} and result["posted"] == result["acked"] >= 4_000
     assert result["received"] == result["expected_received"] == 5 * result["acked"]
-    assert result["client_gc"] == "tuned"
+    assert result["client_gc"] == "tuned" and result["malloc"] == "tuned"
 
 
 @pytest.mark.integration

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -640,6 +641,20 @@ def test_a_consumer_that_stops_reading_is_dropped_and_its_messages_go_to_another
         checked.set()
         stop.set()
         server.join(30)
+
+
+def test_every_serving_role_tunes_its_malloc(cluster):
+    """Each node and proxy process tunes its C allocator when it starts serving
+    (`protocol.malloc_tuning`) and says so in its log."""
+    import platform
+
+    logs = sorted((Path(cluster.data_dir) / "logs").glob("*.log"))
+    serving = [log for log in logs if "serving on" in log.read_text(errors="replace")]
+    assert len(serving) >= 2                            # the node and the proxy
+    expected = ("malloc: blocks up to 32 MiB from the heap" if platform.libc_ver()[0] == "glibc"
+                else "malloc left as it is")
+    for log in serving:
+        assert expected in log.read_text(errors="replace"), log.name
 
 
 def test_no_log_line_holds_the_clusters_tokens(cluster):

@@ -206,6 +206,10 @@ def main(args: argparse.Namespace) -> int:
         return int(peer.main([duration_flag, str(args.duration or 20)] + (["--json", args.json] if args.json else [])))
     if getattr(args, "compare", False):
         return _compare_main(args)
+    if getattr(args, "malloc", "tuned") == "default":
+        # Every process started from here on inherits it (`protocol.malloc_tuning`).
+        from protocol import malloc_tuning
+        os.environ[malloc_tuning.SWITCH] = "off"
     try:
         scenarios = scenarios_from(args)
     except ValueError as exc:

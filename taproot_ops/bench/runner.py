@@ -190,6 +190,11 @@ def _worker(system: str, role: str, address: str, scenario: Scenario, clients: l
             # about half its CPU in full collections. Every system's clients alike.
             from protocol import gc_tuning
             gc_tuning.settle_for_serving()
+        # And its C allocator, as `taproot.tune_malloc` does, unless `--malloc
+        # default` set TAPROOT_MALLOC_TUNING=off for every process of the run
+        # (`malloc_tuning`): frames of a megabyte were faulted in afresh each.
+        from protocol import malloc_tuning
+        malloc_tuning.tune()
         if role == "producer":
             out = driver.run_producers(address, scenario, clients, shared)
         else:
@@ -339,6 +344,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         result["expected_received"] = sum(e["expected"] for e in apps.values())
     result["start_s"] = start
     result["client_gc"] = client_gc
+    from protocol import malloc_tuning
+    result["malloc"] = "default" if malloc_tuning.switched_off() else "tuned"
     if phase_probe:
         from taproot_ops.bench.phases import means_ms
         result["put_ack_phases_ms"] = means_ms(phases_before, phases_after)

@@ -1,0 +1,112 @@
+"""The C allocator (glibc's malloc) in a process that moves frames of a
+megabyte or more: a server (node, proxy), or an application that posts or
+consumes many messages a second (`taproot.tune_malloc`, which the bench's
+load generator calls).
+
+With glibc's defaults every such frame cost its process page faults. A
+block of 128 KiB or more is mapped fresh from the kernel (`mmap`), and its
+pages are faulted in and zeroed on first touch; freeing it unmaps them. The
+threshold adapts upwards after the first free, but then the freed memory at
+the top of the heap is returned to the kernel (`trim`, from 128 KiB) and
+the next frame faults it back in. gRPC's receive buffers, protobuf's
+arenas, and the `bytes` of a frame's payload column all come from malloc:
+a relay that reads a 1 MiB PUT frame, rewrites its header and sends it on
+spent about 2 ms of CPU a frame in the kernel, against 0.2 ms with the
+settings below (`python -m taproot_ops.bench.relay_cost --rows 1000`:
+4.20 against 0.45 us a message, `docs/benchmarks.md`, 2026-12-06).
+
+So: blocks up to `MMAP_THRESHOLD` come from the heap, and up to
+`TRIM_THRESHOLD` of free memory at the top of a heap is kept for the next
+frame instead of being given back. The price is memory the process keeps
+after a burst (bounded by those two figures per malloc arena, and in
+practice much less: the proxy's resident set rose about 45 MiB in the
+bench). Set through `mallopt(3)` when the process has started; glibc only.
+A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
+`MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
+`TAPROOT_MALLOC_TUNING=off` leaves glibc's defaults (`taproot bench
+--malloc default` sets it for every process it starts, to compare).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 << 20    # glibc's largest allowed on 64-bit (HEAP_MAX_SIZE / 2)
+TRIM_THRESHOLD = 64 << 20
+ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+SWITCH = "TAPROOT_MALLOC_TUNING"   # off (or 0, false, no): glibc's defaults
+_OFF = ("off", "0", "false", "no")
+_ON = ("", "on", "1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class MallocTuning:
+    """What `tune` did: `applied`, or why not (`reason`)."""
+    applied: bool
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.applied:
+            return (f"malloc: blocks up to {MMAP_THRESHOLD >> 20} MiB from the heap, up to "
+                    f"{TRIM_THRESHOLD >> 20} MiB of free heap kept")
+        return f"malloc left as it is: {self.reason}"
+
+
+_done: MallocTuning | None = None
+
+
+def tune() -> MallocTuning:
+    """Set the thresholds above in this process (once; later calls return
+    the first call's outcome). Never raises: a C library without
+    `mallopt`, or an environment that set its own, leaves malloc alone."""
+    global _done
+    if _done is None:
+        _done = _tune()
+        log.debug("%s", _done.describe())
+    return _done
+
+
+def switched_off() -> bool:
+    """`TAPROOT_MALLOC_TUNING` says off."""
+    return os.environ.get(SWITCH, "").strip().lower() in _OFF
+
+
+def _tune() -> MallocTuning:
+    if switched_off():
+        return MallocTuning(False, f"{SWITCH}={os.environ[SWITCH]}")
+    if os.environ.get(SWITCH, "").strip().lower() not in _ON:
+        # Not a reason to refuse to start: the tuning is a performance
+        # setting, and its default is the safe side.
+        log.warning("%s=%r is neither on nor off (%s); tuning malloc as by default", SWITCH,
+                    os.environ[SWITCH], "/".join(_ON[1:] + _OFF))
+    own = [name for name in ENVIRONMENT if name in os.environ]
+    if own:
+        return MallocTuning(False, f"the environment sets {', '.join(own)}")
+    libc_name, _ = platform.libc_ver()
+    if libc_name != "glibc":
+        return MallocTuning(False, f"the C library is not glibc ({libc_name or 'unknown'})")
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError) as exc:
+        return MallocTuning(False, f"mallopt is not available: {exc}")
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # mallopt returns 1 on success, 0 on error. The mmap threshold first:
+    # setting it also ends glibc's dynamic adjustment of both thresholds.
+    if mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+        return MallocTuning(False, f"mallopt refused an mmap threshold of {MMAP_THRESHOLD}")
+    if mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+        return MallocTuning(False, f"mallopt refused a trim threshold of {TRIM_THRESHOLD}")
+    return MallocTuning(True)
