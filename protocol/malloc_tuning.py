@@ -11,15 +11,15 @@ the top of the heap is returned to the kernel (`trim`, from 128 KiB) and
 the next frame faults it back in. gRPC's receive buffers, protobuf's
 arenas, and the `bytes` of a frame's payload column all come from malloc:
 a relay that reads a 1 MiB PUT frame, rewrites its header and sends it on
-spent about 2 ms of CPU a frame in the kernel, against 0.2 ms with the
-settings below (`python -m taproot_ops.bench.relay_cost --rows 1000`:
-4.20 against 0.45 us a message, `docs/benchmarks.md`, 2026-12-06).
+spent about 2 ms of CPU a frame, most of it in the kernel, against 0.25 ms
+with the settings below (`python -m taproot_ops.bench.relay_cost --rows
+1000`: 4.45 against 0.50 us a message, `docs/benchmarks.md`, 2026-12-06).
 
 So: blocks up to `MMAP_THRESHOLD` come from the heap, and up to
 `TRIM_THRESHOLD` of free memory at the top of a heap is kept for the next
 frame instead of being given back. The price is memory the process keeps
 after a burst (bounded by those two figures per malloc arena, and in
-practice much less: the proxy's resident set rose about 45 MiB in the
+practice much less: the proxy's resident set sat 35-50 MiB higher in the
 bench). Set through `mallopt(3)` when the process has started; glibc only.
 A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
@@ -77,15 +77,20 @@ def tune() -> MallocTuning:
     return _done
 
 
+def _switch() -> str:
+    return os.environ.get(SWITCH, "").strip().lower()
+
+
 def switched_off() -> bool:
     """`TAPROOT_MALLOC_TUNING` says off."""
-    return os.environ.get(SWITCH, "").strip().lower() in _OFF
+    return _switch() in _OFF
 
 
 def _tune() -> MallocTuning:
-    if switched_off():
+    switch = _switch()
+    if switch in _OFF:
         return MallocTuning(False, f"{SWITCH}={os.environ[SWITCH]}")
-    if os.environ.get(SWITCH, "").strip().lower() not in _ON:
+    if switch not in _ON:
         # Not a reason to refuse to start: the tuning is a performance
         # setting, and its default is the safe side.
         log.warning("%s=%r is neither on nor off (%s); tuning malloc as by default", SWITCH,

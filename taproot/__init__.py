@@ -80,7 +80,7 @@ def tune_malloc() -> "MallocTuning":
     mapped from the kernel, and up to 64 MiB of freed heap is kept for the
     next frame instead of being given back. With glibc's defaults each
     frame's memory was faulted in and zeroed again: a relay spent about
-    2 ms of CPU in the kernel per 1 MiB frame, against 0.2 ms tuned
+    2 ms of CPU, most of it the kernel's, per 1 MiB frame, against 0.25 ms tuned
     (`docs/benchmarks.md`, 2026-12-06). It changes the whole process's
     allocator, which is why the SDK never does it unasked; the price is
     memory kept after a burst. glibc only (elsewhere, and where the
