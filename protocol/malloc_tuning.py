@@ -19,7 +19,7 @@ So: blocks up to `MMAP_THRESHOLD` come from the heap, and up to
 `TRIM_THRESHOLD` of free memory at the top of a heap is kept for the next
 frame instead of being given back. The price is memory the process keeps
 after a burst (bounded by those two figures per malloc arena, and in
-practice much less: the proxy's resident set sat 35-50 MiB higher in the
+practice much less: the proxy's resident set sat 50-70 MiB higher in the
 bench). Set through `mallopt(3)` when the process has started; glibc only.
 A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
