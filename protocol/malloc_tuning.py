@@ -18,9 +18,11 @@ with the settings below (`python -m taproot_ops.bench.relay_cost --rows
 So: blocks up to `MMAP_THRESHOLD` come from the heap, and up to
 `TRIM_THRESHOLD` of free memory at the top of a heap is kept for the next
 frame instead of being given back. The price is memory the process keeps
-after a burst (bounded by those two figures per malloc arena, and in
-practice much less: the proxy's resident set sat 50-70 MiB higher in the
-bench). Set through `mallopt(3)` when the process has started; glibc only.
+after a burst: up to `TRIM_THRESHOLD` free at the top of each malloc arena,
+and the large blocks freed inside a heap, which glibc reuses but does not
+give back (the proxy's resident set sat 50-70 MiB higher at full speed in
+the bench, and stayed flat at 147-173 MiB over 5 minutes at 20k msg/s).
+Set through `mallopt(3)` when the process has started; glibc only.
 A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
 `TAPROOT_MALLOC_TUNING=off` leaves glibc's defaults (`taproot bench
