@@ -209,6 +209,29 @@ def test_a_paced_producer_sleeps_only_when_a_millisecond_ahead_and_holds_its_rat
 
 
 @pytest.mark.unit
+def test_the_servers_cpu_clock_stops_when_everything_is_delivered_not_after_the_producers_close_their_queues():
+    import multiprocessing as mp
+
+    from taproot_ops.bench.runner import Shared, _all_delivered
+
+    ctx = mp.get_context("spawn")
+    shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", 2), ctx.Array("q", 3),
+                    ctx.Array("q", 2), 10.0, ctx.Value("i", 0), ctx.Array("q", 2), ctx.Value("i", 0))
+    shared.add_progress(acked=100)
+    shared.add_progress(received=200)   # two copies each (fanout)
+    # Two (queue, producer) pairs: one answered is not all.
+    shared.mark_producers_answered(1)
+    assert not _all_delivered(shared, [0, 0], producers=2, copies=2, answers_signalled=True)
+    shared.mark_producers_answered(1)
+    assert _all_delivered(shared, [0, 0], producers=2, copies=2, answers_signalled=True)
+    assert not _all_delivered(shared, [0, 0], producers=2, copies=3, answers_signalled=True)   # a copy missing
+    # A driver that does not signal: only once the producers' results are in.
+    assert not _all_delivered(shared, [0, 0], producers=2, copies=2, answers_signalled=False)
+    shared.producers_done.set()
+    assert _all_delivered(shared, [60, 40], producers=2, copies=2, answers_signalled=False)
+    assert not _all_delivered(shared, [60, 41], producers=2, copies=2, answers_signalled=False)
+
+
 def test_statistics_rates_percentiles_and_series():
     acks = Samples(array("d", [100.0 + i / 100 for i in range(101)]), array("d", [float(i) for i in range(101)]))
     assert sustained_rate(acks.times) == pytest.approx(101.0)

@@ -98,10 +98,17 @@ class Shared:
     drain_idle_s: float
     producers_ready: "Synchronized[Any]"  # (queue, producer) pairs with their queues open
     expected_by_n: "SynchronizedArray[Any]"  # per queue and property n: ACKed (app subscriptions)
+    producers_answered: "Synchronized[Any]"  # (queue, producer) pairs with every PUT answered, before their closes
 
     def mark_producers_ready(self, count: int) -> None:
         with self.producers_ready.get_lock():
             self.producers_ready.value += count
+
+    def mark_producers_answered(self, count: int) -> None:
+        """These producers' PUTs are all answered, and their ACKs counted in
+        `progress`: what they do next (close their queues) is not the run's."""
+        with self.producers_answered.get_lock():
+            self.producers_answered.value += count
 
     def add_received(self, queue: int, count: int) -> None:
         """A consumer's receipts: the progress line and its queue's total."""
@@ -130,6 +137,23 @@ class Shared:
             self.progress[0] += acked
             self.progress[1] += received
             self.progress[2] += failed
+
+
+def _all_delivered(shared: Shared, acked_per_queue: list[int], producers: int, copies: int,
+                   answers_signalled: bool) -> bool:
+    """Whether the run's work is over: every producer's PUTs answered and
+    every ACKed message received (each copy). A driver that signals its
+    producers' answers (`PRODUCERS_SIGNAL_ANSWERED`) is done before its
+    producers close their queues, which at 5,000 queues a session takes
+    longer than the run's own last seconds; otherwise when the producers'
+    results are in."""
+    if shared.producers_done.is_set():
+        acked = sum(acked_per_queue)
+    elif answers_signalled and shared.producers_answered.value >= producers:
+        acked = shared.progress[0]
+    else:
+        return False
+    return bool(shared.progress[1] >= acked * copies)
 
 
 def in_threads(clients: list[Any], target: Callable[..., Any]) -> list[Any]:
@@ -234,7 +258,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     from taproot_ops.bench.scenarios import N_VALUES, app_matches
     shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", scenario.queues),
                     ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0),
-                    ctx.Array("q", scenario.queues * N_VALUES))
+                    ctx.Array("q", scenario.queues * N_VALUES), ctx.Value("i", 0))
     results = ctx.Queue()
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
@@ -254,6 +278,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {shared.ready.value} of {len(consumers)} consumers attached in 120 s")
             time.sleep(0.05)
+        answers_signalled = getattr(driver, "PRODUCERS_SIGNAL_ANSWERED", False)
         if getattr(driver, "PRODUCERS_SIGNAL_READY", False):
             # Opening thousands of queues takes seconds: keep it out of the run.
             while shared.producers_ready.value < len(producers):
@@ -283,8 +308,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 last_sample = time.monotonic()
                 for name, mb in memory_probe().items():
                     rss.setdefault(name, []).append((round(time.time() - start, 1), round(mb, 1)))
-            if cpu_probe and not cpu_after and shared.producers_done.is_set() and \
-                    shared.progress[1] >= sum(per_queue) * scenario.copies:
+            if cpu_probe and not cpu_after and _all_delivered(shared, per_queue, len(producers), scenario.copies,
+                                                              answers_signalled):
                 cpu_after = cpu_probe()  # everything delivered: before the clients close their queues
                 phases_after = phase_probe() if phase_probe else {}
             if progress and time.monotonic() - last_print >= 1.0:

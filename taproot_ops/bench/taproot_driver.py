@@ -28,6 +28,7 @@ from taproot_ops.bench.scenarios import APP_RULES, N_VALUES, Scenario, app_match
 
 CONSUMER_WINDOW = 10_000  # max unconfirmed messages per consumer
 PRODUCERS_SIGNAL_READY = True  # the runner starts the clock once every producer's queues are open
+PRODUCERS_SIGNAL_ANSWERED = True  # and stops the servers' CPU clock before the producers close them
 
 
 def domain_name(scenario: Scenario) -> str:
@@ -174,6 +175,7 @@ def run_producers(address: str, scenario: Scenario, clients: list[tuple[int, int
             with lock:
                 shared.add_progress(acked=pending[0], failed=pending[1])
                 pending[0] = pending[1] = 0
+            shared.mark_producers_answered(len(queues))
             _close_all(queues)
         with lock:   # whatever the session's end answered after that
             shared.add_progress(acked=pending[0], failed=pending[1])
