@@ -423,6 +423,17 @@ def test_the_node_cost_bench_pushes_and_confirms_every_row_of_frames_spanning_qu
     assert (cost.queues, cost.rows, cost.rounds) == (7, 20, 3)
     assert 7 <= cost.ranges <= 20
     assert cost.cpu_us > 0 and cost.put_us > 0 and cost.confirm_us > 0 and cost.round_ms > cost.commit_ms > 0
+    # Where the node's threads spent their CPU: each phase's parts inside it,
+    # none more than its phase, and the methods as they were afterwards.
+    phases = cost.phases_us
+    assert {"PUT commit", "PUT commit > Delta append", "PUT commit > express decisions", "CONFIRM dispatch",
+            "CONFIRM commit", "CONFIRM commit > Delta append"} <= set(phases)
+    for path, us in phases.items():
+        if " > " in path:
+            assert 0 <= us <= phases[path.rsplit(" > ", 1)[0]] + 1e-9
+    from primary.partition import Partition
+    assert not hasattr(Partition._commit_puts, "__wrapped__") and not hasattr(Partition.confirm, "__wrapped__")
+    assert "\n    PUT commit " in cost.line() and "\n      Delta append " in cost.line()
     # Frames a round: each one ACKed and every row of them pushed and
     # confirmed, or `measure` waits and raises.
     grouped = measure(queues=3, rows=10, rounds=2, size=16, frames=4)

@@ -16,7 +16,9 @@ and the per-frame and per-commit costs show at a small frame's size.
 Prints, per queue count, the process's CPU per message (every thread: the
 commit threads, dispatch, the Delta commits, and this driver's own frame
 building, which is the same for every Q), and the time `on_frame` takes for
-the PUT and the CONFIRM frames. The ratio between the rows is what
+the PUT and the CONFIRM frames; then where the node's threads spent their
+CPU, phase by phase (`PHASES`: each a method, timed by its calling
+thread's CPU clock, a phase inside another shown under it). The ratio between the rows is what
 `taproot bench --scenario queues` measures with real processes; this one
 isolates the node's per-queue Python from the proxy, the pipeline and the
 clients.
@@ -24,14 +26,78 @@ clients.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import queue
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, Callable, cast
 
 WARM_UP_ROUNDS = 5
 FRAME_WAIT_S = 30
+
+# The node's work by phase: (label, module, class, method). A PUT commit's
+# parts, the CONFIRM frame's dispatch (on the thread that handles the frame)
+# and the CONFIRM commit. A phase called inside another is reported inside
+# it ("PUT commit > Delta append"), so the parts of one never count twice.
+PHASES = (
+    ("PUT commit", "primary.partition", "Partition", "_commit_puts"),
+    ("rows", "primary.partition", "Partition", "_put_batch"),
+    ("Delta append", "storage.deltars", "Appender", "append"),
+    ("express decisions", "primary.partition", "Partition", "_express"),
+    ("routing", "primary.partition", "Partition", "_route_targets"),
+    ("PUSH frames", "primary.partition", "Partition", "_push"),
+    ("CONFIRM dispatch", "primary.partition", "Partition", "confirm"),
+    ("CONFIRM commit", "primary.partition", "Partition", "_commit_confirms"),
+)
+
+
+class PhaseClock:
+    """Thread CPU per phase (`PHASES`), while installed: each phase's method
+    is wrapped on its class, so install it before the node is made (a
+    partition hands its committers bound methods when it starts)."""
+
+    def __init__(self, phases: tuple[tuple[str, str, str, str], ...] = PHASES):
+        self.phases = phases
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> "PhaseClock":
+        for label, module, cls, name in self.phases:
+            owner = getattr(importlib.import_module(module), cls)
+            original = owner.__dict__[name]
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._timed(label, original))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seconds.clear()
+
+    def _timed(self, label: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            stack: list[str] = self._local.__dict__.setdefault("stack", [])
+            stack.append(label)
+            started = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                took = time.thread_time() - started
+                path = " > ".join(stack)
+                stack.pop()
+                with self._lock:
+                    self.seconds[path] = self.seconds.get(path, 0.0) + took
+        return timed
 
 
 @dataclass
@@ -46,22 +112,30 @@ class NodeCost:
     ranges: float          # CONFIRM ranges per frame
     round_ms: float = 0.0  # wall time of a round: its PUT frames to their ACKs, PUSHes and the CONFIRM
     commit_ms: float = 0.0  # a PUT group commit's wall time (the committer's own histogram): append, ACKs, PUSHes
+    phases_us: dict[str, float] = field(default_factory=dict)   # thread CPU per message by phase (`PHASES`)
 
     def line(self) -> str:
         frames = f" x {self.frames} frames" if self.frames > 1 else ""
-        return (f"{self.queues:>6,} queues, {self.rows} rows a frame{frames}: {self.cpu_us:6.1f} us of CPU a message; "
+        head = (f"{self.queues:>6,} queues, {self.rows} rows a frame{frames}: {self.cpu_us:6.1f} us of CPU a message; "
                 f"on_frame PUT {self.put_us:.2f} us, CONFIRM {self.confirm_us:.2f} us a message "
                 f"({self.ranges:.0f} ranges a CONFIRM frame); {self.round_ms:.2f} ms a round, "
                 f"{self.commit_ms:.2f} ms a PUT commit")
+        order = {label: n for n, (label, *_) in enumerate(PHASES)}
+
+        def key(path: str) -> list[int]:
+            return [order.get(label, len(order)) for label in path.split(" > ")]
+        lines = [f"    {'  ' * path.count(' > ')}{path.rsplit(' > ', 1)[-1]:<{24 - 2 * path.count(' > ')}} "
+                 f"{us:6.2f} us a message" for path, us in sorted(self.phases_us.items(), key=lambda i: key(i[0]))]
+        return "\n".join([head, *lines])
 
 
 def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int = 1) -> NodeCost:
     from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
     from primary.node import Node
-    from protocol import columns, gc_tuning, pb
+    from protocol import columns, gc_tuning, malloc_tuning, pb
     from protocol.stream import Link
 
-    with tempfile.TemporaryDirectory(prefix="taproot-node-cost-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="taproot-node-cost-") as scratch, PhaseClock() as clock:
         config = ClusterConfig(data_dir=scratch, partitions=1, nodes=(NodeConfig("node1", port=1),),
                                ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
                                domains={"d": parse_domain("d", {})})
@@ -139,8 +213,12 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
                 return put_s, time.perf_counter() - started, len(ids)
 
             gc_tuning.settle_for_serving()   # as a serving node does
+            malloc_tuning.tune()   # and its allocator
             for n in range(WARM_UP_ROUNDS):
                 one_round(n * rows * frames)
+            while not node.partitions[0].confirm_committer.idle:
+                time.sleep(0.005)
+            clock.reset()
             partition = node.partitions[0]
             committer = partition.put_committer
             cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -155,12 +233,13 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
             while not partition.confirm_committer.idle:
                 time.sleep(0.005)
             cpu = time.process_time() - cpu0
+            phases = dict(clock.seconds)
         finally:
             node.stop(graceful=False)
     messages = rounds * rows * frames
     return NodeCost(queues, rows, rounds, frames, cpu * 1e6 / messages, put_s * 1e6 / messages,
                     confirm_s * 1e6 / messages, ranges / rounds, wall * 1e3 / rounds,
-                    commit_s * 1e3 / max(1, commits))
+                    commit_s * 1e3 / max(1, commits), {path: s * 1e6 / messages for path, s in phases.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
