@@ -36,6 +36,9 @@ logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
                      help="the long tiers: a long fuzz run, every start-up order (make test-long)")
+    parser.addoption("--fast", action="store_true", default=False,
+                     help="the fast tier's example budget: a third of the suite's for each property test "
+                          "(make test-fast; `make test` runs the suite's)")
     parser.addoption("--cpu-report", type=int, default=0, metavar="N",
                      help="print the N tests that kept this machine's cores busiest (CPU seconds of every "
                           "process, from /proc/stat, over each test's set-up, call and tear-down)")
@@ -144,12 +147,16 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_configure(config):
-    # The fuzz tier's sizes: a short, derandomized run by default (the same
-    # inputs every run, so CI is repeatable); `--long` runs 100 times more, at random.
+    # The property and fuzz tests' sizes: a short, derandomized run by
+    # default (the same inputs every run, so CI is repeatable); `--long` runs
+    # 100 times more, at random; `--fast` (the fast tier, a developer's loop
+    # under 30 s on two cores) a third, derandomized too. A test that needs
+    # more than others asks for a multiple of the profile's (`examples`).
     from hypothesis import settings
+    settings.register_profile("fast", max_examples=50, derandomize=True, print_blob=True)
     settings.register_profile("short", max_examples=150, derandomize=True, print_blob=True)
     settings.register_profile("long", max_examples=15_000, print_blob=True)
-    settings.load_profile("long" if config.getoption("--long") else "short")
+    settings.load_profile("long" if config.getoption("--long") else "fast" if config.getoption("--fast") else "short")
 
 
 # `make test` runs the suite on two workers (`-n 2 --dist loadgroup`, with

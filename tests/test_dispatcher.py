@@ -395,7 +395,7 @@ class _Evens:
         return properties.get("n", 0) % 2 == 0
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=2 * settings().max_examples)   # twice the tier's (conftest)
 @given(fresh_schedules())
 def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
     """`take_fresh` with what it spills handed to `add_messages`, as the

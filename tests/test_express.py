@@ -163,7 +163,7 @@ def history_schedules():
     return st.tuples(st.sampled_from([1_000, 3_200, 16_000]), st.lists(step, max_size=60))
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=2 * settings().max_examples)   # twice the tier's (conftest)
 @given(history_schedules(), st.sampled_from([None, (1, 4), (2, 16)]), st.booleans())
 def test_the_generational_history_decides_as_one_dict_of_first_times_would(schedule, young, threads):
     """Also with young tables of a few GUIDs, which fill early and are merged

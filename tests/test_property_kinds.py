@@ -50,7 +50,7 @@ def row(draw):
     return properties, types
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=2 * settings().max_examples // 5, deadline=None)   # 60 in the suite (conftest)
 @given(rows=st.lists(row(), max_size=12), chunk=st.integers(1, 5), typed=st.booleans())
 def test_each_name_gets_the_types_its_own_rows_gave_it(rows, chunk, typed):
     properties = pa.chunked_array([pa.array([r[0] for r in rows[i:i + chunk]], tables.PROPERTY_MAP)

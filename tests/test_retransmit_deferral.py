@@ -85,7 +85,7 @@ class Owner:
                 self.buffer.release(key)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=2 * settings().max_examples, deadline=None)   # twice the tier's (conftest)
 @given(st.lists(op, max_size=60))
 def test_each_queue_keeps_put_order_and_nothing_deferred_is_stranded(ops):
     owner = Owner()
