@@ -232,6 +232,22 @@ def test_the_servers_cpu_clock_stops_when_everything_is_delivered_not_after_the_
     assert not _all_delivered(shared, [60, 41], producers=2, copies=2, answers_signalled=False)
 
 
+def test_the_authoritys_cpu_line_says_how_much_of_it_the_clients_closes_took(capsys):
+    from taproot_ops.bench import print_result
+
+    ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
+    result = {"system": "taproot", "label": "x", "failed": {}, "produce_msg_s": 1.0, "consume_msg_s": 1.0,
+              "acked": 10, "posted": 10, "received": 10, "expected_received": 10, "ack_ms": ms, "push_ms": ms,
+              "authority": {"lag_ms": ms, "rows": 10, "expected": 10, "waited_s": 1.0, "disagreements": 0,
+                            "cpu_s": {"node1": 30.5, "pipeline": 20.7}, "cpu_us_per_msg": 297.0}}
+    for closes, says in (({"node1": 12.5, "pipeline": 0.4}, "the clients' queue closes after the run took node1 "
+                          "12.5 s, pipeline 0.4 s of it"), ({"node1": 0.1}, None), (None, None)):
+        print_result({**result, "cpu_closes_s": closes})
+        line = next(x for x in capsys.readouterr().out.splitlines() if "until the authority caught up" in x)
+        assert "297 us per message" in line
+        assert (says in line) if says else "closes" not in line
+
+
 def test_statistics_rates_percentiles_and_series():
     acks = Samples(array("d", [100.0 + i / 100 for i in range(101)]), array("d", [float(i) for i in range(101)]))
     assert sustained_rate(acks.times) == pytest.approx(101.0)
@@ -313,6 +329,8 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
                  cpu_probe=lambda: tree_cpu_seconds(processes), phase_probe=lambda: scrape_phases(nodes))
     assert result["failed"] == {} and result["posted"] == result["acked"] > 500
     assert set(result["cpu_s"]) == set(processes) and result["cpu_us_per_msg"] > 0
+    # The servers' CPU while the clients closed their queues, after the run's window.
+    assert set(result["cpu_closes_s"]) == set(processes) and all(s >= 0 for s in result["cpu_closes_s"].values())
     # Where PUT->ACK went at the node: the three phases, each a mean over this
     # run's messages; the node's part is at most what the producers saw.
     phases = result["put_ack_phases_ms"]

@@ -146,8 +146,12 @@ def print_result(r: dict[str, Any]) -> None:
                     minutes["t"], minutes["p50"], minutes["p99"])), flush=True)
         if authority.get("cpu_s"):
             parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in authority["cpu_s"].items())
+            closes = r.get("cpu_closes_s") or {}
+            within = (" (the clients' queue closes after the run took "
+                      + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in closes.items()) + " of it)"
+                      if sum(closes.values()) >= 0.5 else "")
             print(f"         server CPU until the authority caught up: {parts}: "
-                  f"{authority['cpu_us_per_msg']:,.0f} us per message", flush=True)
+                  f"{authority['cpu_us_per_msg']:,.0f} us per message{within}", flush=True)
 
 
 def run_system(system: str, address: str, scenarios: list[Scenario], args: argparse.Namespace,

@@ -359,6 +359,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    cpu_closed = cpu_probe() if cpu_probe and cpu_after else {}   # the clients have closed their queues
     result = summarize(acks, pushes, posted, failed, start)
     result["expected_received"] = sum(per_queue) * scenario.copies
     if scenario.app_subscriptions:
@@ -385,6 +386,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         # delivery, when an idle pipeline polls (about a tenth of a core).
         result["cpu_us_per_msg"] = sum(cpu_s.values()) * 1e6 / max(1, len(acks))
         result["cpu_before"] = cpu_before   # for a later window (the authority catching up)
+        # What the servers spent while the clients closed their queues and
+        # left: outside `cpu_s`, inside any later window from `cpu_before`.
+        result["cpu_closes_s"] = delta(cpu_after, cpu_closed)
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)
     return result
