@@ -232,6 +232,7 @@ def test_the_servers_cpu_clock_stops_when_everything_is_delivered_not_after_the_
     assert not _all_delivered(shared, [60, 41], producers=2, copies=2, answers_signalled=False)
 
 
+@pytest.mark.unit
 def test_the_authoritys_cpu_line_says_how_much_of_it_the_clients_closes_took(capsys):
     from taproot_ops.bench import print_result
 
@@ -248,6 +249,7 @@ def test_the_authoritys_cpu_line_says_how_much_of_it_the_clients_closes_took(cap
         assert (says in line) if says else "closes" not in line
 
 
+@pytest.mark.unit
 def test_statistics_rates_percentiles_and_series():
     acks = Samples(array("d", [100.0 + i / 100 for i in range(101)]), array("d", [float(i) for i in range(101)]))
     assert sustained_rate(acks.times) == pytest.approx(101.0)
