@@ -151,7 +151,8 @@ def pytest_configure(config):
     # default (the same inputs every run, so CI is repeatable); `--long` runs
     # 100 times more, at random; `--fast` (the fast tier, a developer's loop
     # under 30 s on two cores) a third, derandomized too. A test that needs
-    # more than others asks for a multiple of the profile's (`examples`).
+    # more than others asks for a multiple of its tier's
+    # (`max_examples=2 * settings().max_examples`), never a fixed count.
     from hypothesis import settings
     settings.register_profile("fast", max_examples=50, derandomize=True, print_blob=True)
     settings.register_profile("short", max_examples=150, derandomize=True, print_blob=True)
