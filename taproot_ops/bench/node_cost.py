@@ -214,12 +214,16 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
 
             gc_tuning.settle_for_serving()   # as a serving node does
             malloc_tuning.tune()   # and its allocator
+            partition = node.partitions[0]
+
+            def confirms_committed() -> None:
+                while not partition.confirm_committer.idle:
+                    time.sleep(0.005)
+
             for n in range(WARM_UP_ROUNDS):
                 one_round(n * rows * frames)
-            while not node.partitions[0].confirm_committer.idle:
-                time.sleep(0.005)
+            confirms_committed()   # the warm-up's, outside the phases
             clock.reset()
-            partition = node.partitions[0]
             committer = partition.put_committer
             cpu0, wall0 = time.process_time(), time.perf_counter()
             commits0, commit_s0 = committer.seconds.count, committer.seconds.sum
@@ -230,8 +234,7 @@ def measure(queues: int, rows: int, rounds: int, size: int = 1024, frames: int =
                 put_s, confirm_s, ranges = put_s + p, confirm_s + c, ranges + r
             wall = time.perf_counter() - wall0
             commits, commit_s = committer.seconds.count - commits0, committer.seconds.sum - commit_s0
-            while not partition.confirm_committer.idle:
-                time.sleep(0.005)
+            confirms_committed()
             cpu = time.process_time() - cpu0
             phases = dict(clock.seconds)
         finally:
