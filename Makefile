@@ -69,7 +69,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m ruff check --quiet .
 	$(BIN)/python -m pytest -m unit -n 2 --fast
 
-# The long tiers (about 25 minutes): the fuzz tier and the property tests 100 times longer and
+# The long tiers (about 25 minutes until 2026-12-06, an estimated 6 more since the
+# dispatcher's fresh-path test scales with the tier): the fuzz tier and the property tests 100 times longer and
 # from a fresh seed (printed; rerun with TAPROOT_FUZZ_SEED=N), every start-up
 # order of node, proxy, pipeline and client.
 test-long: setup
