@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -148,6 +148,11 @@ class MessageRun:
         return MessageRun(self.table.slice(0, count), self.guids[:count], self.seqs[:count], self.sizes[:count],
                           self.delivery_count, self.expires_us), rest
 
+    def sharing(self, expires_us: int) -> "MessageRun":
+        """A run of the same rows with another expiry: the rows of one frame
+        spanning queues of different TTLs share their columns."""
+        return MessageRun(self.table, self.guids, self.seqs, self.sizes, self.delivery_count, expires_us)
+
     def take(self, rows: Sequence[int]) -> "MessageRun":
         return MessageRun(self.table.take(pa.array(rows, pa.int64())), [self.guids[i] for i in rows],
                           [self.seqs[i] for i in rows], [self.sizes[i] for i in rows],
@@ -166,17 +171,18 @@ class MessageRun:
 
 class SharedPush:
     """First deliveries of rows of one PUT frame spanning queues to the sole
-    consumers of many queues: `messages[n]` (row `rows[n]` of `table`, the
-    frame's rows as committed) to `keys[n]`. One push where there would be
-    one a queue (`take_fresh`), sent as PushColumns frames of rows taken
-    from `table` (no Arrow array built from Python objects per row)."""
+    consumers of many queues: row `rows[n]` of the frame to `keys[n]`, held
+    there as (`runs[n]`, `rows[n]`). The runs are the frame's, one per
+    expiry of its queues (`MessageRun.sharing`): one table, its rows as
+    committed. One push where there would be one a queue (`take_fresh`),
+    sent as PushColumns frames of rows taken from the table, with no
+    Python object per row."""
 
-    __slots__ = ("table", "rows", "messages", "keys")
+    __slots__ = ("runs", "rows", "keys")
     delivery_count = 1
 
-    def __init__(self, table: pa.Table, rows: list[int], messages: "list[StoredMessage]",
-                 keys: "list[ConsumerKey]"):
-        self.table, self.rows, self.messages, self.keys = table, rows, messages, keys
+    def __init__(self, runs: "list[MessageRun]", rows: list[int], keys: "list[ConsumerKey]"):
+        self.runs, self.rows, self.keys = runs, rows, keys
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -185,9 +191,24 @@ class SharedPush:
         return f"SharedPush(rows={len(self)}, queues={len(set(self.keys))})"
 
     @property
+    def table(self) -> pa.Table:
+        """The frame's push columns (`MessageRun.table`), shared by its runs."""
+        return self.runs[0].table
+
+    @property
     def seq(self) -> int:
         """The first row's seq (pushes are merged across apps by it)."""
-        return self.messages[0].seq
+        return self.runs[0].seqs[self.rows[0]]
+
+    def put_times_us(self) -> list[int]:
+        """Each row's producer time (0: none given)."""
+        times: list[int] = self.table["put_time_us"].take(pa.array(self.rows, pa.int64())).to_pylist()
+        return times
+
+    def messages(self, rows: Sequence[int]) -> list[StoredMessage]:
+        """Rows of the frame as StoredMessages, as pushed (where a push meets
+        the per-message path: a peer without columnar PUSH)."""
+        return self.runs[0].take(rows).messages()
 
 
 Pending = StoredMessage | MessageRun
@@ -460,6 +481,11 @@ class QueueDispatcher:
         self.confirmed += len(done_seqs) - before
         return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
 
+    def dispatch(self) -> list[Push]:
+        """What the room consumers have lets through now (after
+        `confirm_ranges`)."""
+        return self._dispatch()
+
     def expire(self) -> None:
         """Drop pending messages whose TTL has passed (a periodic sweep: a queue
         with no consumer never dispatches)."""
@@ -605,7 +631,9 @@ def _matches(options: ConsumerOptions, message: Pending) -> bool:
 
 def _regrouped(held: Iterable[Held]) -> list[Pending]:
     """A consumer's unconfirmed messages in order, rows of one run back
-    together as one run (those left of it: some rows were confirmed)."""
+    together as one run (those left of it: some rows were confirmed), each
+    with delivery state of its own: a run's rows may be held by several
+    consumers (the apps of a frame, or the queues of one spanning queues)."""
     out: list[Pending] = []
     run: MessageRun | None = None
     rows: list[int] = []
@@ -614,46 +642,96 @@ def _regrouped(held: Iterable[Held]) -> list[Pending]:
             rows.append(item[1])
             continue
         if run is not None:
-            out.append(run if len(rows) == len(run) else run.take(rows))
+            out.append(run.for_app() if len(rows) == len(run) else run.take(rows))
             run, rows = None, []
         if isinstance(item, tuple):
             run, rows = item[0], [item[1]]
         else:
             out.append(item)
     if run is not None:
-        out.append(run if len(rows) == len(run) else run.take(rows))
+        out.append(run.for_app() if len(rows) == len(run) else run.take(rows))
     return out
 
 
-def take_fresh(dispatchers: Sequence[QueueDispatcher], messages: Sequence[StoredMessage], now_us: int,
-               spilled: set[QueueDispatcher]) -> tuple[list[int], list[ConsumerKey], list[int]]:
-    """New messages of many queues (`messages[n]` for `dispatchers[n]`, each
-    queue's in seq order, none pushed yet) dispatched in one pass rather than
-    a call per queue: a message goes to its queue's sole consumer at once
-    when `add_messages` would do exactly that (the queue in its usual state:
-    nothing waiting, `_sole_consumer`; the consumer with room; its GUID not held; not expired).
-    Returns the positions taken and their consumers, and the positions
-    spilled, in order: the caller hands those to `add_messages`. Once a
-    dispatcher spills, its later messages spill too (they queue behind), in
-    this call and in later ones given the same `spilled`."""
+def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequence[ConsumerKey],
+                   starts: Sequence[int], counts: Sequence[int], into: ConfirmedRows
+                   ) -> tuple[list[int], list["QueueDispatcher"]]:
+    """A CONFIRM frame's seq ranges of many queues confirmed in one pass, not
+    a call per queue: seqs `starts[n]` .. `starts[n] + counts[n] - 1` by
+    consumer `keys[n]` of `dispatchers[n]` (None: no consumer ever came),
+    as `confirm_many` confirms them (a seq the consumer does not hold is
+    skipped), the rows appended to `into`. Returns how many each range
+    confirmed, and the dispatchers whose freed room may let waiting
+    messages through, in the order first confirmed: the caller dispatches
+    each once (`dispatch`), as `confirm_many` does after a frame's seqs
+    (a queue confirmed by two of its consumers in one frame, two queue ids
+    of one link, is dispatched once after both)."""
+    done, done_seqs = into.guids, into.seqs
+    confirmed: list[int] = []
+    freed: dict[QueueDispatcher, None] = {}
+    for dispatcher, key, start, count in zip(dispatchers, keys, starts, counts):
+        consumer = None if dispatcher is None else dispatcher._consumers.get(key)
+        if dispatcher is None or consumer is None:
+            confirmed.append(0)
+            continue
+        unconfirmed, known = consumer.unconfirmed, dispatcher._known
+        before = len(done_seqs)
+        size = 0
+        for seq in range(start, start + count) if count != 1 else (start,):
+            held = unconfirmed.pop(seq, None)
+            if held is None:
+                continue
+            if isinstance(held, tuple):
+                run, i = held
+                guid = run.guids[i]
+                size += run.sizes[i]
+            else:
+                guid = held.guid
+                size += len(held.payload)
+            known.discard(guid)
+            done.append(guid)
+            done_seqs.append(seq)
+        n = len(done_seqs) - before
+        confirmed.append(n)
+        if n:
+            consumer.unconfirmed_bytes -= size
+            dispatcher.confirmed += n
+            if dispatcher._pending:
+                freed[dispatcher] = None
+    return confirmed, list(freed)
+
+
+def take_fresh(dispatchers: Sequence[QueueDispatcher], runs: Sequence[MessageRun], rows: Sequence[int],
+               now_us: int, spilled: set[QueueDispatcher]) -> tuple[list[int], list[ConsumerKey], list[int]]:
+    """New messages of many queues dispatched in one pass rather than a call
+    per queue: row `rows[n]` of `runs[n]` (the runs of one frame spanning
+    queues, delivered once, none of it pushed yet) for `dispatchers[n]`,
+    each queue's rows in seq order. A row goes to its queue's sole consumer
+    at once, held there as (run, row) with no StoredMessage, when
+    `add_messages` would do exactly that (the queue in its usual state:
+    nothing waiting, `_sole_consumer`; the consumer with room; its GUID not
+    held; not expired). Returns the positions taken and their consumers,
+    and the positions spilled, in order: the caller hands those to
+    `add_messages` (`spilled_messages`). Once a dispatcher spills, its later
+    rows spill too (they queue behind), in this call and in later ones
+    given the same `spilled`."""
     taken: list[int] = []
     keys: list[ConsumerKey] = []
     rest: list[int] = []
     sole: dict[QueueDispatcher, _Consumer | None] = {}
-    for n, (dispatcher, message) in enumerate(zip(dispatchers, messages)):
+    for n, (dispatcher, run, row) in enumerate(zip(dispatchers, runs, rows)):
         consumer = sole.get(dispatcher, _UNSEEN)
         if consumer is _UNSEEN:
             consumer = sole[dispatcher] = (None if dispatcher in spilled or dispatcher._pending
                                            else dispatcher._sole_consumer())
         if consumer is not None:
-            guid = message.guid
+            guid = run.guids[row]
             known = dispatcher._known
             if guid not in known and consumer.has_capacity() and not (
-                    message.expires_us and message.expires_us <= now_us):
+                    run.expires_us and run.expires_us <= now_us):
                 known.add(guid)
-                message.delivery_count = 1
-                consumer.unconfirmed[message.seq] = message
-                consumer.unconfirmed_bytes += len(message.payload)
+                consumer.unconfirmed[run.seqs[row]] = (run, row)
+                consumer.unconfirmed_bytes += run.sizes[row]
                 dispatcher.pushed += 1
                 taken.append(n)
                 keys.append(consumer.key)
@@ -662,6 +740,27 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], messages: Sequence[Stored
         spilled.add(dispatcher)
         rest.append(n)
     return taken, keys, rest
+
+
+def spilled_messages(runs: Sequence[MessageRun], rows: Sequence[int], positions: Sequence[int]
+                     ) -> list[StoredMessage]:
+    """The rows at `positions` (`take_fresh`'s spilled) as StoredMessages for
+    `add_messages`, not pushed yet: one take of each run's rows, not one a row."""
+    of_run: dict[int, tuple[MessageRun, list[int], list[int]]] = {}
+    for at, n in enumerate(positions):
+        run = runs[n]
+        entry = of_run.get(id(run))
+        if entry is None:
+            entry = of_run[id(run)] = (run, [], [])
+        entry[1].append(rows[n])
+        entry[2].append(at)
+    out: list[StoredMessage] = [cast(StoredMessage, None)] * len(positions)
+    for run, run_rows, ats in of_run.values():
+        some = run.take(run_rows)
+        some.delivery_count = 0
+        for at, message in zip(ats, some.messages()):
+            out[at] = message
+    return out
 
 
 _UNSEEN: Any = object()

@@ -66,9 +66,9 @@ class NodeMetrics:
             if isinstance(pending, MessageRun):
                 rows, put_us = len(pending), pending.table["put_time_us"][0].as_py()
             elif isinstance(pending, SharedPush):
-                for message in pending.messages:   # (many producers' rows; each its own time)
-                    if message.put_time_us:
-                        seen.append((max(0, now_us - message.put_time_us) / 1e6, 1))
+                for put_us in pending.put_times_us():   # (many producers' rows; each its own time)
+                    if put_us:
+                        seen.append((max(0, now_us - put_us) / 1e6, 1))
                 continue
             else:
                 rows, put_us = 1, pending.put_time_us

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from primary.leadership import Leadership, Where
 from primary.metrics import NodeMetrics
 from primary.partition import (
     ConfirmEntry,
+    ConfirmRange,
     Partition,
     PendingColumns,
     PendingPut,
@@ -720,12 +722,35 @@ class Node:
         self._confirm(link, seqs, guids)
 
     def _on_confirm_columns(self, link: Link, frame: pb.ConfirmColumns) -> None:
-        """CONFIRMs as seq ranges (what the SDK sends), of one queue or of many."""
+        """CONFIRMs as seq ranges (what the SDK sends), of one queue or of
+        many: each range as it came, with no list of its seqs made here
+        (`Partition.confirm_ranges`)."""
         invalid = seq_ranges.confirm_columns_invalid(frame)
         if invalid:
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))
             return
-        self._confirm(link, seq_ranges.confirm_seqs(frame))
+        handles = self._handles_of(link)
+        by_partition: dict[Partition, list[ConfirmRange]] = {}
+        queue_ids = frame.queue_ids or itertools.repeat(frame.queue_id)
+        last_id, handle, ranges = -1, None, None
+        for queue_id, start, count in zip(queue_ids, frame.starts, frame.counts):
+            if queue_id != last_id:
+                last_id = queue_id
+                handle = handles.get(queue_id)
+                if handle is None or not handle.read or handle.broadcast:
+                    handle = None   # (as `_confirm`: nothing of it is held for this link)
+                    continue
+                ranges = by_partition.get(handle.partition)
+                if ranges is None:
+                    ranges = by_partition[handle.partition] = []
+            elif handle is None:
+                continue
+            assert handle is not None and ranges is not None
+            ranges.append((handle.state, handle.app, (link, queue_id), start, count))
+        for partition, ranges_of in by_partition.items():
+            done = partition.confirm_ranges(ranges_of)   # what the room they free lets through goes out together
+            if done is not None:
+                partition.confirm_committer.submit([done], 0, len(done.confirmed.guids))
 
     def _confirm(self, link: Link, seqs_by_queue: Mapping[int, list[int]],
                  guids_by_queue: Mapping[int, list[bytes]] | None = None) -> None:

@@ -53,6 +53,8 @@ from primary.dispatcher import (
     QueueDispatcher,
     SharedPush,
     StoredMessage,
+    confirm_ranges,
+    spilled_messages,
     take_fresh,
 )
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
@@ -252,6 +254,9 @@ class PendingConfirms:
 # One queue's part of a CONFIRM frame: its state, the app, the consumer that
 # confirms, the seqs, and the GUIDs they must hold (None: not checked).
 ConfirmEntry = tuple[QueueState, str, ConsumerKey, Iterable[int], Sequence[bytes] | None]
+# One seq range of a ConfirmColumns frame: the queue's state, the app, the
+# consumer that confirms, the first seq and the count.
+ConfirmRange = tuple[QueueState, str, ConsumerKey, int, int]
 
 
 class PurgeFailed(Exception):
@@ -364,15 +369,14 @@ def send_pushes(pushes: list[Push], frame_messages_max: int = PUSH_FRAME_MESSAGE
 
 
 class _LinkRows:
-    """A SharedPush's rows for one link's columnar queues: rows of `table`
-    (a frame as committed), with their messages and the link's queue ids."""
+    """A SharedPush's rows for one link's columnar queues: rows of its
+    frame (`push.table`), with the link's queue ids."""
 
-    __slots__ = ("table", "rows", "messages", "queue_ids")
+    __slots__ = ("push", "rows", "queue_ids")
 
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
+    def __init__(self, push: SharedPush) -> None:
+        self.push = push
         self.rows: list[int] = []
-        self.messages: list[StoredMessage] = []
         self.queue_ids: list[int] = []
 
     def send(self, link: "Link", frame_messages_max: int) -> None:
@@ -381,8 +385,8 @@ class _LinkRows:
         for start in range(0, len(self.rows), frame_messages_max):
             end = start + frame_messages_max
             frame = _SpanFrame()
-            frame.add_rows(self.table.take(pa.array(self.rows[start:end], pa.int64())), self.queue_ids[start:end],
-                           [m.seq for m in self.messages[start:end]])
+            frame.add_rows(self.push.table.take(pa.array(self.rows[start:end], pa.int64())),
+                           self.queue_ids[start:end])
             frame.send(link)
 
 
@@ -393,24 +397,29 @@ def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | 
     rows or more, single messages otherwise (and for a peer that asked for
     PushBatch)."""
     mine: dict[tuple["Link", int], _LinkRows] = {}
-    for row, message, key in zip(push.rows, push.messages, push.keys):
+    singles: list[tuple[list[tuple[int, Pending | _LinkRows]], int, int]] = []   # (items, at, row) of PushBatch peers
+    for row, key in zip(push.rows, push.keys):
         link, queue_id = cast("tuple[Link, int]", key)
         if queue_id not in link.columnar:
-            by_link.setdefault(link, []).append((queue_id, message))
+            items = by_link.setdefault(link, [])
+            singles.append((items, len(items), row))
+            items.append((queue_id, cast(StoredMessage, None)))   # (the message, below)
             continue
         group = link.push_groups.get(queue_id, 0)
         rows = mine.get((link, group))
         if rows is None:
-            rows = mine[link, group] = _LinkRows(push.table)
+            rows = mine[link, group] = _LinkRows(push)
             by_link.setdefault(link, []).append((0, rows))
         rows.rows.append(row)
-        rows.messages.append(message)
         rows.queue_ids.append(queue_id)
+    if singles:
+        for (items, at, _), message in zip(singles, push.messages([row for _, _, row in singles])):
+            items[at] = (items[at][0], message)
     for (link, _), rows in mine.items():
         if len(rows.rows) < COLUMNAR_RUN_MIN:
             items = by_link[link]
             at = next(n for n, item in enumerate(items) if item[1] is rows)
-            items[at:at + 1] = list(zip(rows.queue_ids, rows.messages))
+            items[at:at + 1] = list(zip(rows.queue_ids, push.messages(rows.rows)))
 
 
 def _send_held(link: "Link", messages: list[pb.PushMessage], spans: dict[int, list[tuple[int, Pending]]],
@@ -467,14 +476,14 @@ class _SpanFrame:
         self._extend(queue_id, message.seq, 1)
         self.rows += 1
 
-    def add_rows(self, rows: pa.Table, queue_ids: list[int], seqs: list[int]) -> None:
-        """PUT rows pushed for the first time (a SharedPush's), each of its
-        queue and with its seq."""
+    def add_rows(self, rows: pa.Table, queue_ids: list[int]) -> None:
+        """Rows of a frame's push columns (`MessageRun.table`) pushed for
+        the first time (a SharedPush's), each of its queue."""
         self._flush_singles()
-        self.parts.append(push_run_table(_run_columns(rows, seqs), 1))
-        for queue_id, seq in zip(queue_ids, seqs):
+        self.parts.append(push_run_table(rows, 1))
+        for queue_id, seq in zip(queue_ids, rows["seq"].to_pylist()):
             self._extend(queue_id, seq, 1)
-        self.rows += len(seqs)
+        self.rows += len(queue_ids)
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
         self._flush_singles()
@@ -845,6 +854,46 @@ class Partition:
             self._dead_letter(state, app, messages)
         return PendingConfirms(runs, rows) if runs else None
 
+    def confirm_ranges(self, ranges: Sequence[ConfirmRange]) -> PendingConfirms | None:
+        """`confirm` for a ConfirmColumns frame's seq ranges (what the SDK
+        sends), of one queue or of thousands: one pass over the ranges
+        (`dispatcher.confirm_ranges`), no call per queue, then each queue
+        whose freed room lets waiting messages through dispatched once.
+        Consecutive ranges of one queue and app make one run of the rows."""
+        if not ranges:
+            return None
+        states, apps, keys, starts, counts = zip(*ranges)
+        rows = ConfirmedRows([], [])
+        runs: list[tuple[QueueState, str, int]] = []
+        pushes: list[Push] = []
+        dropped: list[tuple[QueueState, str, list[Dropped]]] = []
+        with self._push_lock:
+            with self.lock:
+                dispatchers = [state.dispatchers.get(app) for state, app in zip(states, apps)]
+                confirmed, freed = confirm_ranges(dispatchers, keys, starts, counts, rows)
+                at = 0
+                for state, app, n in zip(states, apps, confirmed):
+                    if not n:
+                        continue
+                    if runs and runs[-1][0] is state and runs[-1][1] == app:
+                        runs[-1] = (state, app, runs[-1][2] + n)
+                    else:
+                        runs.append((state, app, n))
+                    if state.quota is not None:
+                        state.apps_done(rows.guids[at:at + n], app)
+                    at += n
+                if freed:
+                    owner = {id(d): (state, app) for d, state, app in zip(dispatchers, states, apps)}
+                    for dispatcher in freed:
+                        pushes.extend(dispatcher.dispatch())
+                        if dispatcher.has_dropped:
+                            dropped.append((*owner[id(dispatcher)], dispatcher.take_dropped()))
+            if pushes:
+                self._push(pushes)
+        for state, app, messages in dropped:
+            self._dead_letter(state, app, messages)
+        return PendingConfirms(runs, rows) if runs else None
+
     def _dispatch_all(self, calls: Iterable[tuple[QueueState, str, Callable[[QueueDispatcher], list[Push]]]]
                       ) -> tuple[list[list[Push]], list[tuple[QueueState, str, list[Dropped]]]]:
         """Each action on its app's dispatcher, all under one hold of the
@@ -1133,6 +1182,7 @@ class Partition:
         row by row into `targets` (`_express_rows`). Returns the next row."""
         offset = 0
         built: _MessageBuilder | None = None
+        guid: list[bytes] | None = None
         frame_fresh: _Fresh | None = None
         decisions = _Decisions()
         seqs, keys, guids, decided = decisions.seqs, decisions.keys, decisions.guids, decisions.apps
@@ -1149,43 +1199,38 @@ class Partition:
                 row = self._express_frame(targets, state, table, first_seq, row, duplicates, now_us)
                 offset += count
                 continue
-            if built is None:
-                built = _MessageBuilder.of_frame(b.table)
-                guid, payload, values, types, compression, producer = (
-                    built.guid, built.payload, built.values, built.types, built.compression, built.producer)
             apps = rules.apps
             if rules.filtered or (targets and any((state, app) in targets for app in apps)):
                 decisions.flush(reconciler)
+                if built is None:
+                    built = _MessageBuilder.of_frame(b.table)
                 row = self._express_rows(targets, state, built, offset, count, first_seq, row, duplicates, now_us)
                 offset += count
                 continue
             if frame_fresh is None:
-                frame_fresh = _Fresh(b.table)
+                guid = b.table["guid"].to_pylist()
+                frame_fresh = _Fresh(b.table, first_seq + row - offset, guid)
                 fresh.append(frame_fresh)
-                fresh_rows, fresh_messages, fresh_targets = frame_fresh.rows, frame_fresh.messages, frame_fresh.targets
+                fresh_rows, fresh_runs, fresh_targets = frame_fresh.rows, frame_fresh.runs, frame_fresh.targets
+            assert guid is not None
             ttl_ms = state.domain.message_ttl_ms
-            expires_us = now_us + ttl_ms * 1000 if ttl_ms else 0
+            run = frame_fresh.run(now_us + ttl_ms * 1000 if ttl_ms else 0)
             lean = len(apps) == 1 and state.quota is None
             target = (state, apps[0] if apps else "")
             for i in range(offset, offset + count):
-                seq = first_seq + row
-                g = guid[i]
-                seqs.append(seq)
+                seqs.append(first_seq + row)
                 keys.append(state)
-                guids.append(g)
+                guids.append(guid[i])
                 if duplicates[row]:
                     decided.append(None)
                 else:
                     decided.append(apps)
-                    message = StoredMessage(g, seq, payload[i], None, producer[i] or 0, 0, expires_us,
-                                            COMPRESSION_CODES.get(compression[i] or "", 0),
-                                            maps=(values[i], types[i]) if values[i] else None)
                     if lean:
                         fresh_rows.append(i)
-                        fresh_messages.append(message)
+                        fresh_runs.append(run)
                         fresh_targets.append(target)
                     else:
-                        frame_fresh.add(i, state, message, apps)
+                        frame_fresh.add(i, state, run, apps)
                 row += 1
             offset += count
         decisions.flush(reconciler)
@@ -1519,13 +1564,12 @@ class Partition:
         rest: Targets = {}
         now_us = wall_time_us()
         for f in fresh:
-            taken, keys, left = take_fresh([state.dispatcher(app) for state, app in f.targets], f.messages, now_us,
-                                           spilled)
+            taken, keys, left = take_fresh([state.dispatcher(app) for state, app in f.targets], f.runs, f.rows,
+                                           now_us, spilled)
             if taken:
-                pushes.append((None, SharedPush(f.frame, [f.rows[n] for n in taken], [f.messages[n] for n in taken],
-                                                keys)))
-            for n in left:
-                rest.setdefault(f.targets[n], []).append(f.messages[n])
+                pushes.append((None, SharedPush([f.runs[n] for n in taken], [f.rows[n] for n in taken], keys)))
+            for n, message in zip(left, spilled_messages(f.runs, f.rows, left)):
+                rest.setdefault(f.targets[n], []).append(message)
         if not rest:
             return targets
         for key, messages in targets.items():   # (later seqs than the rest: `_express`)
@@ -1652,24 +1696,42 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
 
 
 class _Fresh:
-    """Rows of one committed PUT frame spanning queues for `take_fresh`: the
-    frame's rows as committed (`frame`), and per (message, app) the row, the
-    message (one per app) and the queue and app it goes to, in seq order."""
+    """Rows of one committed PUT frame spanning queues for `take_fresh`: per
+    (row, app) the row of the frame, its run (`run`: the frame's rows as one
+    MessageRun per expiry, sharing its columns) and the queue and app it
+    goes to, in seq order. No StoredMessage is made for a row: its queue's
+    consumer holds it as (run, row)."""
 
-    __slots__ = ("frame", "rows", "messages", "targets")
+    __slots__ = ("table", "first_seq", "guids", "rows", "runs", "targets", "_runs")
 
-    def __init__(self, frame: pa.Table):
-        self.frame = frame
+    def __init__(self, table: pa.Table, first_seq: int, guids: list[bytes]):
+        self.table, self.first_seq, self.guids = table, first_seq, guids   # (first_seq: the seq of row 0)
         self.rows: list[int] = []
-        self.messages: list[StoredMessage] = []
+        self.runs: list[MessageRun] = []
         self.targets: list[tuple[QueueState, str]] = []
+        self._runs: dict[int, MessageRun] = {}
 
-    def add(self, row: int, state: QueueState, message: StoredMessage, apps: tuple[str, ...]) -> None:
-        """Row `row` for each of `apps`, as `_add_targets` adds a message."""
-        state.delivered(message, apps)
-        for n, app in enumerate(apps):
+    def run(self, expires_us: int) -> MessageRun:
+        """The frame's rows as a run delivered once, expiring at `expires_us`."""
+        run = self._runs.get(expires_us)
+        if run is None:
+            if self._runs:
+                run = next(iter(self._runs.values())).sharing(expires_us)
+            else:
+                table = self.table
+                seqs = list(range(self.first_seq, self.first_seq + table.num_rows))
+                run = MessageRun(_run_columns(table, seqs), self.guids, seqs,
+                                 pc.binary_length(table["payload"]).to_pylist(), 1, expires_us)
+            self._runs[expires_us] = run
+        return run
+
+    def add(self, row: int, state: QueueState, run: MessageRun, apps: tuple[str, ...]) -> None:
+        """Row `row` for each of `apps`, counted against the quota as
+        `_add_targets` counts a message."""
+        state.delivered_rows([run.guids[row]], [run.sizes[row]], apps)
+        for app in apps:
             self.rows.append(row)
-            self.messages.append(message if n == 0 else message.for_app())
+            self.runs.append(run)
             self.targets.append((state, app))
 
 

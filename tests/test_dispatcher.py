@@ -2,8 +2,17 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primary.dispatcher import ConsumerOptions, MessageRun, QueueDispatcher, StoredMessage, take_fresh
-from protocol.columns import PROPERTY_MAP
+from primary.dispatcher import (
+    ConfirmedRows,
+    ConsumerOptions,
+    MessageRun,
+    QueueDispatcher,
+    StoredMessage,
+    confirm_ranges,
+    spilled_messages,
+    take_fresh,
+)
+from protocol.columns import PROPERTY_MAP, push_table
 
 
 def msgs(n, start=0, size=10):
@@ -388,6 +397,18 @@ def fresh_schedules(draw):
     return queues, steps
 
 
+def _frame_runs(messages):
+    """A frame's rows as `_Fresh` makes them: one MessageRun delivered once
+    per expiry, every one sharing the frame's columns; the run of each row."""
+    maps = [m.property_maps for m in messages]
+    first = MessageRun(push_table([m.guid for m in messages], [m.seq for m in messages], [m.payload for m in messages],
+                                  [v for v, _ in maps], [t for _, t in maps], [0] * len(messages), [1] * len(messages),
+                                  [0] * len(messages)),
+                       [m.guid for m in messages], [m.seq for m in messages], [m.size for m in messages], 1, 0)
+    by_expiry = {}
+    return [by_expiry.setdefault(m.expires_us, first.sharing(m.expires_us)) for m in messages]
+
+
 class _Evens:
     text = "n % 2 = 0"
 
@@ -441,14 +462,18 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
                     continue
                 spilled: set[QueueDispatcher] = set()
                 rest: dict[int, list[StoredMessage]] = {}
-                for rows in made:
-                    taken, keys, left = take_fresh([ds[q] for q, _ in rows], [m for _, m in rows], now, spilled)
+                for rows in made:   # each frame as the partition holds it: a run a TTL, sharing the columns
+                    runs = _frame_runs([m for _, m in rows])
+                    positions = list(range(len(rows)))
+                    taken, keys, left = take_fresh([ds[q] for q, _ in rows], runs, positions, now, spilled)
                     for n, key in zip(taken, keys):
                         q, m = rows[n]
                         assert key[0] == q
-                        pushed[name][q].append((key, m.seq, m.delivery_count))
-                    for n in left:
-                        rest.setdefault(rows[n][0], []).append(rows[n][1])
+                        pushed[name][q].append((key, m.seq, runs[n].delivery_count))
+                    for n, message in zip(left, spilled_messages(runs, positions, left)):
+                        want = rows[n][1]
+                        assert (message.guid, message.seq, message.delivery_count) == (want.guid, want.seq, 0)
+                        rest.setdefault(rows[n][0], []).append(message)
                 for q, messages in sorted(rest.items()):
                     pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in ds[q].add_messages(messages)]
         else:
@@ -472,5 +497,91 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
         assert confirmed["fresh"] == confirmed["oracle"] and dropped["fresh"] == dropped["oracle"]
         for a, b in zip(sides["fresh"], sides["oracle"]):
             assert a.pending_count == b.pending_count
+            assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in a.consumers_info()] == \
+                [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in b.consumers_info()]
+
+
+# -- a CONFIRM frame's ranges of many queues in one pass (`confirm_ranges`) against confirm_many per queue ------
+@st.composite
+def range_schedules(draw):
+    """Queues with one or two consumers (random windows); messages arriving
+    one by one or as runs; CONFIRM frames of seq ranges over the queues, a
+    queue's ranges apart or together, some of seqs not held (or held by the
+    other consumer)."""
+    queues = draw(st.lists(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1 << 30, 25])),
+                                    min_size=1, max_size=2), min_size=1, max_size=4))
+    steps = draw(st.lists(st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 3), st.integers(1, 6), st.booleans()),
+        st.tuples(st.just("confirm"), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(0, 8),
+                                                         st.integers(1, 3)), min_size=1, max_size=8))),
+        max_size=25))
+    return queues, steps
+
+
+@settings(deadline=None)
+@given(range_schedules())
+def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedule):
+    """`confirm_ranges` then one `dispatch` of each freed queue, against what
+    the node did before it: each queue's seqs of the frame gathered in the
+    frame's order and confirmed by one `confirm_many` (the oracle). A frame
+    confirms each queue's messages of one of its consumers, as a link's
+    queue id is one consumer (two queue ids of one queue on one link are
+    dispatched once after both, where the oracle dispatched twice). Per queue
+    the same seqs confirmed (and GUIDs), the same pushes in the same order,
+    the same held and pending."""
+    queues, steps = schedule
+    sides = {name: [QueueDispatcher() for _ in queues] for name in ("oracle", "ranges")}
+    pushed = {name: [[] for _ in queues] for name in sides}
+    confirmed = {name: [[] for _ in queues] for name in sides}
+    for ds in sides.values():
+        for q, consumers in enumerate(queues):
+            for c, (window, window_bytes) in enumerate(consumers):
+                ds[q].add_consumer((q, c), ConsumerOptions(window, window_bytes))
+    seq = 0
+    for step in steps:
+        if step[0] == "add":
+            _, queue, count, as_run = step
+            q = queue % len(queues)
+            for name, ds in sides.items():
+                made = [StoredMessage(s.to_bytes(16, "big"), s, b"x" * (5 + s % 7), [], 0)
+                        for s in range(seq, seq + count)]
+                items = [_frame_runs(made)[0]] if as_run else made
+                pushed[name][q] += [(k, m.seq) for k, m in ds[q].add_messages(items)]
+            seq += count
+            continue
+        frame = []   # (queue, consumer key, start, count), starts picked from what the consumer holds
+        confirming: dict[int, tuple[int, int]] = {}   # a queue's consumer in this frame (a queue id of a link)
+        for queue, who, pick, count in step[1]:
+            q = queue % len(queues)
+            key = confirming.setdefault(q, (q, who % len(queues[q])))
+            held = sides["oracle"][q].unconfirmed_of(key)
+            frame.append((q, key, held[pick % len(held)] if held else seq + pick, count))
+        for name, ds in sides.items():
+            if name == "oracle":
+                by_key: dict[tuple[int, int], list[int]] = {}   # (a queue of a link: one consumer, the node's key)
+                for _, key, start, count in frame:
+                    by_key.setdefault(key, []).extend(range(start, start + count))
+                for key, seqs in by_key.items():
+                    q = key[0]
+                    done, more = ds[q].confirm_many(key, seqs)
+                    confirmed[name][q] += list(zip(done.seqs, done.guids))
+                    pushed[name][q] += [(k, m.seq) for k, m in more]
+                continue
+            rows = ConfirmedRows([], [])
+            counts, freed = confirm_ranges([ds[q] for q, _, _, _ in frame], [key for _, key, _, _ in frame],
+                                           [s for _, _, s, _ in frame], [n for _, _, _, n in frame], rows)
+            assert len(counts) == len(frame) and sum(counts) == len(rows.seqs) == len(rows.guids)
+            at = 0
+            for (q, _, _, _), n in zip(frame, counts):
+                confirmed[name][q] += list(zip(rows.seqs[at:at + n], rows.guids[at:at + n]))
+                at += n
+            assert len(set(freed)) == len(freed)
+            for d in freed:
+                q = ds.index(d)
+                pushed[name][q] += [(k, m.seq) for k, m in d.dispatch()]
+        assert confirmed["ranges"] == confirmed["oracle"]
+        assert pushed["ranges"] == pushed["oracle"]
+        for a, b in zip(sides["ranges"], sides["oracle"]):
+            assert a.pending_count == b.pending_count and a.confirmed == b.confirmed
             assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in a.consumers_info()] == \
                 [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in b.consumers_info()]
