@@ -481,6 +481,16 @@ class QueueDispatcher:
         self.confirmed += len(done_seqs) - before
         return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
 
+    def takes_fresh(self) -> bool:
+        """Whether a new message would go to its sole consumer at once
+        (`take_fresh`'s test but for its GUID and expiry): the express
+        lane's hint, read without the partition's lock, to keep rows that
+        would be spilled from the columnar way (`take_fresh` decides)."""
+        if self._pending:
+            return False
+        consumer = self._sole_consumer()
+        return consumer is not None and consumer.has_capacity()
+
     def dispatch(self) -> list[Push]:
         """What the room consumers have lets through now (after
         `confirm_ranges`)."""
@@ -654,14 +664,14 @@ def _regrouped(held: Iterable[Held]) -> list[Pending]:
 
 
 def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequence[ConsumerKey],
-                   starts: Sequence[int], counts: Sequence[int], into: ConfirmedRows
+                   starts: Sequence[Sequence[int]], counts: Sequence[Sequence[int]], into: ConfirmedRows
                    ) -> tuple[list[int], list["QueueDispatcher"]]:
     """A CONFIRM frame's seq ranges of many queues confirmed in one pass, not
-    a call per queue: seqs `starts[n]` .. `starts[n] + counts[n] - 1` by
-    consumer `keys[n]` of `dispatchers[n]` (None: no consumer ever came),
-    as `confirm_many` confirms them (a seq the consumer does not hold is
-    skipped), the rows appended to `into`. Returns how many each range
-    confirmed, and the dispatchers whose freed room may let waiting
+    a call per queue: entry n is ranges of consumer `keys[n]` of
+    `dispatchers[n]` (None: no consumer ever came), seqs `starts[n][i]` ..
+    `starts[n][i] + counts[n][i] - 1`, confirmed as `confirm_many` confirms
+    them (a seq the consumer does not hold is skipped), the rows appended
+    to `into`. Returns how many each entry confirmed, and the dispatchers whose freed room may let waiting
     messages through, in the order first confirmed: the caller dispatches
     each once (`dispatch`), as `confirm_many` does after a frame's seqs
     (a queue confirmed by two of its consumers in one frame, two queue ids
@@ -677,20 +687,21 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         unconfirmed, known = consumer.unconfirmed, dispatcher._known
         before = len(done_seqs)
         size = 0
-        for seq in range(start, start + count) if count != 1 else (start,):
-            held = unconfirmed.pop(seq, None)
-            if held is None:
-                continue
-            if isinstance(held, tuple):
-                run, i = held
-                guid = run.guids[i]
-                size += run.sizes[i]
-            else:
-                guid = held.guid
-                size += len(held.payload)
-            known.discard(guid)
-            done.append(guid)
-            done_seqs.append(seq)
+        for first, many in zip(start, count):
+            for seq in range(first, first + many) if many != 1 else (first,):
+                held = unconfirmed.pop(seq, None)
+                if held is None:
+                    continue
+                if isinstance(held, tuple):
+                    run, i = held
+                    guid = run.guids[i]
+                    size += run.sizes[i]
+                else:
+                    guid = held.guid
+                    size += len(held.payload)
+                known.discard(guid)
+                done.append(guid)
+                done_seqs.append(seq)
         n = len(done_seqs) - before
         confirmed.append(n)
         if n:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -731,22 +730,29 @@ class Node:
             return
         handles = self._handles_of(link)
         by_partition: dict[Partition, list[ConfirmRange]] = {}
-        queue_ids = frame.queue_ids or itertools.repeat(frame.queue_id)
-        last_id, handle, ranges = -1, None, None
-        for queue_id, start, count in zip(queue_ids, frame.starts, frame.counts):
-            if queue_id != last_id:
+        if not frame.queue_ids:   # one queue: its ranges as they are
+            handle = handles.get(frame.queue_id)
+            if handle is not None and handle.read and not handle.broadcast:
+                by_partition[handle.partition] = [
+                    (handle.state, handle.app, (link, frame.queue_id), frame.starts, frame.counts)]
+        else:   # a range or a few of each of many queues: consecutive ranges of one queue make one entry
+            last_id, handle, ranges, starts, counts = -1, None, None, None, None
+            for queue_id, start, count in zip(frame.queue_ids, frame.starts, frame.counts):
+                if queue_id == last_id:
+                    if starts is not None and counts is not None:
+                        starts.append(start)
+                        counts.append(count)
+                    continue
                 last_id = queue_id
                 handle = handles.get(queue_id)
                 if handle is None or not handle.read or handle.broadcast:
-                    handle = None   # (as `_confirm`: nothing of it is held for this link)
+                    starts = counts = None   # (as `_confirm`: nothing of it is held for this link)
                     continue
                 ranges = by_partition.get(handle.partition)
                 if ranges is None:
                     ranges = by_partition[handle.partition] = []
-            elif handle is None:
-                continue
-            assert handle is not None and ranges is not None
-            ranges.append((handle.state, handle.app, (link, queue_id), start, count))
+                starts, counts = [start], [count]
+                ranges.append((handle.state, handle.app, (link, queue_id), starts, counts))
         for partition, ranges_of in by_partition.items():
             done = partition.confirm_ranges(ranges_of)   # what the room they free lets through goes out together
             if done is not None:

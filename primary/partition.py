@@ -254,9 +254,9 @@ class PendingConfirms:
 # One queue's part of a CONFIRM frame: its state, the app, the consumer that
 # confirms, the seqs, and the GUIDs they must hold (None: not checked).
 ConfirmEntry = tuple[QueueState, str, ConsumerKey, Iterable[int], Sequence[bytes] | None]
-# One seq range of a ConfirmColumns frame: the queue's state, the app, the
-# consumer that confirms, the first seq and the count.
-ConfirmRange = tuple[QueueState, str, ConsumerKey, int, int]
+# Consecutive seq ranges of one queue in a ConfirmColumns frame: the queue's
+# state, the app, the consumer that confirms, the ranges' starts and counts.
+ConfirmRange = tuple[QueueState, str, ConsumerKey, Sequence[int], Sequence[int]]
 
 
 class PurgeFailed(Exception):
@@ -859,7 +859,7 @@ class Partition:
         sends), of one queue or of thousands: one pass over the ranges
         (`dispatcher.confirm_ranges`), no call per queue, then each queue
         whose freed room lets waiting messages through dispatched once.
-        Consecutive ranges of one queue and app make one run of the rows."""
+        Consecutive entries of one queue and app make one run of the rows."""
         if not ranges:
             return None
         states, apps, keys, starts, counts = zip(*ranges)
@@ -1179,7 +1179,10 @@ class Partition:
         asking the rules row by row), in this loop: with thousands of queues
         of a row or two each in a commit, it runs once a message, so it
         makes no call a row for a queue of one app and no quota; the rest
-        row by row into `targets` (`_express_rows`). Returns the next row."""
+        row by row into `targets` (`_express_rows`), with the rows of a
+        queue whose consumer would not take them now (`takes_fresh`): a
+        frame's run costs more than a StoredMessage a row when its rows
+        are spilled. Returns the next row."""
         offset = 0
         built: _MessageBuilder | None = None
         guid: list[bytes] | None = None
@@ -1200,7 +1203,8 @@ class Partition:
                 offset += count
                 continue
             apps = rules.apps
-            if rules.filtered or (targets and any((state, app) in targets for app in apps)):
+            if rules.filtered or (targets and any((state, app) in targets for app in apps)) or not all(
+                    app in state.dispatchers and state.dispatchers[app].takes_fresh() for app in apps or ("",)):
                 decisions.flush(reconciler)
                 if built is None:
                     built = _MessageBuilder.of_frame(b.table)

@@ -568,11 +568,18 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
                     pushed[name][q] += [(k, m.seq) for k, m in more]
                 continue
             rows = ConfirmedRows([], [])
-            counts, freed = confirm_ranges([ds[q] for q, _, _, _ in frame], [key for _, key, _, _ in frame],
-                                           [s for _, _, s, _ in frame], [n for _, _, _, n in frame], rows)
-            assert len(counts) == len(frame) and sum(counts) == len(rows.seqs) == len(rows.guids)
+            entries: list[tuple[int, tuple[int, int], list[int], list[int]]] = []   # a queue's consecutive ranges
+            for q, key, start, count in frame:
+                if entries and entries[-1][0] == q:
+                    entries[-1][2].append(start)
+                    entries[-1][3].append(count)
+                else:
+                    entries.append((q, key, [start], [count]))
+            counts, freed = confirm_ranges([ds[q] for q, _, _, _ in entries], [key for _, key, _, _ in entries],
+                                           [s for _, _, s, _ in entries], [n for _, _, _, n in entries], rows)
+            assert len(counts) == len(entries) and sum(counts) == len(rows.seqs) == len(rows.guids)
             at = 0
-            for (q, _, _, _), n in zip(frame, counts):
+            for (q, _, _, _), n in zip(entries, counts):
                 confirmed[name][q] += list(zip(rows.seqs[at:at + n], rows.guids[at:at + n]))
                 at += n
             assert len(set(freed)) == len(freed)
