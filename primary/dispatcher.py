@@ -481,16 +481,6 @@ class QueueDispatcher:
         self.confirmed += len(done_seqs) - before
         return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
 
-    def takes_fresh(self) -> bool:
-        """Whether a new message would go to its sole consumer at once
-        (`take_fresh`'s test but for its GUID and expiry): the express
-        lane's hint, read without the partition's lock, to keep rows that
-        would be spilled from the columnar way (`take_fresh` decides)."""
-        if self._pending:
-            return False
-        consumer = self._sole_consumer()
-        return consumer is not None and consumer.has_capacity()
-
     def dispatch(self) -> list[Push]:
         """What the room consumers have lets through now (after
         `confirm_ranges`)."""
