@@ -49,7 +49,7 @@ PHASES = (
     ("express decisions", "primary.partition", "Partition", "_express"),
     ("routing", "primary.partition", "Partition", "_route_targets"),
     ("PUSH frames", "primary.partition", "Partition", "_push"),
-    ("CONFIRM dispatch", "primary.partition", "Partition", "confirm"),
+    ("CONFIRM dispatch", "primary.partition", "Partition", "confirm_ranges"),
     ("CONFIRM commit", "primary.partition", "Partition", "_commit_confirms"),
 )
 
