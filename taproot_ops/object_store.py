@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -34,8 +35,37 @@ S3_PORT = 8333
 NAMESPACE_PORTS = (9333, 8080, 8888, 23646, 6060)
 
 
+GRPC_OFFSET = 10000   # SeaweedFS reserves each server's port + this for its gRPC
+
+
 class ObjectStoreError(RuntimeError):
     pass
+
+
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    """`count` free loopback ports for SeaweedFS's servers, each with its
+    gRPC port (port + GRPC_OFFSET) free too, and none of them another's:
+    `weed mini` refuses a port that is another server's gRPC port (a
+    flake of the suite when two free ports happened to be 10,000 apart)."""
+    ports: list[int] = []
+    taken = set(taken)
+    while len(ports) < count:
+        port = free_port()
+        grpc = port + GRPC_OFFSET
+        if grpc > 65535 or port in taken or grpc in taken or not _bindable(grpc):
+            continue
+        ports.append(port)
+        taken.update((port, grpc))
+    return ports
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def weed_binary() -> Path:
@@ -120,7 +150,8 @@ class SeaweedFS:
         data.mkdir(parents=True, exist_ok=True)
         names = ("master.port", "volume.port", "filer.port", "admin.port", "debug.port")
         # In a namespace of its own every port is free; here, any free ones.
-        ports = dict(zip(names, NAMESPACE_PORTS)) if self.launch_prefix else {n: free_port() for n in names}
+        ports = (dict(zip(names, NAMESPACE_PORTS)) if self.launch_prefix
+                 else dict(zip(names, _free_ports(len(names), taken={self.s3_port, self.s3_port + GRPC_OFFSET}))))
         args = [*self.launch_prefix, str(binary), "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
                 f"-s3.port={self.s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
                 "-admin.port.legacy=0", "-webdav=false",
