@@ -200,10 +200,9 @@ class SharedPush:
         """The first row's seq (pushes are merged across apps by it)."""
         return self.runs[0].seqs[self.rows[0]]
 
-    def put_times_us(self) -> list[int]:
+    def put_times_us(self) -> np.ndarray:
         """Each row's producer time (0: none given)."""
-        times: list[int] = self.table["put_time_us"].take(pa.array(self.rows, pa.int64())).to_pylist()
-        return times
+        return np.asarray(self.table["put_time_us"].take(pa.array(self.rows, pa.int64())).to_numpy(), np.int64)
 
     def messages(self, rows: Sequence[int]) -> list[StoredMessage]:
         """Rows of the frame as StoredMessages, as pushed (where a push meets

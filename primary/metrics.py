@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -65,10 +66,10 @@ class NodeMetrics:
                 continue
             if isinstance(pending, MessageRun):
                 rows, put_us = len(pending), pending.table["put_time_us"][0].as_py()
-            elif isinstance(pending, SharedPush):
-                for put_us in pending.put_times_us():   # (many producers' rows; each its own time)
-                    if put_us:
-                        seen.append((max(0, now_us - put_us) / 1e6, 1))
+            elif isinstance(pending, SharedPush):   # (many producers' rows; each its own time)
+                put_us = pending.put_times_us()
+                put_us = put_us[put_us != 0]
+                self.put_push.observe_values(np.maximum(0, now_us - put_us) / 1e6)
                 continue
             else:
                 rows, put_us = 1, pending.put_time_us

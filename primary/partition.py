@@ -93,6 +93,7 @@ COLUMNAR_RUN_MIN = 8   # fewer rows of one queue are decided and pushed one by o
 # making its run costs ~100 µs, and a spilled row's StoredMessage is taken
 # from it (~170 µs a frame); a smaller frame's rows go the per-queue way.
 FRESH_RUN_ROWS = 64
+SPAN_NUMPY_MIN = 32   # a PUSH frame's rows of many queues from this many: their seq ranges found with numpy
 TTL_SWEEP_INTERVAL_S = 0.5
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
 DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has every one
@@ -400,10 +401,21 @@ def _share_out(push: SharedPush, by_link: "dict[Link, list[tuple[int, Pending | 
     relay forwards such a frame as it is) when they are COLUMNAR_RUN_MIN
     rows or more, single messages otherwise (and for a peer that asked for
     PushBatch)."""
+    keys = cast("list[tuple[Link, int]]", push.keys)
+    link = keys[0][0]
+    if len(keys) >= COLUMNAR_RUN_MIN and all(key[0] is link for key in keys):
+        # The usual frame: its rows to columnar queues of one session below
+        # one link, sorted out in comprehensions rather than a row at a time.
+        queue_ids = [queue_id for _, queue_id in keys]
+        groups = link.push_groups
+        if link.columnar.issuperset(queue_ids) and len({groups.get(q, 0) for q in queue_ids}) == 1:
+            whole = _LinkRows(push)
+            whole.rows, whole.queue_ids = push.rows, queue_ids
+            by_link.setdefault(link, []).append((0, whole))
+            return
     mine: dict[tuple["Link", int], _LinkRows] = {}
     singles: list[tuple[list[tuple[int, Pending | _LinkRows]], int, int]] = []   # (items, at, row) of PushBatch peers
-    for row, key in zip(push.rows, push.keys):
-        link, queue_id = cast("tuple[Link, int]", key)
+    for row, (link, queue_id) in zip(push.rows, keys):
         if queue_id not in link.columnar:
             items = by_link.setdefault(link, [])
             singles.append((items, len(items), row))
@@ -485,9 +497,28 @@ class _SpanFrame:
         the first time (a SharedPush's), each of its queue."""
         self._flush_singles()
         self.parts.append(push_run_table(rows, 1))
-        for queue_id, seq in zip(queue_ids, rows["seq"].to_pylist()):
-            self._extend(queue_id, seq, 1)
+        if len(queue_ids) < SPAN_NUMPY_MIN:
+            for queue_id, seq in zip(queue_ids, rows["seq"].to_pylist()):
+                self._extend(queue_id, seq, 1)
+        else:
+            self._extend_rows(np.asarray(queue_ids, np.int64), np.asarray(rows["seq"].to_numpy(), np.int64))
         self.rows += len(queue_ids)
+
+    def _extend_rows(self, queue_ids: np.ndarray, seqs: np.ndarray) -> None:
+        """`_extend` a row at a time (row i of queue `queue_ids[i]`, seq
+        `seqs[i]`), in numpy: a range starts where the queue changes or the
+        seq does not follow, the first one joining the last range if it follows it."""
+        n = len(seqs)
+        starts = np.empty(n, np.bool_)
+        starts[0] = not (int(seqs[0]) == self._next_seq and self.queue_ids and self.queue_ids[-1] == int(queue_ids[0]))
+        starts[1:] = (queue_ids[1:] != queue_ids[:-1]) | (seqs[1:] != seqs[:-1] + 1)
+        at = np.flatnonzero(starts)
+        if not starts[0]:
+            self.counts[-1] += int(at[0]) if len(at) else n
+        self.queue_ids.extend(queue_ids[at].tolist())
+        self.starts.extend(seqs[at].tolist())
+        self.counts.extend(np.diff(np.append(at, n)).tolist())
+        self._next_seq = int(seqs[-1]) + 1
 
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
         self._flush_singles()

@@ -592,3 +592,32 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
             assert a.pending_count == b.pending_count and a.confirmed == b.confirmed
             assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in a.consumers_info()] == \
                 [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in b.consumers_info()]
+
+
+# -- a PUSH frame's seq ranges of many rows, found with numpy -------------------------------------------
+@settings(deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 3), st.booleans()), max_size=70), min_size=1, max_size=4))
+def test_a_push_frame_names_the_seq_ranges_of_many_rows_as_a_row_at_a_time(calls):
+    """`_SpanFrame.add_rows` (numpy from SPAN_NUMPY_MIN rows) names the same
+    ranges as `_extend` a row at a time: consecutive seqs of one queue make
+    one range, across calls too. Each row: its queue, and whether its seq
+    follows the last one."""
+    from primary.partition import _SpanFrame
+
+    frame, reference = _SpanFrame(), _SpanFrame()
+    seq = 100
+    for rows in calls:
+        if not rows:
+            continue
+        queue_ids, seqs = [], []
+        for queue_id, follows in rows:
+            seq += 1 if follows else 3
+            queue_ids.append(queue_id)
+            seqs.append(seq)
+        table = push_table([s.to_bytes(16, "big") for s in seqs], seqs, [b"x"] * len(seqs), [None] * len(seqs),
+                           [None] * len(seqs), [0] * len(seqs), [1] * len(seqs), [0] * len(seqs))
+        frame.add_rows(table, queue_ids)
+        for queue_id, s in zip(queue_ids, seqs):
+            reference._extend(queue_id, s, 1)
+    assert (frame.queue_ids, frame.starts, frame.counts) == (reference.queue_ids, reference.starts, reference.counts)
+    assert frame.rows == sum(len(rows) for rows in calls)

@@ -9,8 +9,11 @@ import urllib.error
 import urllib.request
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,6 +40,21 @@ def test_a_weighted_histogram_counts_each_observation_with_its_messages():
     assert samples[("x_bucket", "1.0")] == 713
     assert samples[("x_bucket", "+Inf")] == 714 == samples[("x_count", None)] == h.count
     assert samples[("x_sum", None)] == pytest.approx(0.005 * 700 + 0.05 + 1.0 + 3.0 + 0.1)
+
+
+@pytest.mark.unit
+@settings(deadline=None)
+@given(st.lists(st.floats(0, 5, allow_nan=False), max_size=40))
+def test_a_histogram_observes_an_array_of_values_as_it_observes_them_one_by_one(values):
+    """`observe_values` (numpy, a spanning frame's rows) buckets as `observe`
+    does: a value on a bound is in that bound's bucket."""
+    bounds = (0.01, 0.1, 1.0, 2.5)
+    one, many = WeightedHistogram(bounds), WeightedHistogram(bounds)
+    for v in values + [0.1, 1.0]:
+        one.observe(v)
+    many.observe_values(np.array(values + [0.1, 1.0]))
+    many.observe_values(np.array([]))
+    assert many._counts == one._counts and many.sum == pytest.approx(one.sum)
 
 
 @pytest.mark.unit
