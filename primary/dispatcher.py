@@ -169,6 +169,25 @@ class MessageRun:
                         "payload", "properties", "property_types", "put_time_us", "compression")))]
 
 
+class FrameRun(MessageRun):
+    """The rows of one PUT frame spanning queues, delivered once (`take_fresh`):
+    each row is held by its own queue's consumer as (run, row), all sharing
+    the frame's columns. `made_us`: when the run was made, on the primary's
+    clock. A consumer slow to confirm one row would keep the whole frame in
+    memory; `QueueDispatcher.own_frames` gives rows held too long copies of
+    their own."""
+
+    __slots__ = ("made_us",)
+
+    def __init__(self, table: pa.Table, guids: list[bytes], seqs: list[int], sizes: list[int],
+                 delivery_count: int = 0, expires_us: int = 0, made_us: int = 0):
+        super().__init__(table, guids, seqs, sizes, delivery_count, expires_us)
+        self.made_us = made_us
+
+    def sharing(self, expires_us: int) -> "FrameRun":
+        return FrameRun(self.table, self.guids, self.seqs, self.sizes, self.delivery_count, expires_us, self.made_us)
+
+
 class SharedPush:
     """First deliveries of rows of one PUT frame spanning queues to the sole
     consumers of many queues: row `rows[n]` of the frame to `keys[n]`, held
@@ -479,6 +498,31 @@ class QueueDispatcher:
         consumer.unconfirmed_bytes -= freed
         self.confirmed += len(done_seqs) - before
         return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
+
+    def own_frames(self, made_before_us: int) -> int:
+        """Rows held unconfirmed as rows of a frame spanning queues
+        (`FrameRun`) made before `made_before_us` become StoredMessages of
+        their own (one take a frame), in place, with their delivery state:
+        the frame's other rows were confirmed long ago, and a consumer
+        that confirms slowly would keep each frame it holds a row of in
+        memory (about a MiB a frame of 1,000 1 KiB rows). Returns how many."""
+        owned = 0
+        for consumer in self._consumers.values():
+            stale: dict[int, tuple[FrameRun, list[int], list[int]]] = {}   # id(run) -> run, rows, seqs
+            for seq, held in consumer.unconfirmed.items():
+                if isinstance(held, tuple) and isinstance(held[0], FrameRun):
+                    if held[0].made_us >= made_before_us:
+                        break   # (a frame's rows are pushed as it is made: the rest held are younger)
+                    entry = stale.get(id(held[0]))
+                    if entry is None:
+                        entry = stale[id(held[0])] = (held[0], [], [])
+                    entry[1].append(held[1])
+                    entry[2].append(seq)
+            for run, rows, seqs in stale.values():
+                for seq, message in zip(seqs, run.take(rows).messages()):
+                    consumer.unconfirmed[seq] = message   # (the same place in push order)
+                owned += len(rows)
+        return owned
 
     def dispatch(self) -> list[Push]:
         """What the room consumers have lets through now (after

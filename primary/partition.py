@@ -47,6 +47,7 @@ from primary.dispatcher import (
     ConsumerKey,
     ConsumerOptions,
     Dropped,
+    FrameRun,
     MessageRun,
     Pending,
     Push,
@@ -95,6 +96,7 @@ COLUMNAR_RUN_MIN = 8   # fewer rows of one queue are decided and pushed one by o
 FRESH_RUN_ROWS = 64
 SPAN_NUMPY_MIN = 32   # a PUSH frame's rows of many queues from this many: their seq ranges found with numpy
 TTL_SWEEP_INTERVAL_S = 0.5
+FRAME_HOLD_S = 5.0   # a frame's rows held unconfirmed this long get copies of their own (`own_frames`)
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
 DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has every one
 MESSAGE_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
@@ -954,6 +956,20 @@ class Partition:
             state.app_done(message.guid, app)
         self.dead_committer.submit([DeadLetter(state, app, m, r, d) for m, r, d in dropped], 0)
 
+    def own_frames(self) -> int:
+        """Rows of frames spanning queues held unconfirmed for more than
+        FRAME_HOLD_S get copies of their own (`QueueDispatcher.own_frames`),
+        so a slow consumer keeps its rows in memory, not their frames."""
+        before_us = wall_time_us() - int(FRAME_HOLD_S * 1e6)
+        owned = 0
+        with self.lock:
+            states = list(self.queues.values())
+        for state in states:
+            with self.lock:
+                for dispatcher in state.dispatchers.values():
+                    owned += dispatcher.own_frames(before_us)
+        return owned
+
     def expire(self) -> None:
         """TTL sweep of every queue whose domain has one."""
         with self.lock:
@@ -1419,7 +1435,7 @@ class Partition:
     # -- delivery path ------------------------------------------------------
     def _tail_delivery(self) -> None:
         interval_s = self.config.primary.delivery_poll_interval_ms / 1000
-        next_sweep = 0.0
+        next_sweep = next_frames = 0.0
         while not self._stopping.is_set():
             self._wake.wait(interval_s)
             self._wake.clear()
@@ -1431,6 +1447,9 @@ class Partition:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + TTL_SWEEP_INTERVAL_S
                     self.expire()
+                if time.monotonic() >= next_frames:
+                    next_frames = time.monotonic() + FRAME_HOLD_S / 2
+                    self.own_frames()
             except Exception:
                 log.exception("partition %d: reading the delivery log failed; retrying", self.index)
 
@@ -1746,9 +1765,9 @@ class _Fresh:
         self.rows: list[int] = []
         self.runs: list[MessageRun] = []
         self.targets: list[tuple[QueueState, str]] = []
-        self._runs: dict[int, MessageRun] = {}
+        self._runs: dict[int, FrameRun] = {}
 
-    def run(self, expires_us: int) -> MessageRun:
+    def run(self, expires_us: int) -> FrameRun:
         """The frame's rows as a run delivered once, expiring at `expires_us`."""
         run = self._runs.get(expires_us)
         if run is None:
@@ -1757,8 +1776,8 @@ class _Fresh:
             else:
                 table = self.table
                 seqs = list(range(self.first_seq, self.first_seq + table.num_rows))
-                run = MessageRun(_run_columns(table, seqs), self.guids, seqs,
-                                 pc.binary_length(table["payload"]).to_pylist(), 1, expires_us)
+                run = FrameRun(_run_columns(table, seqs), self.guids, seqs,
+                               pc.binary_length(table["payload"]).to_pylist(), 1, expires_us, wall_time_us())
             self._runs[expires_us] = run
         return run
 

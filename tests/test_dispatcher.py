@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from primary.dispatcher import (
     ConfirmedRows,
     ConsumerOptions,
+    FrameRun,
     MessageRun,
     QueueDispatcher,
     StoredMessage,
@@ -392,19 +393,27 @@ def fresh_schedules(draw):
             st.integers(0, 3), st.sampled_from([1, 10, 40]), st.sampled_from([0, 0, 500, 5000]),
             st.integers(0, 6)), min_size=1, max_size=12), min_size=1, max_size=3)),
         st.tuples(st.just("confirm"), st.integers(0, 3), st.integers(0, 1), st.lists(st.integers(0, 20), max_size=6)),
-        st.tuples(st.just("leave"), st.integers(0, 3), st.integers(0, 1))),
+        st.tuples(st.just("leave"), st.integers(0, 3), st.integers(0, 1)),
+        st.tuples(st.just("own"))),
         max_size=25))
     return queues, steps
+
+
+def _per_row(pushes):
+    """Pushes as (consumer, seq, delivery count) a message: a run's rows are
+    held as a frame's and come back as one run when a consumer leaves."""
+    return [(k, seq, m.delivery_count) for k, m in pushes
+            for seq in (m.seqs if isinstance(m, MessageRun) else [m.seq])]
 
 
 def _frame_runs(messages):
     """A frame's rows as `_Fresh` makes them: one MessageRun delivered once
     per expiry, every one sharing the frame's columns; the run of each row."""
     maps = [m.property_maps for m in messages]
-    first = MessageRun(push_table([m.guid for m in messages], [m.seq for m in messages], [m.payload for m in messages],
-                                  [v for v, _ in maps], [t for _, t in maps], [0] * len(messages), [1] * len(messages),
-                                  [0] * len(messages)),
-                       [m.guid for m in messages], [m.seq for m in messages], [m.size for m in messages], 1, 0)
+    first = FrameRun(push_table([m.guid for m in messages], [m.seq for m in messages], [m.payload for m in messages],
+                                [v for v, _ in maps], [t for _, t in maps], [0] * len(messages), [1] * len(messages),
+                                [0] * len(messages)),
+                     [m.guid for m in messages], [m.seq for m in messages], [m.size for m in messages], 1, 0, made_us=1)
     by_expiry = {}
     return [by_expiry.setdefault(m.expires_us, first.sharing(m.expires_us)) for m in messages]
 
@@ -439,7 +448,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
     for name, ds in sides.items():
         for q, consumers in enumerate(queues):
             for c, spec in enumerate(consumers):
-                pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in ds[q].add_consumer((q, c), options(*spec))]
+                pushed[name][q] += _per_row(ds[q].add_consumer((q, c), options(*spec)))
     seq = 0
     for step in steps:
         if step[0] == "frames":
@@ -475,7 +484,13 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
                         assert (message.guid, message.seq, message.delivery_count) == (want.guid, want.seq, 0)
                         rest.setdefault(rows[n][0], []).append(message)
                 for q, messages in sorted(rest.items()):
-                    pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in ds[q].add_messages(messages)]
+                    pushed[name][q] += _per_row(ds[q].add_messages(messages))
+        elif step[0] == "own":   # rows held as a frame's get copies of their own: nothing else changes
+            def frame_rows():
+                return sum(1 for d in sides["fresh"] for c in d._consumers.values() for h in c.unconfirmed.values()
+                           if isinstance(h, tuple) and isinstance(h[0], FrameRun))
+            before = frame_rows()
+            assert sum(d.own_frames(2) for d in sides["fresh"]) == before and frame_rows() == 0
         else:
             q = step[1] % len(queues)
             if not queues[q]:
@@ -489,7 +504,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
                     confirmed[name][q] += done.seqs
                 else:
                     more = d.remove_consumer((q, c)) + d.add_consumer((q, c), options(*queues[q][c]))
-                pushed[name][q] += [(k, m.seq, m.delivery_count) for k, m in more]
+                pushed[name][q] += _per_row(more)
         for name, ds in sides.items():
             for q, d in enumerate(ds):
                 dropped[name][q] += [m.seq for m, _, _ in d.take_dropped()]
@@ -621,3 +636,29 @@ def test_a_push_frame_names_the_seq_ranges_of_many_rows_as_a_row_at_a_time(calls
             reference._extend(queue_id, s, 1)
     assert (frame.queue_ids, frame.starts, frame.counts) == (reference.queue_ids, reference.starts, reference.counts)
     assert frame.rows == sum(len(rows) for rows in calls)
+
+
+def test_rows_of_a_frame_held_too_long_get_copies_of_their_own():
+    """`own_frames`: a row of a frame spanning queues still held after the
+    frame's other rows were confirmed becomes a StoredMessage of its own,
+    in its place, with its content and delivery state; it is confirmed and
+    delivered again as before. A frame made since the cut-off is left."""
+    made = [StoredMessage(i.to_bytes(16, "big"), 10 + i, b"p%d" % i, to_wire({"n": i}), put_time_us=0)
+            for i in range(4)]
+    runs = _frame_runs(made)                   # made_us=1
+    a, b = QueueDispatcher(), QueueDispatcher()
+    a.add_consumer("a", ConsumerOptions())
+    b.add_consumer("b", ConsumerOptions())
+    taken, _, _ = take_fresh([a, a, b, b], runs, [0, 1, 2, 3], 0, set())
+    assert taken == [0, 1, 2, 3]
+    assert a.confirm_many("a", [10, 11])[0].seqs == [10, 11]
+    assert b.own_frames(1) == 0 and a.own_frames(2) == 0   # not older than the cut-off; nothing held
+    assert b.own_frames(2) == 2 and b.own_frames(2) == 0
+    held = b._consumers["b"].unconfirmed
+    assert list(held) == [12, 13] and all(isinstance(m, StoredMessage) for m in held.values())
+    assert [(m.guid, m.payload, m.delivery_count, m.typed_properties, m.size) for m in held.values()] == [
+        (made[i].guid, made[i].payload, 1, {"n": i}, len(made[i].payload)) for i in (2, 3)]
+    assert b._consumers["b"].unconfirmed_bytes == sum(len(made[i].payload) for i in (2, 3))
+    pushes = b.remove_consumer("b") + b.add_consumer("b2", ConsumerOptions())
+    assert [(k, m.seq, m.delivery_count) for k, m in pushes] == [("b2", 12, 2), ("b2", 13, 2)]
+    assert b.confirm_many("b2", [12, 13])[0].seqs == [12, 13] and b.unconfirmed_count == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import primary.partition as partition_module
 from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
 from protocol import ResultCode, columns, pb
 from protocol.stream import Link
@@ -124,7 +125,7 @@ def pushes_of(link: Link, want: int, timeout_s: float = 30,
     raise AssertionError(f"{len(got)} of {want} messages pushed within {timeout_s} s: {got}")
 
 
-def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tmp_path):
+def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tmp_path, monkeypatch):
     """The express lane's one pass over a frame spanning queues (`take_fresh`):
     queues with a sole consumer with room get their rows at once, in
     PushColumns frames taken from the PUT frame (a consumer asking for
@@ -173,6 +174,13 @@ def test_a_frame_of_many_queues_is_pushed_in_one_pass_to_their_sole_consumers(tm
             assert len(got) == (1 if qid <= 3 or qid == 32 else 2), (qid, got)
         (q32_other,) = pushes_of(other, 1)
         assert q32_other[0] == 32 and q32_other[2] == payload_of[32][1] and q32_other[3] == 1
+
+        # The rows taken at once are held as rows of the frame; held longer
+        # than FRAME_HOLD_S (the sweep's work, here at once) each gets a copy
+        # of its own, and what follows confirms and redelivers those.
+        monkeypatch.setattr(partition_module, "FRAME_HOLD_S", -1.0)
+        assert sum(p.own_frames() for p in node.partitions.values()) == 3 + 27 * 2 + 2   # (queue 32's spilled)
+        assert sum(p.own_frames() for p in node.partitions.values()) == 0
 
         # The windows of one: a CONFIRM frees each, and its queue's second row follows.
         held = {qid: by_queue[qid][0][0] for qid in (1, 2, 3)}
