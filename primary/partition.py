@@ -258,6 +258,11 @@ class PendingConfirms:
         return cls([(queue, app_id, len(confirmed.seqs))], confirmed, committed)
 
 
+# What a CONFIRM frame confirmed on a partition, as runs (queue, app, rows),
+# and what dispatching after it dropped (queue, app, messages).
+_Runs = list[tuple[QueueState, str, int]]
+_Gone = list[tuple[QueueState, str, list[Dropped]]]
+
 # One queue's part of a CONFIRM frame: its state, the app, the consumer that
 # confirms, the seqs, and the GUIDs they must hold (None: not checked).
 ConfirmEntry = tuple[QueueState, str, ConsumerKey, Iterable[int], Sequence[bytes] | None]
@@ -857,39 +862,31 @@ class Partition:
             self._dead_letter(state, app, messages)
 
     def confirm(self, entries: Iterable[ConfirmEntry]) -> PendingConfirms | None:
-        """A CONFIRM frame's queues, in one pass under one hold of the locks:
+        """A ConfirmBatch frame's queues (their GUIDs checked, when given;
+        a ConfirmColumns frame goes to `confirm_ranges`), in one pass under one hold of the locks:
         each queue's seqs confirmed in its app's dispatcher, what the room they
         free lets through sent together (frames spanning queues), and what
         they confirmed returned for the confirm committer (None: nothing), its
         rows in one list with a run per queue. No callable, result or
         dispatcher is made per queue (a frame of a session with thousands of
         queues holds a range or two of each)."""
-        rows = ConfirmedRows([], [])
-        runs: list[tuple[QueueState, str, int]] = []
-        pushes: list[Push] = []
-        dropped: list[tuple[QueueState, str, list[Dropped]]] = []
-        with self._push_lock:
-            with self.lock:
-                for state, app, key, seqs, guids in entries:
-                    dispatcher = state.dispatchers.get(app)
-                    if dispatcher is None:
-                        continue   # no consumer of this app ever came: nothing is held
-                    before = len(rows.seqs)
-                    _, freed = dispatcher.confirm_many(key, seqs, guids, rows)
-                    if freed:
-                        pushes.extend(freed)
-                    if dispatcher.has_dropped:
-                        dropped.append((state, app, dispatcher.take_dropped()))
-                    count = len(rows.seqs) - before
-                    if count:
-                        runs.append((state, app, count))
-                        if state.quota is not None:
-                            state.apps_done(rows.guids[before:], app)
-            if pushes:
-                self._push(pushes)
-        for state, app, messages in dropped:
-            self._dead_letter(state, app, messages)
-        return PendingConfirms(runs, rows) if runs else None
+        def confirm_each(rows: ConfirmedRows, runs: _Runs, pushes: list[Push], dropped: _Gone) -> None:
+            for state, app, key, seqs, guids in entries:
+                dispatcher = state.dispatchers.get(app)
+                if dispatcher is None:
+                    continue   # no consumer of this app ever came: nothing is held
+                before = len(rows.seqs)
+                _, freed = dispatcher.confirm_many(key, seqs, guids, rows)
+                if freed:
+                    pushes.extend(freed)
+                if dispatcher.has_dropped:
+                    dropped.append((state, app, dispatcher.take_dropped()))
+                count = len(rows.seqs) - before
+                if count:
+                    runs.append((state, app, count))
+                    if state.quota is not None:
+                        state.apps_done(rows.guids[before:], app)
+        return self._confirming(confirm_each)
 
     def confirm_ranges(self, ranges: Sequence[ConfirmRange]) -> PendingConfirms | None:
         """`confirm` for a ConfirmColumns frame's seq ranges (what the SDK
@@ -900,31 +897,43 @@ class Partition:
         if not ranges:
             return None
         states, apps, keys, starts, counts = zip(*ranges)
+
+        def confirm_all(rows: ConfirmedRows, runs: _Runs, pushes: list[Push], dropped: _Gone) -> None:
+            dispatchers = [state.dispatchers.get(app) for state, app in zip(states, apps)]
+            confirmed, freed = confirm_ranges(dispatchers, keys, starts, counts, rows)
+            at = 0
+            for state, app, n in zip(states, apps, confirmed):
+                if not n:
+                    continue
+                if runs and runs[-1][0] is state and runs[-1][1] == app:
+                    runs[-1] = (state, app, runs[-1][2] + n)
+                else:
+                    runs.append((state, app, n))
+                if state.quota is not None:
+                    state.apps_done(rows.guids[at:at + n], app)
+                at += n
+            if freed:
+                owner = {id(d): (state, app) for d, state, app in zip(dispatchers, states, apps)}
+                for dispatcher in freed:
+                    pushes.extend(dispatcher.dispatch())
+                    if dispatcher.has_dropped:
+                        dropped.append((*owner[id(dispatcher)], dispatcher.take_dropped()))
+        return self._confirming(confirm_all)
+
+    def _confirming(self, confirm: "Callable[[ConfirmedRows, _Runs, list[Push], _Gone], None]"
+                    ) -> PendingConfirms | None:
+        """Run `confirm` under the push lock and the partition's lock, with the
+        lists it fills: the rows confirmed, their runs (queue, app, rows), the
+        pushes the freed room lets through and what dispatching dropped. Then
+        send the pushes (still under the push lock), dead-letter the dropped,
+        and return the rows for the confirm committer (None: nothing)."""
         rows = ConfirmedRows([], [])
-        runs: list[tuple[QueueState, str, int]] = []
+        runs: _Runs = []
         pushes: list[Push] = []
-        dropped: list[tuple[QueueState, str, list[Dropped]]] = []
+        dropped: _Gone = []
         with self._push_lock:
             with self.lock:
-                dispatchers = [state.dispatchers.get(app) for state, app in zip(states, apps)]
-                confirmed, freed = confirm_ranges(dispatchers, keys, starts, counts, rows)
-                at = 0
-                for state, app, n in zip(states, apps, confirmed):
-                    if not n:
-                        continue
-                    if runs and runs[-1][0] is state and runs[-1][1] == app:
-                        runs[-1] = (state, app, runs[-1][2] + n)
-                    else:
-                        runs.append((state, app, n))
-                    if state.quota is not None:
-                        state.apps_done(rows.guids[at:at + n], app)
-                    at += n
-                if freed:
-                    owner = {id(d): (state, app) for d, state, app in zip(dispatchers, states, apps)}
-                    for dispatcher in freed:
-                        pushes.extend(dispatcher.dispatch())
-                        if dispatcher.has_dropped:
-                            dropped.append((*owner[id(dispatcher)], dispatcher.take_dropped()))
+                confirm(rows, runs, pushes, dropped)
             if pushes:
                 self._push(pushes)
         for state, app, messages in dropped:
