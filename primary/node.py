@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -732,7 +733,7 @@ class Node:
         by_partition: dict[Partition, list[ConfirmRange]] = {}
         if not frame.queue_ids:   # one queue: its ranges as they are
             handle = handles.get(frame.queue_id)
-            if handle is not None and handle.read and not handle.broadcast:
+            if _holds_confirms(handle):
                 by_partition[handle.partition] = [
                     (handle.state, handle.app, (link, frame.queue_id), frame.starts, frame.counts)]
         else:   # a range or a few of each of many queues: consecutive ranges of one queue make one entry
@@ -745,8 +746,8 @@ class Node:
                     continue
                 last_id = queue_id
                 handle = handles.get(queue_id)
-                if handle is None or not handle.read or handle.broadcast:
-                    starts = counts = None   # (as `_confirm`: nothing of it is held for this link)
+                if not _holds_confirms(handle):
+                    starts = counts = None
                     continue
                 ranges = by_partition.get(handle.partition)
                 if ranges is None:
@@ -767,10 +768,7 @@ class Node:
         by_partition: dict[Partition, list[ConfirmEntry]] = {}
         for queue_id, seqs in seqs_by_queue.items():
             handle = handles.get(queue_id)
-            if handle is None or not handle.read or handle.broadcast:
-                # A confirm for a queue this link does not read is dropped: the
-                # message stays with whoever holds it (at-least-once). Broadcast
-                # keeps nothing, so there is nothing to confirm.
+            if not _holds_confirms(handle):
                 continue
             entries = by_partition.get(handle.partition)
             if entries is None:
@@ -793,6 +791,14 @@ class Node:
 
     def _on_heartbeat(self, link: Link, beat: pb.Heartbeat) -> None:
         link.send(pb.Frame(heartbeat=beat))
+
+
+def _holds_confirms(handle: OpenHandle | None) -> TypeGuard[OpenHandle]:
+    """Whether a CONFIRM for this queue id of a link can confirm anything.
+    One for a queue the link does not read is dropped: the message stays
+    with whoever holds it (at-least-once). Broadcast keeps nothing, so
+    there is nothing to confirm."""
+    return handle is not None and handle.read and not handle.broadcast
 
 
 def _not_taken(partition: Partition) -> Refusal:
