@@ -28,16 +28,34 @@ partition lock.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Concatenate,
+    Hashable,
+    Iterable,
+    Mapping,
+    NamedTuple,
+    ParamSpec,
+    Protocol,
+    Sequence,
+    TypeVar,
+    cast,
+)
 
 import numpy as np
 import pyarrow as pa
 
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
 from protocol.properties import VIA, from_wire, maps_to_wire, wire_to_maps
+
+if TYPE_CHECKING:
+    from primary.ledger import Ledger
 
 ConsumerKey = Hashable
 REASON_ATTEMPTS = "max_delivery_attempts"
@@ -324,6 +342,27 @@ class _Consumer:
 
 Push = tuple[ConsumerKey, "Pending | SharedPush"]   # (None, SharedPush): `take_fresh`'s, of many consumers
 Dropped = tuple[StoredMessage, str, str]      # message, reason, detail
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _off_ledger(method: "Callable[Concatenate[QueueDispatcher, _P], _R]"
+                ) -> "Callable[Concatenate[QueueDispatcher, _P], _R]":
+    """A dispatcher method that works on its consumers' held rows: the rows
+    a `Ledger` holds for it come back into its consumer first, and once the
+    method is done the ledger learns whether it may hold rows again."""
+    def wrapper(self: "QueueDispatcher", /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        ledger = self._ledger
+        if ledger is None:
+            return method(self, *args, **kwargs)
+        if self._plain:
+            ledger.release([self._slot])
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._sync_ledger()
+    functools.update_wrapper(wrapper, method)
+    return wrapper
 
 
 class QueueDispatcher:
@@ -340,12 +379,50 @@ class QueueDispatcher:
         # Counts for metrics (`primary.metrics`), kept under the partition's
         # lock like the rest: messages pushed (a redelivery counts again, in
         # `redelivered` too), confirmed, and dropped by reason.
-        self.pushed = 0
+        self._pushed = 0
         self.redelivered = 0
-        self.confirmed = 0
+        self._confirmed = 0
         self.dropped: dict[str, int] = {}
         self.broadcasts = 0     # PUTs of a broadcast queue (never stored), whether anyone got them or not
         self.purged = 0         # messages an admin purged
+        # Rows of frames spanning queues may be held in a partition's
+        # `Ledger` instead, while this dispatcher is plain (`attach`).
+        self._ledger: Ledger | None = None
+        self._slot = -1
+        self._plain = False                       # (the ledger's mirror: it may hold rows for us)
+        self._plain_as: tuple[Any, ...] = ()      # the sole consumer and window it was told
+
+    def attach(self, ledger: "Ledger", owner: Any) -> None:
+        """Let `ledger` hold this dispatcher's rows of frames spanning
+        queues while it is plain (`primary.ledger`); `owner` names them in
+        its CONFIRMs."""
+        self._ledger = ledger
+        self._slot = ledger.register(self, owner)
+        self._sync_ledger()
+
+    def _sync_ledger(self) -> None:
+        """Tell the ledger whether this dispatcher is plain now: a sole
+        consumer without a subscription, nothing waiting, nothing held here."""
+        ledger = self._ledger
+        if ledger is None:
+            return
+        consumer = None if self._pending else self._sole_consumer()
+        if consumer is not None and not consumer.unconfirmed:
+            o = consumer.options
+            plain_as = (consumer.key, o.max_unconfirmed_messages, o.max_unconfirmed_bytes)
+            if not self._plain or plain_as != self._plain_as:
+                ledger.set_plain(self._slot, *plain_as)
+        elif self._plain:
+            ledger.release([self._slot])
+
+    def _take_held(self, entries: list[tuple[int, "tuple[MessageRun, int]"]], size: int) -> None:
+        """Rows the ledger held for the sole consumer, in push order, after
+        those it holds here (none: the ledger holds rows only while it
+        holds none here)."""
+        consumer = next(iter(self._consumers.values()))
+        consumer.unconfirmed.update(entries)
+        consumer.unconfirmed_bytes += size
+        self._known.update(run.guids[row] for _, (run, row) in entries)
 
     # -- inspection ---------------------------------------------------------
     @property
@@ -353,19 +430,35 @@ class QueueDispatcher:
         return sum(len(p) if isinstance(p, MessageRun) else 1 for p in self._pending)
 
     @property
+    def pushed(self) -> int:
+        """Messages pushed (a redelivery counts again, in `redelivered` too)."""
+        return self._pushed + (int(self._ledger.pushed[self._slot]) if self._ledger is not None else 0)
+
+    @property
+    def confirmed(self) -> int:
+        return self._confirmed + (int(self._ledger.confirmed[self._slot]) if self._ledger is not None else 0)
+
+    @property
     def unconfirmed_count(self) -> int:
-        return sum(len(c.unconfirmed) for c in self._consumers.values())
+        return sum(len(c.unconfirmed) for c in self._consumers.values()) + self._held_in_ledger()[0]
+
+    def _held_in_ledger(self) -> tuple[int, int]:
+        """Rows and bytes the ledger holds for the sole consumer."""
+        return self._ledger.held(self._slot) if self._plain and self._ledger is not None else (0, 0)
 
     def consumer_keys(self) -> list[ConsumerKey]:
         return list(self._consumers)
 
     def unconfirmed_of(self, key: ConsumerKey) -> list[int]:
         """The seqs `key` holds unconfirmed, in push order."""
+        if self._plain and self._ledger is not None:   # (held there or here, never both)
+            return list(self._consumers[key].unconfirmed) or self._ledger.seqs_of(self._slot)
         return list(self._consumers[key].unconfirmed)
 
     def consumers_info(self) -> list[dict[str, object]]:
         """Each consumer as the admin API shows it, in round-robin order."""
         out: list[dict[str, object]] = []
+        ledger_rows, ledger_bytes = self._held_in_ledger()   # (plain: the sole consumer's)
         for key in self._rr:
             c = self._consumers[key]
             o = c.options
@@ -373,7 +466,8 @@ class QueueDispatcher:
                         "subscriptions": [s.text for s in o.subscriptions],
                         "max_unconfirmed_messages": o.max_unconfirmed_messages,
                         "max_unconfirmed_bytes": o.max_unconfirmed_bytes,
-                        "unconfirmed_messages": len(c.unconfirmed), "unconfirmed_bytes": c.unconfirmed_bytes})
+                        "unconfirmed_messages": len(c.unconfirmed) + ledger_rows,
+                        "unconfirmed_bytes": c.unconfirmed_bytes + ledger_bytes})
         return out
 
     def oldest_pending(self) -> StoredMessage | None:
@@ -383,6 +477,7 @@ class QueueDispatcher:
         first = self._pending[0]
         return first.messages()[0] if isinstance(first, MessageRun) else first
 
+    @_off_ledger
     def purge(self) -> "ConfirmedRows":
         """Drop every message waiting or pushed and not confirmed (an admin's
         purge): they are returned as confirmed rows, for the confirm log that
@@ -415,6 +510,7 @@ class QueueDispatcher:
         return dropped
 
     # -- events -------------------------------------------------------------
+    @_off_ledger
     def add_messages(self, messages: Iterable[Pending]) -> list[Push]:
         """Messages (or runs of them) in PUT order."""
         for message in messages:
@@ -431,16 +527,19 @@ class QueueDispatcher:
             self._pending.append(message)
         return self._dispatch()
 
+    @_off_ledger
     def add_consumer(self, key: ConsumerKey, options: ConsumerOptions) -> list[Push]:
         assert key not in self._consumers, f"consumer {key!r} added twice"
         self._consumers[key] = _Consumer(key, options)
         self._rr.append(key)
         return self._dispatch()
 
+    @_off_ledger
     def configure_consumer(self, key: ConsumerKey, options: ConsumerOptions) -> list[Push]:
         self._consumers[key].options = options
         return self._dispatch()
 
+    @_off_ledger
     def remove_consumer(self, key: ConsumerKey) -> list[Push]:
         consumer = self._consumers.pop(key, None)
         if consumer is None:
@@ -462,6 +561,7 @@ class QueueDispatcher:
         confirmed, pushes = self.confirm_many(key, [seq], None if guid is None else [guid])
         return (Confirmed(confirmed.guids[0], seq) if confirmed.seqs else None), pushes
 
+    @_off_ledger
     def confirm_many(self, key: ConsumerKey, seqs: Iterable[int], guids: Sequence[bytes] | None = None,
                      into: "ConfirmedRows | None" = None) -> tuple["ConfirmedRows", list[Push]]:
         """Confirm a CONFIRM frame's seqs for `key` at once, then dispatch once:
@@ -496,7 +596,7 @@ class QueueDispatcher:
             done_seqs.append(seq)
             freed += size
         consumer.unconfirmed_bytes -= freed
-        self.confirmed += len(done_seqs) - before
+        self._confirmed += len(done_seqs) - before
         return confirmed, (self._dispatch() if len(done_seqs) > before and self._pending else [])
 
     def own_frames(self, made_before_us: int) -> int:
@@ -524,6 +624,7 @@ class QueueDispatcher:
                 owned += len(rows)
         return owned
 
+    @_off_ledger
     def dispatch(self) -> list[Push]:
         """What the room consumers have lets through now (after
         `confirm_ranges`)."""
@@ -553,7 +654,7 @@ class QueueDispatcher:
             return []
         top = max(c.options.priority for c in candidates)
         pushes: list[Push] = [(c.key, message) for c in candidates if c.options.priority == top]
-        self.pushed += len(pushes)
+        self._pushed += len(pushes)
         return pushes
 
     def broadcast_run(self, run: MessageRun) -> list[Push]:
@@ -567,7 +668,7 @@ class QueueDispatcher:
             return []
         top = max(c.options.priority for c in candidates)
         pushes: list[Push] = [(c.key, run) for c in candidates if c.options.priority == top]
-        self.pushed += len(pushes) * len(run)
+        self._pushed += len(pushes) * len(run)
         return pushes
 
     # -- routing ------------------------------------------------------------
@@ -658,7 +759,7 @@ class QueueDispatcher:
                 consumer.unconfirmed[message.seq] = message
                 consumer.unconfirmed_bytes += message.size
                 rows = 1
-            self.pushed += rows
+            self._pushed += rows
             if message.delivery_count > 1:
                 self.redelivered += rows
             pushes.append((consumer.key, message))
@@ -717,6 +818,9 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         if dispatcher is None or consumer is None:
             confirmed.append(0)
             continue
+        if dispatcher._plain:   # (its rows may be in the ledger: `Ledger.confirm` is their way)
+            assert dispatcher._ledger is not None
+            dispatcher._ledger.release([dispatcher._slot])
         unconfirmed, known = consumer.unconfirmed, dispatcher._known
         before = len(done_seqs)
         size = 0
@@ -739,9 +843,11 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         confirmed.append(n)
         if n:
             consumer.unconfirmed_bytes -= size
-            dispatcher.confirmed += n
+            dispatcher._confirmed += n
             if dispatcher._pending:
-                freed[dispatcher] = None
+                freed[dispatcher] = None   # (`dispatch` tells the ledger)
+            elif not unconfirmed:
+                dispatcher._sync_ledger()
     return confirmed, list(freed)
 
 
@@ -766,6 +872,9 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], runs: Sequence[MessageRun
     for n, (dispatcher, run, row) in enumerate(zip(dispatchers, runs, rows)):
         consumer = sole.get(dispatcher, _UNSEEN)
         if consumer is _UNSEEN:
+            if dispatcher._plain:   # (its rows go into its consumer here: none may stay in the ledger)
+                assert dispatcher._ledger is not None
+                dispatcher._ledger.release([dispatcher._slot])
             consumer = sole[dispatcher] = (None if dispatcher in spilled or dispatcher._pending
                                            else dispatcher._sole_consumer())
         if consumer is not None:
@@ -776,7 +885,7 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], runs: Sequence[MessageRun
                 known.add(guid)
                 consumer.unconfirmed[run.seqs[row]] = (run, row)
                 consumer.unconfirmed_bytes += run.sizes[row]
-                dispatcher.pushed += 1
+                dispatcher._pushed += 1
                 taken.append(n)
                 keys.append(consumer.key)
                 continue

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -730,6 +731,8 @@ class Node:
             link.send(pb.Frame(error=pb.FrameError(status=status(ResultCode.INVALID_ARGUMENT, invalid))))
             return
         handles = self._handles_of(link)
+        if frame.queue_ids and self._confirm_held(link, frame, handles):
+            return
         by_partition: dict[Partition, list[ConfirmRange]] = {}
         if not frame.queue_ids:   # one queue: its ranges as they are
             handle = handles.get(frame.queue_id)
@@ -758,6 +761,29 @@ class Node:
             done = partition.confirm_ranges(ranges_of)   # what the room they free lets through goes out together
             if done is not None:
                 partition.confirm_committer.submit([done], 0, len(done.confirmed.guids))
+
+    def _confirm_held(self, link: Link, frame: pb.ConfirmColumns, handles: Mapping[int, OpenHandle]) -> bool:
+        """A CONFIRM frame spanning queues whose every range names rows its
+        partition's ledger holds (each queue id the sole consumer of a plain
+        dispatcher, `primary.ledger`), confirmed there as arrays, with no
+        entry made a queue. False: nothing done (the frame goes the general way)."""
+        handle = handles.get(frame.queue_ids[0])
+        if handle is None:
+            return False
+        partition = handle.partition
+        ledger = partition.ledger
+        held = ledger.keys
+        slots: list[int] = []
+        for queue_id in frame.queue_ids:
+            hit = held.get((link, queue_id))
+            if hit is None or hit[0] is not ledger:
+                return False
+            slots.append(hit[1])
+        done = partition.confirm_held(np.asarray(slots, np.int64), np.asarray(frame.starts, np.int64),
+                                      np.asarray(frame.counts, np.int64))
+        if done is not None:
+            partition.confirm_committer.submit([done], 0, len(done.confirmed.guids))
+        return True
 
     def _confirm(self, link: Link, seqs_by_queue: Mapping[int, list[int]],
                  guids_by_queue: Mapping[int, list[bytes]] | None = None) -> None:

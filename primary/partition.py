@@ -56,10 +56,10 @@ from primary.dispatcher import (
     StoredMessage,
     confirm_ranges,
     spilled_messages,
-    take_fresh,
 )
 from primary.express import AppRules, Disagreement, GuidHistory, Reconciler
 from primary.group_commit import GroupCommitter, GroupPolicy
+from primary.ledger import Ledger, take_fresh_held
 from primary.metrics import NodeMetrics
 from primary.quota import DomainQuota
 from protocol import ResultCode, pb, wire
@@ -117,6 +117,7 @@ class QueueState:
     consumers: int = 0
     producers: int = 0
     puts: int = 0          # messages committed (the commit thread counts them)
+    ledger: Ledger | None = None   # the partition's: each dispatcher's rows of frames spanning queues, while plain
     _rules: tuple[DomainConfig, AppRules] | None = None
 
     @property
@@ -129,6 +130,8 @@ class QueueState:
         if d is None:
             d = self.dispatchers[app] = QueueDispatcher(
                 max_delivery_attempts=self.domain.max_delivery_attempts, clock=wall_time_us)
+            if self.ledger is not None:
+                d.attach(self.ledger, (self, app))
         return d
 
     def set_domain(self, domain: DomainConfig, quota: DomainQuota | None) -> None:
@@ -718,6 +721,7 @@ class Partition:
         # and a consumer would see PUT order broken. Taken before `lock`.
         self._push_lock = threading.RLock()
         self.queues: dict[tuple[str, str], QueueState] = {}
+        self.ledger = Ledger()   # (under `lock`)
         self.quota_for = quota_for
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -841,7 +845,7 @@ class Partition:
             state = self.queues.get(key)
             if state is None:
                 state = self.queues[key] = QueueState(QueueUri(uri.domain, uri.queue), domain,
-                                                      self.quota_for(uri.domain))
+                                                      self.quota_for(uri.domain), ledger=self.ledger)
             return state
 
     def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list[Push]]) -> None:
@@ -890,35 +894,90 @@ class Partition:
 
     def confirm_ranges(self, ranges: Sequence[ConfirmRange]) -> PendingConfirms | None:
         """`confirm` for a ConfirmColumns frame's seq ranges (what the SDK
-        sends), of one queue or of thousands: one pass over the ranges
-        (`dispatcher.confirm_ranges`), no call per queue, then each queue
-        whose freed room lets waiting messages through dispatched once.
-        Consecutive entries of one queue and app make one run of the rows."""
+        sends), of one queue or of thousands: the ranges of consumers whose
+        rows the ledger holds in a few array operations (`Ledger.confirm`),
+        the others in one pass over them (`dispatcher.confirm_ranges`), no
+        call per queue, then each queue whose freed room lets waiting
+        messages through dispatched once. Consecutive entries of one queue
+        and app make one run of the rows."""
         if not ranges:
             return None
-        states, apps, keys, starts, counts = zip(*ranges)
 
         def confirm_all(rows: ConfirmedRows, runs: _Runs, pushes: list[Push], dropped: _Gone) -> None:
-            dispatchers = [state.dispatchers.get(app) for state, app in zip(states, apps)]
-            confirmed, freed = confirm_ranges(dispatchers, keys, starts, counts, rows)
-            at = 0
-            for state, app, n in zip(states, apps, confirmed):
-                if not n:
+            ledger = self.ledger
+            held = ledger.keys
+            slots: list[int] = []
+            lengths: list[int] = []
+            starts: list[Sequence[int]] = []
+            counts: list[Sequence[int]] = []
+            rest: list[ConfirmRange] = []
+            for entry in ranges:
+                hit = held.get(entry[2])
+                if hit is None or hit[0] is not ledger:
+                    rest.append(entry)
                     continue
-                if runs and runs[-1][0] is state and runs[-1][1] == app:
-                    runs[-1] = (state, app, runs[-1][2] + n)
-                else:
-                    runs.append((state, app, n))
+                slots.append(hit[1])
+                lengths.append(len(entry[3]))
+                starts.append(entry[3])
+                counts.append(entry[4])
+            if slots:
+                total = sum(lengths)
+                self._confirm_held(np.repeat(np.asarray(slots, np.int64), lengths),
+                                   np.fromiter(itertools.chain.from_iterable(starts), np.int64, total),
+                                   np.fromiter(itertools.chain.from_iterable(counts), np.int64, total), rows, runs)
+            if rest:
+                self._confirm_rest(rest, rows, runs, pushes, dropped)
+        return self._confirming(confirm_all)
+
+    def confirm_held(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> PendingConfirms | None:
+        """`confirm_ranges` for ranges all of plain dispatchers' sole
+        consumers (`Ledger.confirm`), given as the ledger's slots."""
+        return self._confirming(lambda rows, runs, _pushes, _dropped: self._confirm_held(
+            slots, starts, counts, rows, runs))
+
+    def _confirm_held(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, rows: ConfirmedRows,
+                      runs: _Runs) -> None:
+        at = len(rows.seqs)
+        owners, confirmed = self.ledger.confirm(slots, starts, counts, rows)
+        if not owners:
+            return
+        (state, app), n = owners[0], confirmed[0]
+        self._confirmed_run(state, app, at, n, rows, runs)   # (it may continue the run before)
+        runs.extend([(state, app, n) for (state, app), n in zip(owners[1:], confirmed[1:])])
+        if any(state.quota is not None for state, _ in owners[1:]):
+            at += n
+            for (state, app), n in zip(owners[1:], confirmed[1:]):
                 if state.quota is not None:
                     state.apps_done(rows.guids[at:at + n], app)
                 at += n
-            if freed:
-                owner = {id(d): (state, app) for d, state, app in zip(dispatchers, states, apps)}
-                for dispatcher in freed:
-                    pushes.extend(dispatcher.dispatch())
-                    if dispatcher.has_dropped:
-                        dropped.append((*owner[id(dispatcher)], dispatcher.take_dropped()))
-        return self._confirming(confirm_all)
+
+    def _confirm_rest(self, ranges: Sequence[ConfirmRange], rows: ConfirmedRows, runs: _Runs, pushes: list[Push],
+                      dropped: _Gone) -> None:
+        """`confirm_ranges` for ranges of consumers whose rows their dispatchers hold."""
+        states, apps, keys, starts, counts = zip(*ranges)
+        dispatchers = [state.dispatchers.get(app) for state, app in zip(states, apps)]
+        at = len(rows.seqs)
+        confirmed, freed = confirm_ranges(dispatchers, keys, starts, counts, rows)
+        for state, app, n in zip(states, apps, confirmed):
+            if n:
+                self._confirmed_run(state, app, at, n, rows, runs)
+                at += n
+        if freed:
+            owner = {id(d): (state, app) for d, state, app in zip(dispatchers, states, apps)}
+            for dispatcher in freed:
+                pushes.extend(dispatcher.dispatch())
+                if dispatcher.has_dropped:
+                    dropped.append((*owner[id(dispatcher)], dispatcher.take_dropped()))
+
+    @staticmethod
+    def _confirmed_run(state: QueueState, app: str, at: int, n: int, rows: ConfirmedRows, runs: _Runs) -> None:
+        """Rows `at` .. `at + n - 1` confirmed (those after `runs`' rows) were of `state`'s `app`."""
+        if runs and runs[-1][0] is state and runs[-1][1] == app:
+            runs[-1] = (state, app, runs[-1][2] + n)
+        else:
+            runs.append((state, app, n))
+        if state.quota is not None:
+            state.apps_done(rows.guids[at:at + n], app)
 
     def _confirming(self, confirm: "Callable[[ConfirmedRows, _Runs, list[Push], _Gone], None]"
                     ) -> PendingConfirms | None:
@@ -972,6 +1031,7 @@ class Partition:
         before_us = wall_time_us() - int(FRAME_HOLD_S * 1e6)
         owned = 0
         with self.lock:
+            self.ledger.release(self.ledger.stale(before_us))   # (into their dispatchers, as (run, row))
             states = list(self.queues.values())
         for state in states:
             with self.lock:
@@ -1620,17 +1680,17 @@ class Partition:
         for state, app, messages in dropped:
             self._dead_letter(state, app, messages)
 
-    @staticmethod
-    def _take_fresh(fresh: "Sequence[_Fresh]", targets: Targets, pushes: list[Push]) -> Targets:
+    def _take_fresh(self, fresh: "Sequence[_Fresh]", targets: Targets, pushes: list[Push]) -> Targets:
         """`fresh` through `take_fresh` (the caller holds the lock): what its
         sole consumers take at once into `pushes` as one SharedPush a frame,
         and the targets with the rest ahead of each queue's own."""
         spilled: set[QueueDispatcher] = set()
         rest: Targets = {}
         now_us = wall_time_us()
+        ledger = self.ledger
         for f in fresh:
-            taken, keys, left = take_fresh([state.dispatcher(app) for state, app in f.targets], f.runs, f.rows,
-                                           now_us, spilled)
+            taken, keys, left = take_fresh_held(ledger, [state.dispatcher(app) for state, app in f.targets],
+                                                f.runs, f.rows, now_us, spilled)
             if taken:
                 pushes.append((None, SharedPush([f.runs[n] for n in taken], [f.rows[n] for n in taken], keys)))
             for n, message in zip(left, spilled_messages(f.runs, f.rows, left)):

@@ -1,4 +1,8 @@
+import functools
+
+import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +17,7 @@ from primary.dispatcher import (
     spilled_messages,
     take_fresh,
 )
+from primary.ledger import Ledger, take_fresh_held
 from protocol.columns import PROPERTY_MAP, push_table
 
 
@@ -380,19 +385,26 @@ def test_a_run_splits_at_the_window_and_the_rest_waits():
 
 # -- many queues' new messages in one pass (`take_fresh`) against add_messages per queue ---------
 @st.composite
-def fresh_schedules(draw):
+def fresh_schedules(draw, roomy=False):
     """Queues, each with one to two consumers (random windows, a subscription
     sometimes, or none at all); frames of messages spread over the queues
     (some GUIDs seen before, some expired), sometimes two frames in one pass;
-    CONFIRMs; consumers leaving and coming back."""
-    queues = draw(st.lists(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, 5, 8]), st.sampled_from([1 << 30, 25, 300]),
-                                              st.sampled_from([False, False, True])), max_size=2),
-                           min_size=1, max_size=4))
+    CONFIRM frames of a queue or a few; consumers leaving and coming back.
+    `roomy`: windows mostly wide, so that queues stay plain (a ledger's)."""
+    windows = [2, 8, 30, 1 << 30] if roomy else [0, 1, 2, 3, 5, 8]
+    window_bytes = [1 << 30, 1 << 30, 300] if roomy else [1 << 30, 25, 300]
+    consumer = st.tuples(st.sampled_from(windows), st.sampled_from(window_bytes),
+                         st.sampled_from([False, False, True, *([False] * 3 * roomy)]))
+    queues = draw(st.lists(st.one_of(st.lists(consumer, min_size=1, max_size=1), st.lists(consumer, max_size=2))
+                           if roomy else st.lists(consumer, max_size=2), min_size=1, max_size=4))
+    expiries = [0, 0, 0, 0, 500, 5000] if roomy else [0, 0, 500, 5000]
     steps = draw(st.lists(st.one_of(
         st.tuples(st.just("frames"), st.lists(st.lists(st.tuples(
-            st.integers(0, 3), st.sampled_from([1, 10, 40]), st.sampled_from([0, 0, 500, 5000]),
+            st.integers(0, 3), st.sampled_from([1, 10, 40]), st.sampled_from(expiries),
             st.integers(0, 6)), min_size=1, max_size=12), min_size=1, max_size=3)),
-        st.tuples(st.just("confirm"), st.integers(0, 3), st.integers(0, 1), st.lists(st.integers(0, 20), max_size=6)),
+        st.tuples(st.just("confirm"), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1),
+                                                         st.lists(st.integers(0, 20), max_size=6)),
+                                               min_size=1, max_size=3)),
         st.tuples(st.just("leave"), st.integers(0, 3), st.integers(0, 1)),
         st.tuples(st.just("own"))),
         max_size=25))
@@ -425,19 +437,29 @@ class _Evens:
         return properties.get("n", 0) % 2 == 0
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["dispatchers", "ledger"])
 @settings(deadline=None, max_examples=2 * settings().max_examples)   # twice the tier's (conftest)
-@given(fresh_schedules())
-def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
+@given(data=st.data())
+def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(held, data):
     """`take_fresh` with what it spills handed to `add_messages`, as the
     partition does, against `add_messages` queue by queue with each queue's
     messages of the pass (the oracle, each message through `_pick`): per queue the same pushes (consumer, seq,
     delivery count) in the same order, the same confirmed, dropped and
-    pending, the same held bytes."""
-    queues, steps = schedule
+    pending, the same held bytes. `held`: the fresh side's dispatchers
+    with a `Ledger`, as a partition's are: rows of plain dispatchers held
+    there (`take_fresh_held`), their CONFIRMs confirmed there
+    (`Ledger.confirm`), their rows back in their dispatchers when anything
+    else happens to them. (Their GUIDs are new: the partition's GUID
+    history sees to that.)"""
+    queues, steps = data.draw(fresh_schedules(roomy=held))
     now = 1000
     sides = {name: [QueueDispatcher(clock=lambda: now) for _ in queues] for name in ("oracle", "fresh")}
     for d in sides["oracle"]:
         d.sole_consumer_path = False
+    ledger = Ledger()
+    if held:
+        for q, d in enumerate(sides["fresh"]):
+            d.attach(ledger, q)
     pushed = {name: [[] for _ in queues] for name in sides}
     confirmed = {name: [[] for _ in queues] for name in sides}
     dropped = {name: [[] for _ in queues] for name in sides}
@@ -456,7 +478,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
             for frame in step[1]:
                 rows = []
                 for queue, size, expires, n in sorted(frame, key=lambda row: row[0] % len(queues)):
-                    guid = (seq if n else max(seq - 1, 0)).to_bytes(16, "big")   # n == 0: the GUID before
+                    guid = (seq if n or held else max(seq - 1, 0)).to_bytes(16, "big")   # n == 0: the GUID before
                     rows.append((queue % len(queues), guid, seq, size, expires, n))
                     seq += 1
                 frames.append(rows)
@@ -474,7 +496,8 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
                 for rows in made:   # each frame as the partition holds it: a run a TTL, sharing the columns
                     runs = _frame_runs([m for _, m in rows])
                     positions = list(range(len(rows)))
-                    taken, keys, left = take_fresh([ds[q] for q, _ in rows], runs, positions, now, spilled)
+                    take = functools.partial(take_fresh_held, ledger) if held else take_fresh
+                    taken, keys, left = take([ds[q] for q, _ in rows], runs, positions, now, spilled)
                     for n, key in zip(taken, keys):
                         q, m = rows[n]
                         assert key[0] == q
@@ -489,8 +512,47 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
             def frame_rows():
                 return sum(1 for d in sides["fresh"] for c in d._consumers.values() for h in c.unconfirmed.values()
                            if isinstance(h, tuple) and isinstance(h[0], FrameRun))
+            in_ledger = int(ledger.count.sum())
+            ledger.release(ledger.stale(2))   # (as `Partition.own_frames` does first)
+            assert not ledger.count.any()
             before = frame_rows()
-            assert sum(d.own_frames(2) for d in sides["fresh"]) == before and frame_rows() == 0
+            assert sum(d.own_frames(2) for d in sides["fresh"]) == before >= in_ledger and frame_rows() == 0
+        elif step[0] == "confirm":   # a frame of a queue's consumer or a few's: seqs each holds (picked by index)
+            frame = []   # (queue, consumer, seqs), picked from what it holds before the frame
+            for q, who, picks in step[1]:
+                q %= len(queues)
+                if queues[q]:
+                    c = who % len(queues[q])
+                    holds = sides["oracle"][q].unconfirmed_of((q, c))
+                    frame.append((q, c, [holds[i % len(holds)] for i in picks if holds]))
+            for name, ds in sides.items():
+                ledger_seqs: list[tuple[int, int]] = []   # (slot, seq): the ranges of consumers whose rows it holds
+                for q, c, seqs in frame:
+                    d = ds[q]
+                    if name == "fresh" and (q, c) in ledger.keys:   # (as `Partition.confirm_ranges` splits them)
+                        assert ledger.keys[(q, c)] == (ledger, d._slot)
+                        ledger_seqs += [(d._slot, seq) for seq in seqs]
+                        continue
+                    done, more = d.confirm_many((q, c), seqs)
+                    confirmed[name][q] += done.seqs
+                    pushed[name][q] += _per_row(more)
+                if ledger_seqs:
+                    done = ConfirmedRows([], [])
+                    slots = np.asarray([slot for slot, _ in ledger_seqs], np.int64)
+                    owners, counts = ledger.confirm(slots, np.asarray([seq for _, seq in ledger_seqs], np.int64),
+                                                    np.ones(len(ledger_seqs), np.int64), done)
+                    assert owners == sorted(set(owners)) and sum(counts) == len(done.seqs) == len(done.guids)
+                    at = 0
+                    for q, n in zip(owners, counts):   # grouped by queue, each once, in seq order
+                        assert done.seqs[at:at + n] == sorted({seq for slot, seq in ledger_seqs
+                                                               if slot == ds[q]._slot})
+                        assert done.guids[at:at + n] == [seq.to_bytes(16, "big") for seq in done.seqs[at:at + n]]
+                        confirmed[name][q] += done.seqs[at:at + n]
+                        at += n
+            if held:   # (the ledger confirms a frame's seqs of a queue in seq order)
+                for q in range(len(queues)):
+                    for name in sides:
+                        confirmed[name][q].sort()
         else:
             q = step[1] % len(queues)
             if not queues[q]:
@@ -498,12 +560,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(schedule):
             c = step[2] % len(queues[q])
             for name, ds in sides.items():
                 d = ds[q]
-                if step[0] == "confirm":
-                    held = d.unconfirmed_of((q, c))
-                    done, more = d.confirm_many((q, c), [held[i % len(held)] for i in step[3] if held])
-                    confirmed[name][q] += done.seqs
-                else:
-                    more = d.remove_consumer((q, c)) + d.add_consumer((q, c), options(*queues[q][c]))
+                more = d.remove_consumer((q, c)) + d.add_consumer((q, c), options(*queues[q][c]))
                 pushed[name][q] += _per_row(more)
         for name, ds in sides.items():
             for q, d in enumerate(ds):
@@ -662,3 +719,31 @@ def test_rows_of_a_frame_held_too_long_get_copies_of_their_own():
     pushes = b.remove_consumer("b") + b.add_consumer("b2", ConsumerOptions())
     assert [(k, m.seq, m.delivery_count) for k, m in pushes] == [("b2", 12, 2), ("b2", 13, 2)]
     assert b.confirm_many("b2", [12, 13])[0].seqs == [12, 13] and b.unconfirmed_count == 0
+
+
+def test_rows_held_in_a_ledger_are_counted_where_they_are_and_stay_there():
+    """Metrics and the admin API read a dispatcher's held rows without
+    taking them out of its ledger: only what changes its consumers does."""
+    ledger = Ledger()
+    ds = [QueueDispatcher() for _ in range(3)]
+    for q, d in enumerate(ds):
+        d.attach(ledger, q)
+        d.add_consumer((q, 0), ConsumerOptions(10, 1 << 30))
+    messages = [StoredMessage(s.to_bytes(16, "big"), s, b"x" * 7, [], 0) for s in range(6)]
+    taken, keys, left = take_fresh_held(ledger, [ds[s % 3] for s in range(6)], _frame_runs(messages), list(range(6)),
+                                        0, set())
+    assert taken == list(range(6)) and keys == [(s % 3, 0) for s in range(6)] and left == []
+    assert ledger.count[:3].tolist() == [2, 2, 2]
+    for q, d in enumerate(ds):
+        assert d.unconfirmed_count == 2 and d.pushed == 2 and d.unconfirmed_of((q, 0)) == [q, q + 3]
+        assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in d.consumers_info()] == [(2, 14)]
+    assert ledger.count[:3].tolist() == [2, 2, 2]   # (still there)
+    done = ConfirmedRows([], [])
+    assert ledger.confirm(np.array([0, 1]), np.array([0, 1]), np.array([4, 1]), done) == ([0, 1], [2, 1])
+    assert done.seqs == [0, 3, 1] and ds[0].confirmed == 2 and ds[0].unconfirmed_count == 0
+    # A second consumer: the first one's rows come back into the dispatcher, in push order.
+    ds[1].add_consumer((1, 1), ConsumerOptions(10, 1 << 30))
+    assert ledger.count[1] == 0 and (1, 0) not in ledger.keys and ds[1].unconfirmed_of((1, 0)) == [4]
+    assert ds[1].remove_consumer((1, 1)) == [] and (1, 0) not in ledger.keys   # (holds a row of its own)
+    confirmed, _ = ds[1].confirm_many((1, 0), [4])
+    assert confirmed.seqs == [4] and ledger.keys[(1, 0)] == (ledger, ds[1]._slot)   # plain again

@@ -50,6 +50,7 @@ PHASES = (
     ("routing", "primary.partition", "Partition", "_route_targets"),
     ("PUSH frames", "primary.partition", "Partition", "_push"),
     ("CONFIRM dispatch", "primary.partition", "Partition", "confirm_ranges"),
+    ("CONFIRM dispatch", "primary.partition", "Partition", "confirm_held"),   # (its ledger way)
     ("CONFIRM commit", "primary.partition", "Partition", "_commit_confirms"),
 )
 
