@@ -771,16 +771,12 @@ class Node:
         if handle is None:
             return False
         partition = handle.partition
-        ledger = partition.ledger
-        held = ledger.keys
-        slots: list[int] = []
-        for queue_id in frame.queue_ids:
-            hit = held.get((link, queue_id))
-            if hit is None or hit[0] is not ledger:
-                return False
-            slots.append(hit[1])
-        done = partition.confirm_held(np.asarray(slots, np.int64), np.asarray(frame.starts, np.int64),
-                                      np.asarray(frame.counts, np.int64))
+        if not partition.ledger.keys:
+            return False
+        handled, done = partition.confirm_held([(link, queue_id) for queue_id in frame.queue_ids],
+                                               np.asarray(frame.starts, np.int64), np.asarray(frame.counts, np.int64))
+        if not handled:
+            return False
         if done is not None:
             partition.confirm_committer.submit([done], 0, len(done.confirmed.guids))
         return True

@@ -929,11 +929,28 @@ class Partition:
                 self._confirm_rest(rest, rows, runs, pushes, dropped)
         return self._confirming(confirm_all)
 
-    def confirm_held(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> PendingConfirms | None:
-        """`confirm_ranges` for ranges all of plain dispatchers' sole
-        consumers (`Ledger.confirm`), given as the ledger's slots."""
-        return self._confirming(lambda rows, runs, _pushes, _dropped: self._confirm_held(
-            slots, starts, counts, rows, runs))
+    def confirm_held(self, keys: Iterable[Any], starts: np.ndarray, counts: np.ndarray
+                     ) -> tuple[bool, PendingConfirms | None]:
+        """`confirm_ranges` for a frame's ranges when every one is of a plain
+        dispatcher's sole consumer (range i of `keys[i]`), in the ledger
+        (`Ledger.confirm`): (True, what it confirmed). (False, None) when
+        one is not: nothing was done (the caller makes entries then).
+        Which consumers are plain is read under the lock, as they change
+        under it."""
+        ledger = self.ledger
+        held = ledger.keys
+        slots: list[int] = []
+
+        def confirm(rows: ConfirmedRows, runs: _Runs, _pushes: list[Push], _dropped: _Gone) -> None:
+            for key in keys:
+                hit = held.get(key)
+                if hit is None or hit[0] is not ledger:
+                    slots.clear()
+                    return
+                slots.append(hit[1])
+            self._confirm_held(np.asarray(slots, np.int64), starts, counts, rows, runs)
+        done = self._confirming(confirm)
+        return bool(slots), done
 
     def _confirm_held(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, rows: ConfirmedRows,
                       runs: _Runs) -> None:
