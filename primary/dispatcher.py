@@ -352,11 +352,9 @@ def _off_ledger(method: "Callable[Concatenate[QueueDispatcher, _P], _R]"
     a `Ledger` holds for it come back into its consumer first, and once the
     method is done the ledger learns whether it may hold rows again."""
     def wrapper(self: "QueueDispatcher", /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        ledger = self._ledger
-        if ledger is None:
+        if self._ledger is None:
             return method(self, *args, **kwargs)
-        if self._plain:
-            ledger.release([self._slot])
+        self._unplain()
         try:
             return method(self, *args, **kwargs)
         finally:
@@ -414,6 +412,13 @@ class QueueDispatcher:
                 ledger.set_plain(self._slot, *plain_as)
         elif self._plain:
             ledger.release([self._slot])
+
+    def _unplain(self) -> None:
+        """Before this dispatcher's consumer is worked on here: the rows the
+        ledger holds for it into it, and the ledger told it holds none."""
+        if self._plain:
+            assert self._ledger is not None
+            self._ledger.release([self._slot])
 
     def _take_held(self, entries: list[tuple[int, "tuple[MessageRun, int]"]], size: int) -> None:
         """Rows the ledger held for the sole consumer, in push order, after
@@ -818,9 +823,7 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         if dispatcher is None or consumer is None:
             confirmed.append(0)
             continue
-        if dispatcher._plain:   # (its rows may be in the ledger: `Ledger.confirm` is their way)
-            assert dispatcher._ledger is not None
-            dispatcher._ledger.release([dispatcher._slot])
+        dispatcher._unplain()   # (its rows may be in the ledger: `Ledger.confirm` is their way)
         unconfirmed, known = consumer.unconfirmed, dispatcher._known
         before = len(done_seqs)
         size = 0
@@ -872,9 +875,7 @@ def take_fresh(dispatchers: Sequence[QueueDispatcher], runs: Sequence[MessageRun
     for n, (dispatcher, run, row) in enumerate(zip(dispatchers, runs, rows)):
         consumer = sole.get(dispatcher, _UNSEEN)
         if consumer is _UNSEEN:
-            if dispatcher._plain:   # (its rows go into its consumer here: none may stay in the ledger)
-                assert dispatcher._ledger is not None
-                dispatcher._ledger.release([dispatcher._slot])
+            dispatcher._unplain()   # (its rows go into its consumer here: none may stay in the ledger)
             consumer = sole[dispatcher] = (None if dispatcher in spilled or dispatcher._pending
                                            else dispatcher._sole_consumer())
         if consumer is not None:

@@ -19,14 +19,14 @@ the dispatcher then works as it always did, and is plain again once it
 is back in its usual state (`QueueDispatcher._sync_ledger`). So a
 consumer's rows are all in the ledger or all in the dispatcher, never
 split, and the outcome is `take_fresh`'s and `confirm_ranges`'s
-(`tests/test_ledger.py` holds them to the same schedules).
+(`tests/test_dispatcher.py` holds them to the same schedules).
 
 Not thread safe: the caller holds the partition lock.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -42,12 +42,11 @@ class _Frame:
     """One frame's rows held in the ledger: `holder[row]` is the slot whose
     consumer holds row `row` (-1: none here), as (`runs[run_of[row]]`, row)."""
 
-    __slots__ = ("first", "end", "holder", "run_of", "runs", "sizes", "live", "made_us")
+    __slots__ = ("first", "holder", "run_of", "runs", "sizes", "live", "made_us")
 
     def __init__(self, run: "MessageRun", sizes: np.ndarray, made_us: int):
         n = len(run.seqs)
         self.first = run.seqs[0]
-        self.end = self.first + n
         self.holder = np.full(n, -1, np.int32)
         self.run_of = np.zeros(n, np.int16)
         self.runs: list[MessageRun] = []
@@ -58,11 +57,10 @@ class _Frame:
 
 class Ledger:
     """The held rows of one partition's plain dispatchers (see the module).
-    `keys`: the sole consumer of each plain dispatcher, to (ledger, slot);
-    it may be shared by the node's partitions."""
+    `keys`: the sole consumer of each plain dispatcher, to its slot."""
 
-    def __init__(self, keys: "MutableMapping[ConsumerKey, tuple[Ledger, int]] | None" = None):
-        self.keys: MutableMapping[ConsumerKey, tuple[Ledger, int]] = {} if keys is None else keys
+    def __init__(self) -> None:
+        self.keys: dict[ConsumerKey, int] = {}
         self._dispatchers: list[QueueDispatcher] = []   # by slot (they live as long as the partition)
         self._owners: list[Any] = []
         self._key_of: list[ConsumerKey | None] = []
@@ -97,7 +95,7 @@ class Ledger:
         it must hold nothing here then)."""
         old = self._key_of[slot]
         if old is not None and old != key:
-            if self.keys.get(old) == (self, slot):
+            if self.keys.get(old) == slot:
                 del self.keys[old]
         dispatcher = self._dispatchers[slot]
         if key is None:
@@ -108,7 +106,7 @@ class Ledger:
             return
         self.plain[slot] = True
         self._key_of[slot] = key
-        self.keys[key] = (self, slot)
+        self.keys[key] = slot
         self.max_messages[slot] = max_messages
         self.max_bytes[slot] = max_bytes
         dispatcher._plain, dispatcher._plain_as = True, (key, max_messages, max_bytes)

@@ -904,19 +904,18 @@ class Partition:
             return None
 
         def confirm_all(rows: ConfirmedRows, runs: _Runs, pushes: list[Push], dropped: _Gone) -> None:
-            ledger = self.ledger
-            held = ledger.keys
+            held = self.ledger.keys
             slots: list[int] = []
             lengths: list[int] = []
             starts: list[Sequence[int]] = []
             counts: list[Sequence[int]] = []
             rest: list[ConfirmRange] = []
             for entry in ranges:
-                hit = held.get(entry[2])
-                if hit is None or hit[0] is not ledger:
+                slot = held.get(entry[2])
+                if slot is None:
                     rest.append(entry)
                     continue
-                slots.append(hit[1])
+                slots.append(slot)
                 lengths.append(len(entry[3]))
                 starts.append(entry[3])
                 counts.append(entry[4])
@@ -937,17 +936,16 @@ class Partition:
         one is not: nothing was done (the caller makes entries then).
         Which consumers are plain is read under the lock, as they change
         under it."""
-        ledger = self.ledger
-        held = ledger.keys
+        held = self.ledger.keys
         slots: list[int] = []
 
         def confirm(rows: ConfirmedRows, runs: _Runs, _pushes: list[Push], _dropped: _Gone) -> None:
             for key in keys:
-                hit = held.get(key)
-                if hit is None or hit[0] is not ledger:
+                slot = held.get(key)
+                if slot is None:
                     slots.clear()
                     return
-                slots.append(hit[1])
+                slots.append(slot)
             self._confirm_held(np.asarray(slots, np.int64), starts, counts, rows, runs)
         done = self._confirming(confirm)
         return bool(slots), done

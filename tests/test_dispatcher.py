@@ -530,7 +530,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(held, data)
                 for q, c, seqs in frame:
                     d = ds[q]
                     if name == "fresh" and (q, c) in ledger.keys:   # (as `Partition.confirm_ranges` splits them)
-                        assert ledger.keys[(q, c)] == (ledger, d._slot)
+                        assert ledger.keys[(q, c)] == d._slot
                         ledger_seqs += [(d._slot, seq) for seq in seqs]
                         continue
                     done, more = d.confirm_many((q, c), seqs)
@@ -746,4 +746,4 @@ def test_rows_held_in_a_ledger_are_counted_where_they_are_and_stay_there():
     assert ledger.count[1] == 0 and (1, 0) not in ledger.keys and ds[1].unconfirmed_of((1, 0)) == [4]
     assert ds[1].remove_consumer((1, 1)) == [] and (1, 0) not in ledger.keys   # (holds a row of its own)
     confirmed, _ = ds[1].confirm_many((1, 0), [4])
-    assert confirmed.seqs == [4] and ledger.keys[(1, 0)] == (ledger, ds[1]._slot)   # plain again
+    assert confirmed.seqs == [4] and ledger.keys[(1, 0)] == ds[1]._slot   # plain again
