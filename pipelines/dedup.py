@@ -166,6 +166,10 @@ def already_written(delivery_path: str, app_id: str, batch_id: int) -> bool:
     return version is not None and version >= batch_id
 
 
+def dedup_query_name(partition: int) -> str:
+    return f"taproot-dedup-{partition:03d}"
+
+
 def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window_ms: int, *,
                       trigger_interval_ms: int = 0, max_files_per_trigger: int = 1000,
                       on_batch: Callable[[int, int], None] | None = None, available_now: bool = False,
@@ -210,7 +214,7 @@ def start_dedup_query(spark: SparkSession, paths: PartitionPaths, history_window
     legacy = legacy_delivery_columns(spark, paths.delivery)
     puts = put_stream(spark, paths.puts, max_files_per_trigger, legacy)
     writer = (dedup_puts(puts, history_window_ms).writeStream
-             .queryName(f"taproot-dedup-{paths.partition:03d}")
+             .queryName(dedup_query_name(paths.partition))
              .option("checkpointLocation", paths.dedup_checkpoint)
              .foreachBatch(write_batch))
     trigger = {"availableNow": True} if available_now else {"processingTime": f"{trigger_interval_ms} milliseconds"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import signal
 import tempfile
@@ -16,10 +17,11 @@ import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 import conf
-from pipelines.dedup import start_dedup_query
+from pipelines.dedup import dedup_query_name, start_dedup_query
 from pipelines.fanout import DomainsReloader
 from pipelines.priority import LagGovernor, lag_governor, yield_cpu
 from pipelines.retention import maintain
+from pipelines.supervisor import SupervisedQuery
 from protocol import pb, pb_grpc
 from protocol.auth import metadata as auth_metadata
 from protocol.metrics import LATENCY_BUCKETS, HttpServer, WeightedHistogram, registry_for
@@ -269,6 +271,7 @@ class PipelineStats:
         self.lag: dict[str, AuthorityLag] = {}
         self.lag_s: dict[str, float] = {}           # the last estimate, for /metrics
         self.governor: LagGovernor | None = None
+        self.supervised: list[SupervisedQuery] = []   # each query's restarts
 
     def batch(self, query: str, rows: int, seconds: float, state: DedupState | None = None) -> None:
         with self._lock:
@@ -316,7 +319,12 @@ class PipelineStats:
                 evicting.add_metric([name], eviction_s[name])
             if name in lag_s:
                 behind.add_metric([name], lag_s[name])
-        yield from (done, read, took, running, history, evicting, behind)
+        restarted = CounterMetricFamily("taproot_pipeline_query_restarts",
+                                        "times the query was started again from its checkpoint after it "
+                                        "stopped with an error", labels=["query"])
+        for supervised in list(self.supervised):
+            restarted.add_metric([supervised.name], supervised.restarts)
+        yield from (done, read, took, running, history, evicting, behind, restarted)
         if self.governor is not None:
             yield GaugeMetricFamily("taproot_pipeline_cpu_full_share",
                                     "1 while the pipeline, behind by cpu_full_share_lag_s, takes an equal CPU "
@@ -604,18 +612,17 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
     domains = DomainsReloader(conf.domains_dir(cluster_file), config.domains)
     if warm:
         log.info("pipeline warmed up in %.1f s", warm_up(spark, window))
-    queries = []
+    queries: list[SupervisedQuery] = []
     for index in range(config.partitions):
         paths = tables.PartitionPaths(config.data_dir, index)
         if not wait_for_table(paths.puts, stop):
             log.info("stopped while waiting for partition %d's PUT log", index)
             return 0
         create_delivery_table(spark, paths.delivery, config.maintenance.vacuum_retention_hours)
-        query = start_dedup_query(spark, paths, window,
-                                     trigger_interval_ms=config.pipeline.trigger_interval_ms,
-                                     max_files_per_trigger=config.pipeline.max_files_per_trigger,
-                                     on_batch=notifier, domains=domains)
-        queries.append(query)
+        queries.append(SupervisedQuery(dedup_query_name(index), functools.partial(
+            start_dedup_query, spark, paths, window, trigger_interval_ms=config.pipeline.trigger_interval_ms,
+            max_files_per_trigger=config.pipeline.max_files_per_trigger, on_batch=notifier, domains=domains)))
+    stats.supervised = queries
     log.info("pipeline running %d dedup quer%s (history window %d ms)", len(queries),
              "y" if len(queries) == 1 else "ies", window)
     # The endpoint's views are registered in the loop below, after the ready
@@ -625,28 +632,26 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
     if views is not None:
         log.info("Spark Connect: sc://%s:%d", config.pipeline.connect_host, connect_port)
     write_ready_file(ready_file, queries=[q.name for q in queries], http_port=http_port, connect_port=connect_port)
-    failed = None
     logged: dict[str, tuple[str, int]] = {}
     interval_s = config.maintenance.interval_s
     next_maintenance = time.monotonic() + interval_s
-    while not stop.is_set() and failed is None:
+    while not stop.is_set():
         stop.wait(0.5)
-        failed = next((q for q in queries if not q.isActive), None)
         lag_s = 0.0
-        for q in queries:
-            stats.active[q.name] = q.isActive
-            log_progress(q, logged, stats)
-            lag_s = max(lag_s, stats.observe(q, time.time()))
+        for supervised in queries:
+            supervised.check()
+            stats.active[supervised.name] = supervised.active
+            q = supervised.query
+            if q is not None:
+                log_progress(q, logged, stats)
+                lag_s = max(lag_s, stats.observe(q, time.time()))
         stats.govern(lag_s)
         if views is not None:
             views.refresh(time.monotonic(), lag_s)
         if interval_s and time.monotonic() >= next_maintenance:
             run_maintenance(spark, dataclasses.replace(config, domains=domains()))
             next_maintenance = time.monotonic() + interval_s
-    for q in queries:
-        if q.isActive:
-            q.stop()
-    if failed is not None:
-        log.error("query %s stopped: %s", failed.name, failed.exception())
+    for supervised in queries:
+        supervised.stop()
     spark.stop()
-    return 1 if failed is not None else 0
+    return 0

@@ -415,6 +415,55 @@ def test_pipeline_frozen_mid_stream(tree):
     assert process.popen.poll() is None
 
 
+def test_a_dedup_query_stopped_by_a_gap_in_the_put_log_is_started_again(tree):
+    """A listing of the PUT log that misses a commit while it shows a later
+    one (a `readdir` racing new commits, the more likely the longer the JVM
+    pauses in it) stops the Delta stream. Made certain here: with the
+    pipeline frozen, a commit after the stream's position is moved out of
+    `_delta_log/` and put back once the query has stopped on the gap. The
+    running pipeline starts the query again from its checkpoint, and it
+    records every message; the pipeline process never exits."""
+    from pipelines.dedup import dedup_query_name
+    from tests.test_metrics import scrape, value
+
+    uri = queue_on(tree, 0, "put-log-gap")
+    paths = tables.PartitionPaths(tree.data_dir, 0)
+    process = tree.processes["pipeline"]
+    query = dedup_query_name(0)
+
+    def restarts() -> float:
+        return value(scrape(tree.metrics_url("pipeline")), "taproot_pipeline_query_restarts_total", query=query)
+
+    before = restarts()
+    hidden = os.path.join(tree.data_dir, "hidden-commit.json")
+
+    def fault():
+        os.killpg(process.popen.pid, signal.SIGSTOP)
+        try:
+            position = tables.stream_resume_version(paths.dedup_checkpoint)
+            assert position is not None
+            gap = position + 2       # after where any listing of the stream starts
+            commit = os.path.join(paths.puts, "_delta_log", f"{gap:020d}.json")
+            wait_until(lambda: os.path.exists(os.path.join(paths.puts, "_delta_log", f"{gap + 2:020d}.json")), 30,
+                       what="the primary's commits past the gap")
+            os.rename(commit, hidden)
+        finally:
+            os.killpg(process.popen.pid, signal.SIGCONT)
+        try:
+            wait_until(lambda: restarts() > before, 60, what="the pipeline to start the stopped query again")
+        finally:
+            os.rename(hidden, commit)
+
+    run(tree, "a gap in the PUT log's listing", proxies(tree), uri, fault, graceful=True)
+    wait_until(lambda: len(delivered(tree, uri)) >= MESSAGES, 180, what="the pipeline to catch up after the gap")
+    assert process.popen.poll() is None
+    samples = scrape(tree.metrics_url("pipeline"))
+    assert value(samples, "taproot_pipeline_query_active", query=query) == 1
+    assert value(samples, "taproot_pipeline_query_restarts_total", query=query) > before
+    log = open(os.path.join(tree.data_dir, "logs", "pipeline.log")).read()
+    assert f"query {query} stopped: [DELTA_MISSING_FILES_UNEXPECTED_VERSION]" in log
+
+
 def test_primary_frozen_past_its_lease_is_fenced_and_never_writes_again(tree):
     """SIGSTOP the primary for twice its lease: the other node takes over and
     fences the tables; after SIGCONT the old primary's commits must fail."""

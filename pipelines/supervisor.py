@@ -1,0 +1,109 @@
+"""A dedup query that stops with an error is started again from its checkpoint.
+
+Why: a streaming query stops for good at its first error, and some errors are
+passing ones. The one that showed it: on a local file system a directory
+listing that runs while files are added may return a later commit and miss
+the one before it (`readdir` gives no promise about entries added during the
+listing, and ext4 returns them in hash order, not name order). The Delta
+source then sees a gap in the PUT log's versions and stops the query
+(DELTA_MISSING_FILES_UNEXPECTED_VERSION), although every commit is there. A
+JVM paused in the middle of such a listing (SIGSTOP, a long GC pause, a
+starved core) makes it likely. Before this, the pipeline then stopped its
+other queries and exited: the authority was gone until someone restarted it.
+
+Starting the query again from its checkpoint is what a restart of the whole
+pipeline does, without losing the other partitions' queries: Spark replays
+the last planned batch, and the batch's write is idempotent
+(`pipelines.dedup`: the delivery log's txn app id and batch id).
+
+The wait before each restart doubles from `first_s` up to `max_s`, and
+starts again at `first_s` once a restarted query has run `healthy_s`
+without stopping. An error that does not pass (a checkpoint that cannot be
+read, files truly gone) keeps the query stopped: it is tried every `max_s`
+and every failure is logged with its cause, and
+`taproot_pipeline_query_active` shows 0 meanwhile."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 60.0
+HEALTHY_S = 60.0
+
+
+def first_line(error: object) -> str:
+    """The first line of an error's text (a JVM exception's is the cause;
+    the stack trace is in Spark's own log)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class SupervisedQuery:
+    """One streaming query, started by `start`, started again after it stops
+    with an error (the module's docstring). `check` is called by the
+    pipeline's loop; `query` is None while a restart waits."""
+
+    def __init__(self, name: str, start: Callable[[], "StreamingQuery"], *, first_s: float = RESTART_FIRST_S,
+                 max_s: float = RESTART_MAX_S, healthy_s: float = HEALTHY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self._start = start
+        self.first_s, self.max_s, self.healthy_s = first_s, max_s, healthy_s
+        self._clock = clock
+        self.restarts = 0            # starts after the first one
+        self.failures = 0            # in a row: stops and failed starts since the query last ran healthy_s
+        self.last_error: str | None = None
+        self._started_at = clock()
+        self._restart_at: float | None = None
+        self.query: StreamingQuery | None = start()
+
+    @property
+    def active(self) -> bool:
+        return self.query is not None and bool(self.query.isActive)
+
+    def check(self) -> None:
+        """Notice a stopped query, and start it again when its wait is over."""
+        now = self._clock()
+        if self.query is not None:
+            if self.query.isActive:
+                if self.failures and now - self._started_at >= self.healthy_s:
+                    log.info("query %s has run %.0f s since its restart: the next failure waits %.0f s again",
+                             self.name, now - self._started_at, self.first_s)
+                    self.failures = 0
+                return
+            error = self.query.exception()
+            self.query = None
+            self._failed(now, "stopped" if error is None else f"stopped: {first_line(error)}")
+            return
+        assert self._restart_at is not None
+        if now < self._restart_at:
+            return
+        try:
+            self.query = self._start()
+        except Exception as exc:   # Spark refused to start it (its session, the checkpoint): try again later
+            self._failed(now, f"could not be started again: {first_line(exc)}")
+            return
+        self.restarts += 1
+        self._started_at = now
+        self._restart_at = None
+        log.warning("query %s started again from its checkpoint (restart %d, failure %d in a row)",
+                    self.name, self.restarts, self.failures)
+
+    def _failed(self, now: float, what: str) -> None:
+        self.failures += 1
+        wait = min(self.max_s, self.first_s * 2 ** (self.failures - 1))
+        self._restart_at = now + wait
+        self.last_error = what
+        log.error("query %s %s; starting it again from its checkpoint in %.0f s", self.name, what, wait)
+
+    def stop(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
