@@ -635,11 +635,14 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
     logged: dict[str, tuple[str, int]] = {}
     interval_s = config.maintenance.interval_s
     next_maintenance = time.monotonic() + interval_s
-    while not stop.is_set():
+    gave_up = None
+    while not stop.is_set() and gave_up is None:
         stop.wait(0.5)
         lag_s = 0.0
         for supervised in queries:
             supervised.check()
+            if supervised.gave_up:
+                gave_up = supervised
             stats.active[supervised.name] = supervised.active
             q = supervised.query
             if q is not None:
@@ -653,5 +656,8 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
             next_maintenance = time.monotonic() + interval_s
     for supervised in queries:
         supervised.stop()
+    if gave_up is not None:
+        log.error("query %s could not be started again %d times in a row (last: %s); the pipeline exits for "
+                  "whatever runs it to start it afresh", gave_up.name, gave_up.start_failures, gave_up.last_error)
     spark.stop()
-    return 0
+    return 1 if gave_up is not None else 0

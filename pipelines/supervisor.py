@@ -21,7 +21,12 @@ starts again at `first_s` once a restarted query has run `healthy_s`
 without stopping. An error that does not pass (a checkpoint that cannot be
 read, files truly gone) keeps the query stopped: it is tried every `max_s`
 and every failure is logged with its cause, and
-`taproot_pipeline_query_active` shows 0 meanwhile."""
+`taproot_pipeline_query_active` shows 0 meanwhile.
+
+A query that Spark refuses to start `start_failures_max` times in a row
+(its session or JVM gone) cannot come back in this process: `gave_up`
+says so, and the pipeline then exits 1, as it did at any query's stop
+before, for whatever runs it to start it afresh."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 60.0
 HEALTHY_S = 60.0
+START_FAILURES_MAX = 5
 
 
 def first_line(error: object) -> str:
@@ -53,13 +59,15 @@ class SupervisedQuery:
 
     def __init__(self, name: str, start: Callable[[], "StreamingQuery"], *, first_s: float = RESTART_FIRST_S,
                  max_s: float = RESTART_MAX_S, healthy_s: float = HEALTHY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 start_failures_max: int = START_FAILURES_MAX, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self._start = start
         self.first_s, self.max_s, self.healthy_s = first_s, max_s, healthy_s
         self._clock = clock
         self.restarts = 0            # starts after the first one
         self.failures = 0            # in a row: stops and failed starts since the query last ran healthy_s
+        self.start_failures = 0      # in a row: starts Spark refused
+        self.start_failures_max = start_failures_max
         self.last_error: str | None = None
         self._started_at = clock()
         self._restart_at: float | None = None
@@ -89,8 +97,10 @@ class SupervisedQuery:
         try:
             self.query = self._start()
         except Exception as exc:   # Spark refused to start it (its session, the checkpoint): try again later
+            self.start_failures += 1
             self._failed(now, f"could not be started again: {first_line(exc)}")
             return
+        self.start_failures = 0
         self.restarts += 1
         self._started_at = now
         self._restart_at = None
@@ -103,6 +113,11 @@ class SupervisedQuery:
         self._restart_at = now + wait
         self.last_error = what
         log.error("query %s %s; starting it again from its checkpoint in %.0f s", self.name, what, wait)
+
+    @property
+    def gave_up(self) -> bool:
+        """Spark refused to start the query `start_failures_max` times in a row."""
+        return self.start_failures >= self.start_failures_max
 
     def stop(self) -> None:
         if self.query is not None and self.query.isActive:

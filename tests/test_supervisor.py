@@ -141,3 +141,27 @@ def test_a_query_that_stops_without_an_error_is_started_again_too_and_stop_stops
     sup.stop()
     assert running.stopped and not sup.active
     sup.stop()                                # a second stop does nothing
+
+
+def test_after_start_failures_max_refused_starts_in_a_row_it_gives_up():
+    clock, starter = Clock(), Starter()
+    sup = SupervisedQuery("taproot-dedup-000", starter, first_s=1, max_s=8, healthy_s=60, start_failures_max=3,
+                          clock=clock)
+    starter.started[-1].fail("boom")
+    sup.check()
+    starter.refuse = 2
+    for _ in range(2):
+        clock.now += 8
+        sup.check()
+    assert sup.start_failures == 2 and not sup.gave_up
+    clock.now += 8
+    sup.check()                               # started: the count in a row starts over
+    assert sup.active and sup.start_failures == 0
+    starter.started[-1].fail("boom")
+    sup.check()
+    starter.refuse = 3
+    for _ in range(3):
+        assert not sup.gave_up
+        clock.now += 8
+        sup.check()
+    assert sup.gave_up and sup.query is None
