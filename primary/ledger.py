@@ -55,12 +55,22 @@ class _Frame:
         self.made_us = made_us
 
 
+# Queue ids below this are indexed by link as arrays (`Ledger.slots_of`): a
+# session numbers its queues from 1, so its array is as long as its queues.
+DENSE_QUEUE_IDS = 1 << 20
+
+
 class Ledger:
     """The held rows of one partition's plain dispatchers (see the module).
     `keys`: the sole consumer of each plain dispatcher, to its slot."""
 
     def __init__(self) -> None:
         self.keys: dict[ConsumerKey, int] = {}
+        # `keys` of the form (link, queue id) again, a link's as an array of
+        # slots by queue id (-1: none), for a CONFIRM frame's queue ids
+        # looked up at once (`slots_of`); with how many each holds.
+        self._by_link: dict[Any, np.ndarray] = {}
+        self._by_link_count: dict[Any, int] = {}
         self._dispatchers: list[QueueDispatcher] = []   # by slot (they live as long as the partition)
         self._owners: list[Any] = []
         self._key_of: list[ConsumerKey | None] = []
@@ -97,6 +107,7 @@ class Ledger:
         if old is not None and old != key:
             if self.keys.get(old) == slot:
                 del self.keys[old]
+                self._index(old, -1)
         dispatcher = self._dispatchers[slot]
         if key is None:
             assert not self.count[slot], "a dispatcher left plain with rows in the ledger"
@@ -107,9 +118,45 @@ class Ledger:
         self.plain[slot] = True
         self._key_of[slot] = key
         self.keys[key] = slot
+        self._index(key, slot)
         self.max_messages[slot] = max_messages
         self.max_bytes[slot] = max_bytes
         dispatcher._plain, dispatcher._plain_as = True, (key, max_messages, max_bytes)
+
+    def _index(self, key: ConsumerKey, slot: int) -> None:
+        """Keep `_by_link` as `keys` for a key (link, queue id) of a queue id
+        under `DENSE_QUEUE_IDS` (others are looked up in `keys` alone);
+        `slot` -1: the key is gone."""
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)
+                and 0 <= key[1] < DENSE_QUEUE_IDS):
+            return
+        link, queue_id = key
+        slots = self._by_link.get(link)
+        if slot < 0:
+            if slots is None or queue_id >= len(slots) or slots[queue_id] < 0:
+                return
+            slots[queue_id] = -1
+            left = self._by_link_count[link] = self._by_link_count[link] - 1
+            if not left:
+                del self._by_link[link], self._by_link_count[link]
+            return
+        if slots is None or queue_id >= len(slots):
+            grown = np.full(max(64, 2 * (queue_id + 1)), -1, np.int64)
+            if slots is not None:
+                grown[:len(slots)] = slots
+            slots = self._by_link[link] = grown
+        if slots[queue_id] < 0:
+            self._by_link_count[link] = self._by_link_count.get(link, 0) + 1
+        slots[queue_id] = slot
+
+    def slots_of(self, link: Any, queue_ids: np.ndarray) -> np.ndarray | None:
+        """The slot of each key (link, queue id) of these queue ids, as
+        `keys` has them; None if one is not there (or not a small id)."""
+        slots = self._by_link.get(link)
+        if slots is None or not len(queue_ids) or int(queue_ids.max()) >= len(slots) or int(queue_ids.min()) < 0:
+            return None
+        found = slots[queue_ids]
+        return None if (found < 0).any() else found
 
     def held(self, slot: int) -> tuple[int, int]:
         """Rows and bytes held here for the slot's consumer."""
@@ -187,16 +234,28 @@ class Ledger:
         np.add.at(self.bytes, sorted_slots, sizes)
         np.add.at(self.pushed, sorted_slots, 1)
 
+    def owners(self) -> Sequence[Any]:
+        """Each slot's owner (what `register` was given), by slot."""
+        return self._owners
+
     def confirm(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, into: "ConfirmedRows"
                 ) -> tuple[list[Any], list[int]]:
+        """`confirm_slots`, with each slot's owner in place of the slot."""
+        hit, per = self.confirm_slots(slots, starts, counts, into)
+        owners = self._owners
+        return [owners[slot] for slot in hit.tolist()], per.tolist()
+
+    def confirm_slots(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, into: "ConfirmedRows"
+                      ) -> tuple[np.ndarray, np.ndarray]:
         """CONFIRMs of plain slots as seq ranges: range i names seqs
         `starts[i]` .. `starts[i] + counts[i] - 1` of slot `slots[i]`'s
         consumer; a seq it does not hold here is skipped. The rows
-        confirmed are appended to `into`, grouped by slot; returned, each
-        slot's owner and its count of them, in that order."""
+        confirmed are appended to `into`, grouped by slot; returned, the
+        slots in that order and each one's count of them."""
+        none = np.zeros(0, np.int64)
         total = int(counts.sum())
         if not total or not self._frames:
-            return [], []
+            return none, none
         offsets = np.cumsum(counts) - counts
         seqs = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets, counts)
         want = np.repeat(slots, counts)
@@ -230,7 +289,7 @@ class Ledger:
         if emptied:
             self._drop_empty()
         if not hit_slots:
-            return [], []
+            return none, none
         slots_hit = np.concatenate(hit_slots)
         order = np.argsort(slots_hit, kind="stable")
         slots_hit = slots_hit[order]
@@ -242,8 +301,7 @@ class Ledger:
         into.guids.extend([guids[i] for i in order.tolist()])
         into.seqs.extend(np.concatenate(hit_seqs)[order].tolist())
         uniq, per = np.unique(slots_hit, return_counts=True)
-        owners = self._owners
-        return [owners[slot] for slot in uniq.tolist()], per.tolist()
+        return uniq, per
 
     def release(self, slots: Sequence[int]) -> None:
         """Move the rows held here for `slots` into their dispatchers'

@@ -773,7 +773,7 @@ class Node:
         partition = handle.partition
         if not partition.ledger.keys:
             return False
-        handled, done = partition.confirm_held([(link, queue_id) for queue_id in frame.queue_ids],
+        handled, done = partition.confirm_held(link, np.asarray(frame.queue_ids, np.int64),
                                                np.asarray(frame.starts, np.int64), np.asarray(frame.counts, np.int64))
         if not handled:
             return False

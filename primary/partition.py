@@ -241,15 +241,28 @@ class PendingColumns:
             at += count
 
 
+class SlotRuns:
+    """Runs of confirmed rows of ledger slots, as arrays: `counts[i]` rows of
+    slot `slots[i]`'s owner (queue and app), in that order. What
+    `Ledger.confirm_slots` returns, kept so: a CONFIRM frame of a session
+    with thousands of queues makes no tuple a queue, and its commit takes
+    the queue and app columns from `Partition._slot_names` by slot."""
+
+    __slots__ = ("slots", "counts")
+
+    def __init__(self, slots: np.ndarray, counts: np.ndarray):
+        self.slots, self.counts = slots, counts
+
+
 @dataclass
 class PendingConfirms:
     """What one CONFIRM frame (or an admin's purge) confirmed on a
     partition: its rows (GUIDs and seqs, in order) and the queue and app of
-    each run of them (`runs`: queue, app, rows; a frame of a session with
-    thousands of queues has a run per queue). `committed`, if given, is set
-    once the commit was tried, with `ok` saying whether it is durable (a
-    purge waits for it)."""
-    runs: list[tuple[QueueState, str, int]]
+    each run of them (`runs`: queue, app, rows, or a `SlotRuns` of many;
+    a frame of a session with thousands of queues has a run per queue).
+    `committed`, if given, is set once the commit was tried, with `ok`
+    saying whether it is durable (a purge waits for it)."""
+    runs: "_Runs"
     confirmed: ConfirmedRows
     committed: threading.Event | None = None
     ok: bool = False
@@ -263,7 +276,7 @@ class PendingConfirms:
 
 # What a CONFIRM frame confirmed on a partition, as runs (queue, app, rows),
 # and what dispatching after it dropped (queue, app, messages).
-_Runs = list[tuple[QueueState, str, int]]
+_Runs = list["tuple[QueueState, str, int] | SlotRuns"]
 _Gone = list[tuple[QueueState, str, list[Dropped]]]
 
 # One queue's part of a CONFIRM frame: its state, the app, the consumer that
@@ -722,6 +735,7 @@ class Partition:
         self._push_lock = threading.RLock()
         self.queues: dict[tuple[str, str], QueueState] = {}
         self.ledger = Ledger()   # (under `lock`)
+        self._slot_names_cache: tuple[pa.Array, pa.Array, pa.Array] | None = None
         self.quota_for = quota_for
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -928,43 +942,53 @@ class Partition:
                 self._confirm_rest(rest, rows, runs, pushes, dropped)
         return self._confirming(confirm_all)
 
-    def confirm_held(self, keys: Iterable[Any], starts: np.ndarray, counts: np.ndarray
+    def confirm_held(self, link: Any, queue_ids: np.ndarray, starts: np.ndarray, counts: np.ndarray
                      ) -> tuple[bool, PendingConfirms | None]:
         """`confirm_ranges` for a frame's ranges when every one is of a plain
-        dispatcher's sole consumer (range i of `keys[i]`), in the ledger
-        (`Ledger.confirm`): (True, what it confirmed). (False, None) when
-        one is not: nothing was done (the caller makes entries then).
-        Which consumers are plain is read under the lock, as they change
-        under it."""
-        held = self.ledger.keys
-        slots: list[int] = []
+        dispatcher's sole consumer (range i of the consumer (link,
+        `queue_ids[i]`)), in the ledger (`Ledger.confirm_slots`): (True,
+        what it confirmed). (False, None) when one is not: nothing was done
+        (the caller makes entries then). Which consumers are plain is read
+        under the lock, as they change under it."""
+        found: list[bool] = []
 
         def confirm(rows: ConfirmedRows, runs: _Runs, _pushes: list[Push], _dropped: _Gone) -> None:
-            for key in keys:
-                slot = held.get(key)
-                if slot is None:
-                    slots.clear()
-                    return
-                slots.append(slot)
-            self._confirm_held(np.asarray(slots, np.int64), starts, counts, rows, runs)
+            slots = self.ledger.slots_of(link, queue_ids)
+            if slots is not None:
+                found.append(True)
+                self._confirm_held(slots, starts, counts, rows, runs)
         done = self._confirming(confirm)
-        return bool(slots), done
+        return bool(found), done
 
     def _confirm_held(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, rows: ConfirmedRows,
                       runs: _Runs) -> None:
         at = len(rows.seqs)
-        owners, confirmed = self.ledger.confirm(slots, starts, counts, rows)
-        if not owners:
+        hit, confirmed = self.ledger.confirm_slots(slots, starts, counts, rows)
+        if not len(hit):
             return
-        (state, app), n = owners[0], confirmed[0]
-        self._confirmed_run(state, app, at, n, rows, runs)   # (it may continue the run before)
-        runs.extend([(state, app, n) for (state, app), n in zip(owners[1:], confirmed[1:])])
-        if any(state.quota is not None for state, _ in owners[1:]):
-            at += n
-            for (state, app), n in zip(owners[1:], confirmed[1:]):
+        runs.append(SlotRuns(hit, confirmed))
+        owners = self.ledger.owners()
+        held = [owners[slot] for slot in hit.tolist()]
+        if any(state.quota is not None for state, _ in held):
+            for (state, app), n in zip(held, confirmed.tolist()):
                 if state.quota is not None:
                     state.apps_done(rows.guids[at:at + n], app)
                 at += n
+
+    def _slot_names(self) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """The domain, queue and app of each ledger slot's owner, by slot, as
+        string arrays (a CONFIRM commit takes its columns of `SlotRuns`
+        from them). Slots only come: the arrays are made again when there
+        are more."""
+        owners = self.ledger.owners()
+        n = len(owners)
+        names = self._slot_names_cache
+        if names is None or len(names[0]) < n:
+            mine = owners[:n]
+            names = self._slot_names_cache = (pa.array([state.uri.domain for state, _ in mine], pa.string()),
+                                              pa.array([state.uri.queue for state, _ in mine], pa.string()),
+                                              pa.array([app for _, app in mine], pa.string()))
+        return names
 
     def _confirm_rest(self, ranges: Sequence[ConfirmRange], rows: ConfirmedRows, runs: _Runs, pushes: list[Push],
                       dropped: _Gone) -> None:
@@ -987,8 +1011,9 @@ class Partition:
     @staticmethod
     def _confirmed_run(state: QueueState, app: str, at: int, n: int, rows: ConfirmedRows, runs: _Runs) -> None:
         """Rows `at` .. `at + n - 1` confirmed (those after `runs`' rows) were of `state`'s `app`."""
-        if runs and runs[-1][0] is state and runs[-1][1] == app:
-            runs[-1] = (state, app, runs[-1][2] + n)
+        last = runs[-1] if runs else None
+        if isinstance(last, tuple) and last[0] is state and last[1] == app:
+            runs[-1] = (state, app, last[2] + n)
         else:
             runs.append((state, app, n))
         if state.quota is not None:
@@ -1452,13 +1477,12 @@ class Partition:
 
     def _commit_confirms(self, items: list[PendingConfirms]) -> None:
         now = datetime.now(timezone.utc)
-        runs = [run for i in items for run in i.runs]
-        counts = [count for _, _, count in runs]
-        total = sum(counts)
+        domain, queue, app_id = self._run_columns_of([run for i in items for run in i.runs])
+        total = len(domain)
         batch = pa.table({
-            "domain": _repeated([state.uri.domain for state, _, _ in runs], counts),
-            "queue": _repeated([state.uri.queue for state, _, _ in runs], counts),
-            "app_id": _repeated([app for _, app, _ in runs], counts),
+            "domain": domain,
+            "queue": queue,
+            "app_id": app_id,
             "guid": pa.array(itertools.chain.from_iterable(i.confirmed.guids for i in items), pa.binary(), size=total),
             "seq": pa.array(itertools.chain.from_iterable(i.confirmed.seqs for i in items), pa.int64(), size=total),
             "confirm_time": pa.repeat(pa.scalar(now, tables.TIMESTAMP), total),
@@ -1472,6 +1496,36 @@ class Partition:
             if i.committed is not None:
                 i.ok = ok
                 i.committed.set()
+
+    def _run_columns_of(self, runs: _Runs) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """The domain, queue and app columns of confirmed rows, from their
+        runs: consecutive (queue, app, rows) runs a part, each `SlotRuns` a
+        part taken from `_slot_names`."""
+        parts: list[tuple[pa.Array, pa.Array, pa.Array]] = []
+        named: list[tuple[QueueState, str, int]] = []
+
+        def close() -> None:
+            if named:
+                counts = [count for _, _, count in named]
+                parts.append((_repeated([state.uri.domain for state, _, _ in named], counts),
+                              _repeated([state.uri.queue for state, _, _ in named], counts),
+                              _repeated([app for _, app, _ in named], counts)))
+                named.clear()
+
+        for run in runs:
+            if isinstance(run, SlotRuns):
+                close()
+                at = np.repeat(run.slots, run.counts)
+                parts.append(tuple(column.take(at) for column in self._slot_names()))
+            else:
+                named.append(run)
+        close()
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            empty = pa.array([], pa.string())
+            return empty, empty, empty
+        return tuple(pa.concat_arrays([p[i] for p in parts]) for i in range(3))
 
     def _append_or_log(self, appender: deltars.Appender, batch: pa.Table, what: str) -> bool:
         """Commit a batch to one of the primary's side logs (confirms, dead
@@ -1642,7 +1696,7 @@ class Partition:
         yet). Raises PurgeFailed if the record could not be committed."""
         apps = [app] if app is not None else sorted(state.dispatchers)
         purged: dict[str, int] = {}
-        items: list[PendingConfirms] = []
+        items: list[tuple[str, PendingConfirms]] = []
         with self._push_lock, self.lock:
             for a in apps:
                 dispatcher = state.dispatchers.get(a)
@@ -1650,15 +1704,15 @@ class Partition:
                 purged[a] = len(rows.seqs)
                 if rows.seqs:
                     state.apps_done(rows.guids, a)
-                    items.append(PendingConfirms.of(state, a, rows, threading.Event()))
+                    items.append((a, PendingConfirms.of(state, a, rows, threading.Event())))
         if items:
-            if not self.confirm_committer.submit(items, 0, sum(purged.values())):
+            if not self.confirm_committer.submit([i for _, i in items], 0, sum(purged.values())):
                 raise PurgeFailed(f"partition {self.index} is stopping: the purge of {sum(purged.values())} "
                                   "messages was not recorded")
-            for i in items:
+            for a, i in items:
                 if not (i.committed is not None and i.committed.wait(timeout_s) and i.ok):
                     raise PurgeFailed(f"partition {self.index}: the confirm log commit recording the purge of "
-                                      f"{len(i.confirmed.seqs)} messages of app {i.runs[0][1]!r} failed "
+                                      f"{len(i.confirmed.seqs)} messages of app {a!r} failed "
                                       "(see the log)")
         log.info("partition %d: purged %s of %s", self.index,
                  ", ".join(f"{n} messages of app {a!r}" for a, n in purged.items()) or "nothing", state.uri)

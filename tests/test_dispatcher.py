@@ -17,7 +17,7 @@ from primary.dispatcher import (
     spilled_messages,
     take_fresh,
 )
-from primary.ledger import Ledger, take_fresh_held
+from primary.ledger import DENSE_QUEUE_IDS, Ledger, take_fresh_held
 from protocol.columns import PROPERTY_MAP, push_table
 
 
@@ -747,3 +747,32 @@ def test_rows_held_in_a_ledger_are_counted_where_they_are_and_stay_there():
     assert ds[1].remove_consumer((1, 1)) == [] and (1, 0) not in ledger.keys   # (holds a row of its own)
     confirmed, _ = ds[1].confirm_many((1, 0), [4])
     assert confirmed.seqs == [4] and ledger.keys[(1, 0)] == ds[1]._slot   # plain again
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2),
+                          st.one_of(st.none(), st.integers(0, 150), st.just(DENSE_QUEUE_IDS + 3))), max_size=60))
+def test_a_ledgers_index_by_link_finds_what_its_keys_hold_and_nothing_else(changes):
+    """`Ledger.slots_of` (a CONFIRM frame's queue ids looked up at once)
+    agrees with `keys` after any run of slots made plain with a consumer
+    (link, queue id) or not plain; an id too large for the index is looked
+    up in `keys` alone (None here)."""
+    ledger = Ledger()
+    for _ in range(6):
+        ledger.register(QueueDispatcher())
+    for slot, link, queue_id in changes:
+        ledger.set_plain(slot, None if queue_id is None else (link, queue_id), 10, 1 << 20)
+        for link_ in range(3):
+            for queue_id_ in (*range(0, 152), DENSE_QUEUE_IDS + 3):
+                want = ledger.keys.get((link_, queue_id_))
+                got = ledger.slots_of(link_, np.array([queue_id_], np.int64))
+                if want is None or queue_id_ >= DENSE_QUEUE_IDS:
+                    assert got is None, (link_, queue_id_)
+                else:
+                    assert got is not None and got.tolist() == [want], (link_, queue_id_)
+            held = [(q, s) for (l_, q), s in ledger.keys.items() if l_ == link_ and q < DENSE_QUEUE_IDS]
+            if held:
+                found = ledger.slots_of(link_, np.array([q for q, _ in held], np.int64))
+                assert found is not None and found.tolist() == [s for _, s in held]
+            assert (link_ in ledger._by_link) == bool(held)   # a link that holds nothing leaves no array

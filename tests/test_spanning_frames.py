@@ -12,7 +12,7 @@ from protocol.stream import Link
 from protocol.uri import QueueUri, parse_queue_uri, partition_of
 from storage import deltars
 from storage.tables import PartitionPaths
-from tests.conftest import link_frames, serving_node
+from tests.conftest import link_frames, serving_node, wait_until
 from tests.test_node_parking import uri_on
 
 pytestmark = pytest.mark.integration
@@ -217,3 +217,80 @@ def test_the_runs_of_a_frame_sent_queue_by_queue_are_found_without_a_row_loop():
     assert _runs_if_grouped([7], {7: usable[7]}) == [("s7", 1)]
     assert _runs_if_grouped([3, 7, 3, 9], usable) is None     # queue 3's rows apart: row by row
     assert _runs_if_grouped([3, 7, 7], usable) is None        # (a usable queue with no rows cannot happen)
+
+
+def test_confirm_frames_of_many_queues_record_each_row_with_its_own_queue_and_app(tmp_path, monkeypatch):
+    """The confirm log's rows of CONFIRM frames spanning queues, whose rows
+    the ledger holds (`primary.ledger`): a frame of plain sole consumers
+    only is confirmed in the ledger (`Partition.confirm_held`), a frame that
+    also names a queue whose rows went back to its dispatcher is split
+    (`confirm_ranges`); the commit takes the queue column of the ledger's
+    rows by slot (`SlotRuns`). Each row must carry its own queue."""
+    from primary.ledger import Ledger
+
+    config = ClusterConfig(data_dir=str(tmp_path), partitions=1, nodes=(NodeConfig("node1", port=1),),
+                           ha=HaConfig(lease_duration_ms=4000, lease_renew_interval_ms=500),
+                           domains={"d": parse_domain("d", {})})
+    held_calls: list[int] = []
+    original = Ledger.confirm_slots
+
+    def counted(self, slots, starts, counts, into):
+        hit, per = original(self, slots, starts, counts, into)
+        held_calls.append(int(per.sum()))
+        return hit, per
+
+    monkeypatch.setattr(Ledger, "confirm_slots", counted)
+    general: list[int] = []
+    ranges_of = partition_module.Partition.confirm_ranges
+
+    def counted_ranges(self, ranges):
+        general.append(len(ranges))
+        return ranges_of(self, ranges)
+
+    monkeypatch.setattr(partition_module.Partition, "confirm_ranges", counted_ranges)
+    queues = range(1, 41)
+    with serving_node(config) as (node, link):
+        for qid in queues:
+            node.on_frame(link, pb.Frame(open_queue=pb.OpenQueue(
+                request_id=qid, queue_id=qid, uri=f"taproot://d/q{qid}", read=True, write=True, columnar_push=True,
+                options=pb.QueueOptions(max_unconfirmed_messages=100, max_unconfirmed_bytes=1 << 20))))
+            assert next_of(link, "open_queue_response").open_queue_response.status.code == ResultCode.SUCCESS
+        node.on_frame(link, spanning([(qid, 1000 * qid + k) for qid in queues for k in range(3)]))
+        assert next_of(link, "ack_columns").ack_columns.code == ResultCode.SUCCESS
+        seqs: dict[int, list[int]] = {}
+        for qid, seq, _, _ in pushes_of(link, 3 * len(queues)):
+            seqs.setdefault(qid, []).append(seq)
+        (partition,) = node.partitions.values()
+        assert all(partition.ledger.keys.get((link, qid)) is not None for qid in queues)   # all held there
+
+        # 1. Queues 1-20, two rows each, in one frame: confirmed in the ledger.
+        first = [(qid, seqs[qid][0], 2) for qid in range(1, 21)]
+        node.on_frame(link, pb.Frame(confirm_columns=pb.ConfirmColumns(
+            queue_ids=[q for q, _, _ in first], starts=[s for _, s, _ in first], counts=[c for _, _, c in first])))
+        assert held_calls == [40] and general == []   # the ledger's way (`confirm_held`) alone
+        # 2. A CONFIRM with its GUID moves queue 21's rows back into its
+        # dispatcher; a frame naming it and queues 22-40 is split.
+        guid_21 = g(1000 * 21)
+        node.on_frame(link, pb.Frame(confirm=pb.ConfirmBatch(messages=[
+            pb.ConfirmMessage(queue_id=21, guid=guid_21, sequence=seqs[21][0])])))
+        assert (link, 21) not in partition.ledger.keys
+        second = [(qid, seqs[qid][1], 2) for qid in range(21, 41)]
+        node.on_frame(link, pb.Frame(confirm_columns=pb.ConfirmColumns(
+            queue_ids=[q for q, _, _ in second], starts=[s for _, s, _ in second], counts=[c for _, _, c in second])))
+        assert held_calls == [40, 38] and general == [20]   # split: queues 22-40 in the ledger, 21 not
+
+        expected = {(f"q{qid}", seq, g(1000 * qid + (seq - seqs[qid][0])))
+                    for qid in range(1, 21) for seq in seqs[qid][:2]}
+        expected |= {(f"q{qid}", seq, g(1000 * qid + (seq - seqs[qid][0])))
+                     for qid in range(21, 41) for seq in seqs[qid][1:3]}
+        expected.add(("q21", seqs[21][0], guid_21))
+
+        def recorded():
+            table = deltars.try_open(partition.paths.confirms)
+            return None if table is None else table.to_pyarrow_table().to_pylist()
+
+        rows = wait_until(lambda: (lambda r: r if r is not None and len(r) >= len(expected) else None)(recorded()),
+                          15, what="the confirm log's rows")
+        assert len(rows) == len(expected)
+        assert {(r["queue"], r["seq"], r["guid"]) for r in rows} == expected
+        assert {(r["domain"], r["app_id"]) for r in rows} == {("d", "")}
