@@ -119,6 +119,23 @@ class QueueState:
     puts: int = 0          # messages committed (the commit thread counts them)
     ledger: Ledger | None = None   # the partition's: each dispatcher's rows of frames spanning queues, while plain
     _rules: tuple[DomainConfig, AppRules] | None = None
+    _fresh: "tuple[Any, ...] | None" = field(default=None, repr=False)   # (`fresh_profile`)
+
+    def fresh_profile(self) -> "tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str]]":
+        """What the express lane asks of this queue for each run of a frame
+        (`Partition._express_runs`): whether it is express, whether its
+        apps have subscriptions, its apps, its messages' TTL, whether it is
+        lean (one app, no quota) and its target (queue, first app). Made
+        once per domain configuration and quota."""
+        cached = self._fresh
+        if cached is None or cached[0] is not self.domain or cached[1] is not self.quota:
+            rules = self.rules
+            apps = rules.apps
+            cached = self._fresh = (self.domain, self.quota, (
+                self.express, rules.filtered, apps, self.domain.message_ttl_ms,
+                len(apps) == 1 and self.quota is None, (self, apps[0] if apps else "")))
+        profile: tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str]] = cached[2]
+        return profile
 
     @property
     def accepted(self) -> int:
@@ -1349,20 +1366,20 @@ class Partition:
         decisions = _Decisions()
         seqs, keys, guids, decided = decisions.seqs, decisions.keys, decisions.guids, decisions.apps
         reconciler = self._reconciler
+        last_ttl_ms, run = -1, None
         for state, count in b.runs:
-            if not state.express:
+            express, filtered, apps, ttl_ms, lean, target = state.fresh_profile()
+            if not express:
                 row += count
                 offset += count
                 continue
-            rules = state.rules
-            if count >= COLUMNAR_RUN_MIN and not rules.filtered:
+            if count >= COLUMNAR_RUN_MIN and not filtered:
                 decisions.flush(reconciler)
                 table = b.table if count == b.table.num_rows else b.table.slice(offset, count)
                 row = self._express_frame(targets, state, table, first_seq, row, duplicates, now_us)
                 offset += count
                 continue
-            apps = rules.apps
-            if small or rules.filtered or (targets and any((state, app) in targets for app in apps)):
+            if small or filtered or (targets and any((state, app) in targets for app in apps)):
                 decisions.flush(reconciler)
                 if built is None:
                     built = _MessageBuilder.of_frame(b.table)
@@ -1375,10 +1392,8 @@ class Partition:
                 fresh.append(frame_fresh)
                 fresh_rows, fresh_runs, fresh_targets = frame_fresh.rows, frame_fresh.runs, frame_fresh.targets
             assert guid is not None
-            ttl_ms = state.domain.message_ttl_ms
-            run = frame_fresh.run(now_us + ttl_ms * 1000 if ttl_ms else 0)
-            lean = len(apps) == 1 and state.quota is None
-            target = (state, apps[0] if apps else "")
+            if ttl_ms != last_ttl_ms or run is None:
+                last_ttl_ms, run = ttl_ms, frame_fresh.run(now_us + ttl_ms * 1000 if ttl_ms else 0)
             for i in range(offset, offset + count):
                 seqs.append(first_seq + row)
                 keys.append(state)
