@@ -360,8 +360,8 @@ class Ledger:
 
 
 def take_fresh_held(ledger: Ledger, dispatchers: "Sequence[QueueDispatcher]", runs: "Sequence[MessageRun]",
-                    rows: Sequence[int], now_us: int, spilled: "set[QueueDispatcher]"
-                    ) -> tuple[list[int], list[ConsumerKey], list[int]]:
+                    rows: Sequence[int], now_us: int, spilled: "set[QueueDispatcher]",
+                    slots: np.ndarray | None = None) -> tuple[list[int], list[ConsumerKey], list[int]]:
     """`take_fresh` with the ledger: the rows of plain dispatchers (each
     row to one of them: not a queue's apps) taken in a few array operations
     (`Ledger.take`), the others by `take_fresh`. The same outcome and the
@@ -369,9 +369,11 @@ def take_fresh_held(ledger: Ledger, dispatchers: "Sequence[QueueDispatcher]", ru
     what the partition guarantees: a row's GUID is not held already. (Its
     GUID history drops a GUID seen in its window, 300 s, before the express
     lane; the ledger holds no row longer than `FRAME_HOLD_S` and a sweep.
-    `take_fresh` checks it, as `add_messages` does.)"""
+    `take_fresh` checks it, as `add_messages` does.) `slots`: each
+    dispatcher's `_slot`, if the caller has them."""
     n = len(rows)
-    slots = np.fromiter((d._slot for d in dispatchers), np.int64, n)
+    if slots is None:
+        slots = np.fromiter((d._slot for d in dispatchers), np.int64, n)
     if not n or (slots < 0).any():
         return take_fresh(dispatchers, runs, rows, now_us, spilled)
     rows_a = np.asarray(rows, np.int64)

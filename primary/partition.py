@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast, overload
 
 import numpy as np
 import pyarrow as pa
@@ -121,20 +121,24 @@ class QueueState:
     _rules: tuple[DomainConfig, AppRules] | None = None
     _fresh: "tuple[Any, ...] | None" = field(default=None, repr=False)   # (`fresh_profile`)
 
-    def fresh_profile(self) -> "tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str]]":
+    def fresh_profile(self) -> "tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str], int]":
         """What the express lane asks of this queue for each run of a frame
         (`Partition._express_runs`): whether it is express, whether its
         apps have subscriptions, its apps, its messages' TTL, whether it is
-        lean (one app, no quota) and its target (queue, first app). Made
-        once per domain configuration and quota."""
+        lean (one app, no quota), its target (queue, first app) and that
+        app's dispatcher's ledger slot (-1: no dispatcher yet). Made once
+        per domain configuration and quota, and again once the dispatcher
+        exists. Read without the partition's lock: it creates nothing."""
         cached = self._fresh
-        if cached is None or cached[0] is not self.domain or cached[1] is not self.quota:
+        if cached is None or cached[0] is not self.domain or cached[1] is not self.quota or cached[2][6] < 0:
             rules = self.rules
             apps = rules.apps
+            app = apps[0] if apps else ""
+            dispatcher = self.dispatchers.get(app)
             cached = self._fresh = (self.domain, self.quota, (
                 self.express, rules.filtered, apps, self.domain.message_ttl_ms,
-                len(apps) == 1 and self.quota is None, (self, apps[0] if apps else "")))
-        profile: tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str]] = cached[2]
+                len(apps) == 1 and self.quota is None, (self, app), -1 if dispatcher is None else dispatcher._slot))
+        profile: tuple[bool, bool, tuple[str, ...], int, bool, tuple[QueueState, str], int] = cached[2]
         return profile
 
     @property
@@ -1368,7 +1372,7 @@ class Partition:
         reconciler = self._reconciler
         last_ttl_ms, run = -1, None
         for state, count in b.runs:
-            express, filtered, apps, ttl_ms, lean, target = state.fresh_profile()
+            express, filtered, apps, ttl_ms, lean, target, slot = state.fresh_profile()
             if not express:
                 row += count
                 offset += count
@@ -1391,6 +1395,7 @@ class Partition:
                 frame_fresh = _Fresh(b.table, first_seq + row - offset, guid)
                 fresh.append(frame_fresh)
                 fresh_rows, fresh_runs, fresh_targets = frame_fresh.rows, frame_fresh.runs, frame_fresh.targets
+                fresh_slots = frame_fresh.slots
             assert guid is not None
             if ttl_ms != last_ttl_ms or run is None:
                 last_ttl_ms, run = ttl_ms, frame_fresh.run(now_us + ttl_ms * 1000 if ttl_ms else 0)
@@ -1406,6 +1411,7 @@ class Partition:
                         fresh_rows.append(i)
                         fresh_runs.append(run)
                         fresh_targets.append(target)
+                        fresh_slots.append(slot)
                     else:
                         frame_fresh.add(i, state, run, apps)
                 row += 1
@@ -1773,8 +1779,12 @@ class Partition:
         now_us = wall_time_us()
         ledger = self.ledger
         for f in fresh:
-            taken, keys, left = take_fresh_held(ledger, [state.dispatcher(app) for state, app in f.targets],
-                                                f.runs, f.rows, now_us, spilled)
+            slots = np.asarray(f.slots, np.int64)
+            for i in np.flatnonzero(slots < 0).tolist():   # (a queue's first consumer's dispatcher is made here)
+                state, app = f.targets[i]
+                slots[i] = state.dispatcher(app)._slot
+            taken, keys, left = take_fresh_held(ledger, _TargetDispatchers(f.targets), f.runs, f.rows, now_us,
+                                                spilled, slots)
             if taken:
                 pushes.append((None, SharedPush([f.runs[n] for n in taken], [f.rows[n] for n in taken], keys)))
             for n, message in zip(left, spilled_messages(f.runs, f.rows, left)):
@@ -1904,6 +1914,32 @@ def _add_targets(targets: Targets, state: QueueState, message: StoredMessage, ap
         targets.setdefault((state, app), []).append(message if n == 0 else message.for_app())
 
 
+class _TargetDispatchers(Sequence[QueueDispatcher]):
+    """The dispatcher of each (queue, app) target, looked up when asked (the
+    caller holds the partition's lock): `take_fresh_held` asks only for
+    the rows the ledger does not take."""
+
+    __slots__ = ("_targets",)
+
+    def __init__(self, targets: list[tuple[QueueState, str]]):
+        self._targets = targets
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    @overload
+    def __getitem__(self, i: int) -> QueueDispatcher: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[QueueDispatcher]: ...
+
+    def __getitem__(self, i: int | slice) -> QueueDispatcher | Sequence[QueueDispatcher]:
+        if isinstance(i, slice):
+            return [state.dispatcher(app) for state, app in self._targets[i]]
+        state, app = self._targets[i]
+        return state.dispatcher(app)
+
+
 class _Fresh:
     """Rows of one committed PUT frame spanning queues for `take_fresh`: per
     (row, app) the row of the frame, its run (`run`: the frame's rows as one
@@ -1911,13 +1947,14 @@ class _Fresh:
     goes to, in seq order. No StoredMessage is made for a row: its queue's
     consumer holds it as (run, row)."""
 
-    __slots__ = ("table", "first_seq", "guids", "rows", "runs", "targets", "_runs")
+    __slots__ = ("table", "first_seq", "guids", "rows", "runs", "targets", "slots", "_runs")
 
     def __init__(self, table: pa.Table, first_seq: int, guids: list[bytes]):
         self.table, self.first_seq, self.guids = table, first_seq, guids   # (first_seq: the seq of row 0)
         self.rows: list[int] = []
         self.runs: list[MessageRun] = []
         self.targets: list[tuple[QueueState, str]] = []
+        self.slots: list[int] = []   # each target's dispatcher's ledger slot, if known (else -1)
         self._runs: dict[int, FrameRun] = {}
 
     def run(self, expires_us: int) -> FrameRun:
@@ -1942,6 +1979,7 @@ class _Fresh:
             self.rows.append(row)
             self.runs.append(run)
             self.targets.append((state, app))
+            self.slots.append(-1)
 
 
 class _Decisions:
