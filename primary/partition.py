@@ -117,6 +117,7 @@ class QueueState:
     consumers: int = 0
     producers: int = 0
     puts: int = 0          # messages committed (the commit thread counts them)
+    index: int = -1        # its partition's number for it (`Partition._queue_names`); -1: made elsewhere
     ledger: Ledger | None = None   # the partition's: each dispatcher's rows of frames spanning queues, while plain
     _rules: tuple[DomainConfig, AppRules] | None = None
     _fresh: "tuple[Any, ...] | None" = field(default=None, repr=False)   # (`fresh_profile`)
@@ -757,6 +758,8 @@ class Partition:
         self.queues: dict[tuple[str, str], QueueState] = {}
         self.ledger = Ledger()   # (under `lock`)
         self._slot_names_cache: tuple[pa.Array, pa.Array, pa.Array] | None = None
+        self._queue_names: tuple[list[str], list[str]] = ([], [])   # domain and queue by QueueState.index
+        self._queue_columns_cache: tuple[pa.Array, pa.Array] | None = None
         self.quota_for = quota_for
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -879,9 +882,24 @@ class Partition:
         with self.lock:
             state = self.queues.get(key)
             if state is None:
-                state = self.queues[key] = QueueState(QueueUri(uri.domain, uri.queue), domain,
-                                                      self.quota_for(uri.domain), ledger=self.ledger)
+                state = QueueState(QueueUri(uri.domain, uri.queue), domain, self.quota_for(uri.domain),
+                                   ledger=self.ledger, index=len(self._queue_names[1]))
+                self._queue_names[0].append(uri.domain)   # (domain first: a reader sizes by the queues)
+                self._queue_names[1].append(uri.queue)
+                self.queues[key] = state
             return state
+
+    def _queue_columns(self) -> tuple[pa.Array, pa.Array]:
+        """The domain and queue of each QueueState of this partition, by its
+        `index`, as string arrays (PUT-log rows of a frame spanning queues
+        take their columns from them). Queues only come: the arrays are made
+        again when there are more."""
+        n = len(self._queue_names[1])
+        cached = self._queue_columns_cache
+        if cached is None or len(cached[1]) < n:
+            cached = self._queue_columns_cache = (pa.array(self._queue_names[0][:n], pa.string()),
+                                                  pa.array(self._queue_names[1][:n], pa.string()))
+        return cached
 
     def route(self, state: QueueState, app: str, action: Callable[[QueueDispatcher], list[Push]]) -> None:
         """Run `action` on the app's dispatcher under the lock, then send its
@@ -1482,9 +1500,19 @@ class Partition:
         count = sum(counts)
         first_seq = self._next_seq
         self._next_seq += count
+        domain = queue = None
+        if len(runs) > 1:   # a frame spanning queues: its columns by each queue's index
+            ids = np.fromiter((q.index for q, _ in runs), np.int64, len(runs))
+            if ids.min() >= 0:
+                at = np.repeat(ids, counts)
+                domains, queues = self._queue_columns()
+                domain, queue = domains.take(at), queues.take(at)
+        if domain is None or queue is None:
+            domain = _repeated([q.uri.domain for q, _ in runs], counts)
+            queue = _repeated([q.uri.queue for q, _ in runs], counts)
         return pa.table({
-            "domain": _repeated([q.uri.domain for q, _ in runs], counts),
-            "queue": _repeated([q.uri.queue for q, _ in runs], counts),
+            "domain": domain,
+            "queue": queue,
             "guid": guid,
             "seq": pa.array(np.arange(first_seq, first_seq + count, dtype=np.int64)),
             "payload": payload,

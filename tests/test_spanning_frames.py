@@ -220,7 +220,7 @@ def test_the_runs_of_a_frame_sent_queue_by_queue_are_found_without_a_row_loop():
 
 
 def test_confirm_frames_of_many_queues_record_each_row_with_its_own_queue_and_app(tmp_path, monkeypatch):
-    """The confirm log's rows of CONFIRM frames spanning queues, whose rows
+    """The PUT log's and the confirm log's rows of CONFIRM frames spanning queues, whose rows
     the ledger holds (`primary.ledger`): a frame of plain sole consumers
     only is confirmed in the ledger (`Partition.confirm_held`), a frame that
     also names a queue whose rows went back to its dispatcher is split
@@ -262,6 +262,9 @@ def test_confirm_frames_of_many_queues_record_each_row_with_its_own_queue_and_ap
             seqs.setdefault(qid, []).append(seq)
         (partition,) = node.partitions.values()
         assert all(partition.ledger.keys.get((link, qid)) is not None for qid in queues)   # all held there
+        put_rows = deltars.try_open(partition.paths.puts).to_pyarrow_table(columns=["domain", "queue", "guid"])
+        assert sorted((r["guid"], r["domain"], r["queue"]) for r in put_rows.to_pylist()) == sorted(
+            (g(1000 * qid + k), "d", f"q{qid}") for qid in queues for k in range(3))   # the PUT log's queue column too
 
         # 1. Queues 1-20, two rows each, in one frame: confirmed in the ledger.
         first = [(qid, seqs[qid][0], 2) for qid in range(1, 21)]
