@@ -48,8 +48,8 @@ from primary.partition import (
     PendingColumns,
     PendingPut,
     QueueState,
+    id_runs,
     push_run,
-    queue_runs,
     send_acks,
 )
 from primary.quota import DomainQuota
@@ -836,7 +836,7 @@ def _runs_if_grouped(ids: list[int], usable: Mapping[int, OpenHandle]) -> list[t
     """The runs of a frame spanning queues whose rows come queue by queue
     (as the SDK sends them): each queue's state and its row count; None
     when a queue's rows are not together."""
-    runs = queue_runs(ids)
+    runs = id_runs(ids)
     if len(runs) != len(usable):
         return None
     return [(usable[queue_id].state, count) for queue_id, count in runs]

@@ -2153,6 +2153,17 @@ def queue_runs(queues: Iterable[Q]) -> list[tuple[Q, int]]:
     return [(queue, count) for queue, count in runs]
 
 
+def id_runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """`queue_runs` of queue ids, with numpy: a frame spanning thousands of
+    queues has a run (often a row) of each."""
+    a = np.asarray(ids, np.int64)
+    if not len(a):
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+    counts = np.diff(np.append(starts, len(a)))
+    return list(zip(a[starts].tolist(), counts.tolist()))
+
+
 def _repeated(values: list[str], counts: list[int]) -> pa.Array:
     """Each value `count` times, in order, as a string column (an Arrow take:
     a CONFIRM commit of thousands of queues has an item or two per queue)."""

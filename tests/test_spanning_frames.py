@@ -4,6 +4,8 @@ node in-process with two partitions, real delta-rs tables, no JVM."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import primary.partition as partition_module
 from conf import ClusterConfig, HaConfig, NodeConfig, parse_domain
@@ -217,6 +219,13 @@ def test_the_runs_of_a_frame_sent_queue_by_queue_are_found_without_a_row_loop():
     assert _runs_if_grouped([7], {7: usable[7]}) == [("s7", 1)]
     assert _runs_if_grouped([3, 7, 3, 9], usable) is None     # queue 3's rows apart: row by row
     assert _runs_if_grouped([3, 7, 7], usable) is None        # (a usable queue with no rows cannot happen)
+
+
+@given(st.lists(st.integers(0, 4), max_size=40))
+def test_id_runs_are_queue_runs_of_queue_ids(ids):
+    from primary.partition import id_runs, queue_runs
+
+    assert id_runs(ids) == queue_runs(ids)
 
 
 def test_confirm_frames_of_many_queues_record_each_row_with_its_own_queue_and_app(tmp_path, monkeypatch):
