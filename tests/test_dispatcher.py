@@ -21,8 +21,14 @@ from primary.ledger import DENSE_QUEUE_IDS, Ledger, take_fresh_held
 from protocol.columns import PROPERTY_MAP, push_table
 
 
+def guid_of(i: int) -> bytes:
+    """Message i's GUID: its byte 16 times under 256 (what the tests below
+    name), its number in 16 bytes from there (a long schedule adds more)."""
+    return bytes([i]) * 16 if i < 256 else i.to_bytes(16, "big")
+
+
 def msgs(n, start=0, size=10):
-    return [StoredMessage(guid=bytes([i]) * 16, seq=i, payload=b"x" * size, properties=[], put_time_us=0)
+    return [StoredMessage(guid=guid_of(i), seq=i, payload=b"x" * size, properties=[], put_time_us=0)
             for i in range(start, start + n)]
 
 
@@ -111,7 +117,7 @@ from protocol.properties import to_wire  # noqa: E402
 
 
 def tagged(n, region_of, start=0):
-    return [StoredMessage(guid=bytes([i]) * 16, seq=i, payload=b"x", properties=to_wire({"region": region_of(i)}),
+    return [StoredMessage(guid=guid_of(i), seq=i, payload=b"x", properties=to_wire({"region": region_of(i)}),
                           put_time_us=0) for i in range(start, start + n)]
 
 
