@@ -24,7 +24,8 @@ and every failure is logged with its cause, and
 `taproot_pipeline_query_active` shows 0 meanwhile.
 
 A query that Spark refuses to start `start_failures_max` times in a row
-(its session or JVM gone) cannot come back in this process: `gave_up`
+(its session or JVM gone, or the table unreadable for that long: a start
+reads the PUT log's snapshot) is not expected back in this process: `gave_up`
 says so, and the pipeline then exits 1, as it did at any query's stop
 before, for whatever runs it to start it afresh."""
 
