@@ -823,7 +823,7 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         if dispatcher is None or consumer is None:
             confirmed.append(0)
             continue
-        dispatcher._unplain()   # (its rows may be in the ledger: `Ledger.confirm` is their way)
+        dispatcher._unplain()   # (its rows may be in the ledger: `Ledger.confirm_slots` is their way)
         unconfirmed, known = consumer.unconfirmed, dispatcher._known
         before = len(done_seqs)
         size = 0

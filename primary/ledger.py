@@ -238,13 +238,6 @@ class Ledger:
         """Each slot's owner (what `register` was given), by slot."""
         return self._owners
 
-    def confirm(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, into: "ConfirmedRows"
-                ) -> tuple[list[Any], list[int]]:
-        """`confirm_slots`, with each slot's owner in place of the slot."""
-        hit, per = self.confirm_slots(slots, starts, counts, into)
-        owners = self._owners
-        return [owners[slot] for slot in hit.tolist()], per.tolist()
-
     def confirm_slots(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, into: "ConfirmedRows"
                       ) -> tuple[np.ndarray, np.ndarray]:
         """CONFIRMs of plain slots as seq ranges: range i names seqs

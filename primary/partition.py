@@ -948,7 +948,7 @@ class Partition:
     def confirm_ranges(self, ranges: Sequence[ConfirmRange]) -> PendingConfirms | None:
         """`confirm` for a ConfirmColumns frame's seq ranges (what the SDK
         sends), of one queue or of thousands: the ranges of consumers whose
-        rows the ledger holds in a few array operations (`Ledger.confirm`),
+        rows the ledger holds in a few array operations (`Ledger.confirm_slots`),
         the others in one pass over them (`dispatcher.confirm_ranges`), no
         call per queue, then each queue whose freed room lets waiting
         messages through dispatched once. Consecutive entries of one queue

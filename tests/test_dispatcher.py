@@ -454,7 +454,7 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(held, data)
     pending, the same held bytes. `held`: the fresh side's dispatchers
     with a `Ledger`, as a partition's are: rows of plain dispatchers held
     there (`take_fresh_held`), their CONFIRMs confirmed there
-    (`Ledger.confirm`), their rows back in their dispatchers when anything
+    (`Ledger.confirm_slots`), their rows back in their dispatchers when anything
     else happens to them. (Their GUIDs are new: the partition's GUID
     history sees to that.)"""
     queues, steps = data.draw(fresh_schedules(roomy=held))
@@ -545,8 +545,9 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(held, data)
                 if ledger_seqs:
                     done = ConfirmedRows([], [])
                     slots = np.asarray([slot for slot, _ in ledger_seqs], np.int64)
-                    owners, counts = ledger.confirm(slots, np.asarray([seq for _, seq in ledger_seqs], np.int64),
+                    hit, per = ledger.confirm_slots(slots, np.asarray([seq for _, seq in ledger_seqs], np.int64),
                                                     np.ones(len(ledger_seqs), np.int64), done)
+                    owners, counts = [ledger.owners()[s] for s in hit.tolist()], per.tolist()
                     assert owners == sorted(set(owners)) and sum(counts) == len(done.seqs) == len(done.guids)
                     at = 0
                     for q, n in zip(owners, counts):   # grouped by queue, each once, in seq order
@@ -745,7 +746,8 @@ def test_rows_held_in_a_ledger_are_counted_where_they_are_and_stay_there():
         assert [(i["unconfirmed_messages"], i["unconfirmed_bytes"]) for i in d.consumers_info()] == [(2, 14)]
     assert ledger.count[:3].tolist() == [2, 2, 2]   # (still there)
     done = ConfirmedRows([], [])
-    assert ledger.confirm(np.array([0, 1]), np.array([0, 1]), np.array([4, 1]), done) == ([0, 1], [2, 1])
+    hit, per = ledger.confirm_slots(np.array([0, 1]), np.array([0, 1]), np.array([4, 1]), done)
+    assert [ledger.owners()[s] for s in hit.tolist()] == [0, 1] and per.tolist() == [2, 1]
     assert done.seqs == [0, 3, 1] and ds[0].confirmed == 2 and ds[0].unconfirmed_count == 0
     # A second consumer: the first one's rows come back into the dispatcher, in push order.
     ds[1].add_consumer((1, 1), ConsumerOptions(10, 1 << 30))
