@@ -59,6 +59,7 @@ from protocol.clock import wall_time_us
 from protocol.stream import Link
 from protocol.uri import QueueUri, partition_of
 from replicas.forwarding import Forwarding
+from replicas.upstream import STOP_FLUSH_S
 
 log = logging.getLogger(__name__)
 DOMAIN_POLL_S = 1.0
@@ -151,7 +152,7 @@ class Node:
             self.drain()
         self._stopping.set()
         self.leadership.stop()
-        self.forwarding.stop()
+        self.forwarding.stop(STOP_FLUSH_S if graceful else 0.0)
         for partition in list(self.partitions.values()):
             partition.stop()
         # End every stream: the peers move to their next host at once.

@@ -26,7 +26,7 @@ from protocol.metrics import HttpServer, registry_for
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import serve_broker, serve_session
 from protocol.tls import ClientTls, ServerTls
-from replicas.upstream import Upstream
+from replicas.upstream import STOP_FLUSH_S, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,6 @@ def serve(host: str, port: int, upstream_addresses: str | Sequence[str], *, read
                      stop_event=stop_event, before_stop=drain, ready_info={"http_port": http.port if http else None},
                      admin=AdminServicer("proxy", {"status": status, "stop": stop}, auth), tls=tls)
     finally:
-        proxy.stop()
+        proxy.stop(flush_s=STOP_FLUSH_S)   # the drain's last CONFIRMs reach the node before the stream ends
         if http is not None:
             http.stop()

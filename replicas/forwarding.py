@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any, Callable
 
 from protocol import pb, seqs
@@ -153,9 +154,16 @@ class Forwarding:
     def drained(self) -> bool:
         return all(upstream.relay.drained for upstream in self._all())
 
-    def stop(self) -> None:
-        for upstream in self._all():
-            upstream.stop()
+    def stop(self, flush_s: float = 0.0) -> None:
+        """`flush_s`: each upstream stream ends the orderly way (`Upstream.stop`),
+        all of them at once, within `flush_s` in all."""
+        upstreams = self._all()
+        deadline = time.monotonic() + flush_s
+        if flush_s > 0:
+            for upstream in upstreams:
+                upstream.end_stream()
+        for upstream in upstreams:
+            upstream.stop(max(0.01, deadline - time.monotonic()) if flush_s > 0 else 0.0)
 
     def _all(self) -> list[Upstream]:
         with self._lock:

@@ -37,6 +37,9 @@ from replicas.relay import UPSTREAM, Out, Relay
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.5
+# A graceful stop's wait for the upstream to handle the last frames and end
+# the stream (`Upstream.stop`); the frames are already on their way by then.
+STOP_FLUSH_S = 2.0
 
 
 class Upstream:
@@ -91,12 +94,32 @@ class Upstream:
             log.warning("%s: no upstream reachable yet among %s; retrying in the background", self.name,
                         self.hosts())
 
-    def stop(self) -> None:
+    def stop(self, flush_s: float = 0.0) -> None:
+        """Stop relaying. `flush_s` > 0 (a graceful stop): first end the
+        upstream stream the orderly way, every frame queued for it written
+        and then the request side closed, and wait up to `flush_s` for the
+        upstream to end it, which it does once it has handled every frame.
+        Cancelling at once instead drops what the upstream has not read yet:
+        the last CONFIRMs of a drain, and the node then delivers those
+        messages again."""
         self._stop.set()
         if self._session is not None:
+            if flush_s > 0:
+                self.end_stream()
+                if not self._ended.wait(flush_s):
+                    log.warning("%s: the upstream did not end the stream within %.1f s of the last frame; "
+                                "cancelling it", self.name, flush_s)
             self._session.cancel()   # cancels the task on the loop: its cleanup closes the stream and channel
             self._ended.wait(5)
         self._expirer.join(5)
+
+    def end_stream(self) -> None:
+        """The first half of a graceful `stop`, which returns at once: nothing
+        more goes up, and the upstream stream is closed after what is queued."""
+        self._stop.set()
+        with self._lock:
+            up_out = self._up_out
+        up_out.close()
 
     # -- downstream ---------------------------------------------------------
     def open_link(self, link: Link) -> None:
@@ -196,6 +219,9 @@ class Upstream:
             await asyncio.sleep(self.reconnect_interval_s)
             return
         channel, address = connected
+        if self._stop.is_set():   # stopped while connecting: nothing is to go up any more
+            await channel.close()
+            return
         up_out = Link(address)   # what goes up, serialized as it is queued, written by this loop
         with self._lock:
             self._up_out = up_out
