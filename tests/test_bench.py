@@ -482,3 +482,21 @@ def test_the_relay_cost_bench_relays_every_frame_and_leaves_nothing_held(capsys)
     for bad in (["--rows", "0"], ["--frames", "2"]):   # relay_cost's rounds are one frame of each kind
         with pytest.raises(SystemExit):
             main(bad)
+
+
+@pytest.mark.unit
+def test_the_load_generators_cpu_is_summed_by_role_and_left_out_when_a_worker_was_missed(capsys):
+    from taproot_ops.bench import print_result
+    from taproot_ops.bench.runner import client_cpu
+
+    before = {"consumer 11": 1.0, "consumer 12": 2.0, "producer 13": 0.5}
+    after = {"consumer 11": 4.0, "consumer 12": 3.5, "producer 13": 10.5}
+    assert client_cpu(before, after) == {"producers": 10.0, "consumers": 4.5}
+    assert client_cpu(before, {"consumer 11": 4.0, "producer 13": 10.5}) is None   # one exited before
+    assert client_cpu({}, {}) is None                                              # no /proc
+    ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
+    print_result({"system": "taproot", "label": "x", "failed": {}, "produce_msg_s": 1.0, "consume_msg_s": 1.0,
+                  "acked": 500_000, "posted": 500_000, "received": 500_000, "expected_received": 500_000,
+                  "ack_ms": ms, "push_ms": ms, "client_cpu_s": {"producers": 10.0, "consumers": 4.5}})
+    line = next(x for x in capsys.readouterr().out.splitlines() if "load generator CPU" in x)
+    assert "producers 10.0 s, consumers 4.5 s: 29 us per message" in line

@@ -129,6 +129,11 @@ def print_result(r: dict[str, Any]) -> None:
     if r.get("cpu_s"):
         parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in r["cpu_s"].items())
         print(f"         server CPU {parts}: {r['cpu_us_per_msg']:,.0f} us per message", flush=True)
+    if r.get("client_cpu_s"):
+        parts = ", ".join(f"{role} {seconds:.1f} s" for role, seconds in r["client_cpu_s"].items())
+        per_message = sum(r["client_cpu_s"].values()) * 1e6 / max(1, r.get("acked", 0))
+        print(f"         load generator CPU (same window, same cores) {parts}: {per_message:,.0f} us per message",
+              flush=True)
     if r.get("rss_mb"):
         parts = ", ".join(f"{name} {min(mb for _, mb in s):,.0f}-{max(mb for _, mb in s):,.0f} (end "
                           f"{s[-1][1]:,.0f})" for name, s in r["rss_mb"].items() if s)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from taproot_ops.bench.cpu import tree_cpu_seconds
 from taproot_ops.bench.report import Samples, summarize
 from taproot_ops.bench.scenarios import Scenario
 
@@ -291,6 +292,12 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         start = time.time() + 1.0  # producers connect meanwhile
         cpu_before = cpu_probe() if cpu_probe else {}
         cpu_after: dict[str, float] = {}
+        # The load generator's own CPU, over the same window as the servers':
+        # it runs on the same cores, so what it spends is not the servers'.
+        client_roots = {f"{'consumer' if i < n_consumer_procs else 'producer'} {p.pid}": p.pid
+                        for i, p in enumerate(procs)}
+        clients_before = tree_cpu_seconds(client_roots)
+        clients_after: dict[str, float] = {}
         phases_before = phase_probe() if phase_probe else {}
         phases_after: dict[str, tuple[float, float]] = {}
         shared.start_at.value = start
@@ -308,10 +315,13 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                 last_sample = time.monotonic()
                 for name, mb in memory_probe().items():
                     rss.setdefault(name, []).append((round(time.time() - start, 1), round(mb, 1)))
-            if cpu_probe and not cpu_after and _all_delivered(shared, per_queue, len(producers), scenario.copies,
-                                                              answers_signalled):
-                cpu_after = cpu_probe()  # everything delivered: before the clients close their queues
-                phases_after = phase_probe() if phase_probe else {}
+            if not clients_after and _all_delivered(shared, per_queue, len(producers), scenario.copies,
+                                                    answers_signalled):
+                # Everything delivered: before the clients close their queues.
+                clients_after = tree_cpu_seconds(client_roots)
+                if cpu_probe:
+                    cpu_after = cpu_probe()
+                    phases_after = phase_probe() if phase_probe else {}
             if progress and time.monotonic() - last_print >= 1.0:
                 _print_progress(scenario, start, shared)
                 last_print = time.monotonic()
@@ -370,6 +380,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         result["expected_received"] = sum(e["expected"] for e in apps.values())
     result["start_s"] = start
     result["client_gc"] = client_gc
+    clients = client_cpu(clients_before, clients_after)
+    if clients is not None:
+        result["client_cpu_s"] = clients
     from protocol import malloc_tuning
     result["malloc"] = "default" if malloc_tuning.switched_off() else "tuned"
     if phase_probe:
@@ -392,6 +405,20 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     result.update(system=system, scenario=scenario.name, label=scenario.label, size=scenario.size,
                   rate=scenario.rate, duration_s=scenario.duration_s, batch=scenario.batch, window=scenario.window)
     return result
+
+
+def client_cpu(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """The load generator's CPU seconds between two `tree_cpu_seconds` of its
+    workers (named "<role> <pid>"), summed by role ("producers",
+    "consumers"); None when a worker was not seen both times (gone before
+    the second, or no /proc), as no figure beats a short one."""
+    if not before or set(before) != set(after):
+        return None
+    out: dict[str, float] = {}
+    for name, seconds in after.items():
+        role = f"{name.split()[0]}s"
+        out[role] = round(out.get(role, 0.0) + seconds - before[name], 2)
+    return dict(sorted(out.items(), reverse=True))
 
 
 def _raise_reported(results: "mp.Queue[Any]") -> None:
