@@ -450,15 +450,17 @@ class SessionCore:
             self._send(wrapped("put_columns", frame))
         return None
 
-    def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> None:
+    def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> bool:
         """CONFIRM messages by seq (`PushMessage.sequence`); they go as seq
         ranges (ConfirmColumns). CONFIRMs made while no stream is up are
         dropped: those messages come again. A broadcast queue's are not sent
-        (nothing is kept to confirm)."""
+        (nothing is kept to confirm). True when these began a batch that now
+        lingers: `tick` has a new deadline for the shell's flusher."""
         q = self.queues.get(queue_id)
         if not self.state.linked or (q is not None and q.broadcast):
-            return
-        if not self._confirm_count:
+            return False
+        began = not self._confirm_count
+        if began:
             self._confirms_since_ms = now_ms
         held = self._confirms.setdefault(queue_id, [])
         before = len(held)
@@ -466,6 +468,7 @@ class SessionCore:
         self._confirm_count += len(held) - before
         if self._confirm_count >= self.batch_policy.max_messages:
             self._send_confirms()
+        return began and self._confirm_count > 0
 
     def flush(self) -> None:
         self._seal()

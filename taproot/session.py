@@ -792,9 +792,13 @@ class Session:
         if self._core.state is ConnectionState.STOPPED:
             raise errors.ConnectionError("session is stopped")
         with self._lock:
-            self._core.confirm(q.queue_id, seqs, self._now_ms())
+            lingers = self._core.confirm(q.queue_id, seqs, self._now_ms())
             self._send_effects_locked()
-            self._changed.notify_all()
+            if lingers:
+                # Only the flusher waits on a CONFIRM, for the first one's
+                # linger deadline; waking every waiter at each CONFIRM cost a
+                # per-message consumer a thread switch a message.
+                self._changed.notify_all()
 
     def _flush(self) -> None:
         with self._lock:

@@ -458,6 +458,24 @@ def test_confirms_go_as_seq_ranges_per_queue_split_at_the_frame_bound():
     assert not any(f.confirm_columns.queue_ids for f in frames)
 
 
+def test_only_the_confirm_that_begins_a_batch_asks_for_the_flusher():
+    """The shell wakes its flusher on True only: the first CONFIRM of a batch
+    sets the linger deadline `tick` returns; the next ones change nothing
+    the flusher waits for, and a batch sent at once leaves nothing to wait."""
+    core = core_with_queue()
+    assert core.confirm(1, [5], now_ms=0) is True
+    assert core.confirm(1, [6], now_ms=1) is False
+    assert core.tick(1) == 5            # the first CONFIRM's linger
+    assert core.tick(5) > 5 and [f.WhichOneof("body") for f in core.take().frames] == ["confirm_columns"]
+    assert core.confirm(1, [7], now_ms=6) is True      # a new batch
+    core.flush()
+    core.take()
+    assert core.confirm(1, [8, 9, 10], now_ms=7) is False   # full (max 3): sent now, nothing lingers
+    assert [f.WhichOneof("body") for f in core.take().frames] == ["confirm_columns"]
+    core.connection_lost("gone")
+    assert core.confirm(1, [11], now_ms=9) is False    # dropped while no stream is up
+
+
 def test_confirms_of_many_queues_share_frames_each_range_naming_its_queue():
     from taproot.core import confirm_frames
 
