@@ -206,7 +206,9 @@ CLIENT_GC = ("tuned", "default")
 
 
 def _worker(system: str, role: str, address: str, scenario: Scenario, clients: list[tuple[int, int]],
-            shared: Shared, results: "mp.Queue[Any]", client_gc: str = "tuned") -> None:
+            shared: Shared, results: "mp.Queue[Any]", client_gc: str = "tuned", release: Any = None) -> None:
+    """`release`: an Event the worker waits for (30 s at most) after it has
+    reported, so the main process can read its CPU time before it exits."""
     try:
         driver = importlib.import_module(SYSTEMS[system])
         if client_gc == "tuned":
@@ -225,6 +227,8 @@ def _worker(system: str, role: str, address: str, scenario: Scenario, clients: l
         else:
             out = driver.run_consumers(address, scenario, clients, shared)
         results.put((role, out))
+        if release is not None:
+            release.wait(30)
     except BaseException as exc:  # reported by the main process, which then fails the run
         import traceback
         results.put((role, RuntimeError(f"{system} {role}: {exc}\n{traceback.format_exc()}")))
@@ -261,13 +265,15 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                     ctx.Array("q", 3), ctx.Array("q", scenario.queues), drain_idle_s, ctx.Value("i", 0),
                     ctx.Array("q", scenario.queues * N_VALUES), ctx.Value("i", 0))
     results = ctx.Queue()
+    release = ctx.Event()   # the workers exit once their CPU time is read
     consumers = [(q, c) for q in range(scenario.queues) for c in range(scenario.consumers)]
     producers = [(q, p) for q in range(scenario.queues) for p in range(scenario.producers)]
     procs = [ctx.Process(target=_worker, args=(system, "consumer", consumer_address or address, scenario, group,
-                                               shared, results, client_gc), daemon=True)
+                                               shared, results, client_gc, release), daemon=True)
              for group in _spread(consumers, workers)]
     procs += [ctx.Process(target=_worker, args=(system, "producer", address, scenario, group, shared, results,
-                                                client_gc), daemon=True) for group in _spread(producers, workers)]
+                                                client_gc, release), daemon=True)
+              for group in _spread(producers, workers)]
     for p in procs:
         p.start()
     n_consumer_procs = len(_spread(consumers, workers))
@@ -356,6 +362,9 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
                     entry = apps.setdefault(app, {"received": 0, "wrong": 0, "duplicates": 0})
                     for key in entry:
                         entry[key] += seen[key]
+        if not clients_after:
+            clients_after = tree_cpu_seconds(client_roots)   # every worker waits for `release`
+        release.set()
         if cpu_probe and not cpu_after:
             cpu_after = cpu_probe()
         if phase_probe and not phases_after:
@@ -365,6 +374,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
             sys.stderr.write("\n")
     finally:
         shared.producers_done.set()
+        release.set()
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
