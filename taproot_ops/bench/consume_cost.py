@@ -1,0 +1,80 @@
+"""What a per-message consumer costs its process, per message: an embedded
+cluster (node, proxy, no pipeline) on a temp dir; a producer session posts
+a backlog of 1 KiB messages in bulk, then a consumer session in this
+process takes them one at a time (`Queue.get`) and confirms each
+(`Message.confirm`), as `taproot bench --scenario priority-1q`'s consumer
+does.
+
+    .venv/bin/python -m taproot_ops.bench.consume_cost [--messages 200000] [--rounds 3] [--window 1000]
+
+Prints, per round, the messages a second and this process's CPU per
+message (every thread: the reading one, the session's receiver and
+flusher, gRPC's), and the reading thread's share. The producer is idle
+while the consumer reads: its backlog is posted and ACKed before the
+round's clock starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes")
+    parser.add_argument("--window", type=int, default=1000, help="the consumer's max unconfirmed messages")
+    args = parser.parse_args(argv)
+
+    import pyarrow as pa
+
+    import taproot
+    from taproot.session import Session
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS
+    from taproot_ops.embedded import EmbeddedCluster
+
+    uri = "taproot://bench/consume-cost"
+    with tempfile.TemporaryDirectory(prefix="taproot-consume-cost-") as scratch:
+        config = write_bench_config(Path(scratch) / "conf", [SCENARIOS["priority-1q"]])
+        print(f"starting a node and a proxy in {scratch} ...", flush=True)
+        with EmbeddedCluster(str(config), os.path.join(scratch, "data"), ephemeral_ports=True,
+                             with_pipeline=False) as cluster, \
+                Session([cluster.client_address]) as producer_session, \
+                Session([cluster.client_address]) as consumer_session:
+            producer = producer_session.open_queue(uri, write=True)
+            consumer = consumer_session.open_queue(uri, read=True, max_unconfirmed_messages=args.window)
+            payload = pa.array([b"x" * args.size] * 1000, pa.binary())
+
+            def backlog(n: int) -> None:
+                futures = [producer.post_columns(pa.table({"payload": payload})) for _ in range(n // 1000)]
+                for future in futures:
+                    future.result(timeout=120)
+
+            def one_round(n: int) -> tuple[float, float, float]:
+                backlog(n)
+                wall0, cpu0, mine0 = time.perf_counter(), time.process_time(), time.thread_time()
+                for _ in range(n):
+                    message = consumer.get(timeout_s=30)
+                    if message is None:
+                        raise SystemExit("no message within 30 s: the backlog did not arrive")
+                    message.confirm()
+                consumer.flush()
+                return time.perf_counter() - wall0, time.process_time() - cpu0, time.thread_time() - mine0
+
+            one_round(20_000)   # warm-up: connections, pyarrow, the node's first commits
+            taproot.tune_gc()
+            for r in range(1, args.rounds + 1):
+                wall, cpu, mine = one_round(args.messages)
+                print(f"round {r}: {args.messages / wall:,.0f} messages/s; {cpu / args.messages * 1e6:.1f} us of "
+                      f"CPU a message, {mine / args.messages * 1e6:.1f} of them in the reading thread", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
