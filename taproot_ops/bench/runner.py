@@ -300,8 +300,8 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         cpu_after: dict[str, float] = {}
         # The load generator's own CPU, over the same window as the servers':
         # it runs on the same cores, so what it spends is not the servers'.
-        client_roots = {f"{'consumer' if i < n_consumer_procs else 'producer'} {p.pid}": p.pid
-                        for i, p in enumerate(procs)}
+        client_roots = {f"{'consumer' if i < n_consumer_procs else 'producer'} {p.pid}": int(p.pid or 0)
+                        for i, p in enumerate(procs)}   # (started: each has its pid)
         clients_before = tree_cpu_seconds(client_roots)
         clients_after: dict[str, float] = {}
         phases_before = phase_probe() if phase_probe else {}
