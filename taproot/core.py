@@ -158,6 +158,9 @@ class Effects:
                     or self.closed or self.events)
 
 
+# What `SessionCore.confirm` leaves the shell to do.
+CONFIRM_HELD, CONFIRM_LINGERS, CONFIRM_SENT = 0, 1, 2
+
 NO_EFFECTS = Effects()   # what `take()` returns when there is nothing to do: no seven new lists per post
 
 
@@ -450,25 +453,33 @@ class SessionCore:
             self._send(wrapped("put_columns", frame))
         return None
 
-    def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> bool:
+    def confirm(self, queue_id: int, seqs: Iterable[int], now_ms: float) -> int:
         """CONFIRM messages by seq (`PushMessage.sequence`); they go as seq
         ranges (ConfirmColumns). CONFIRMs made while no stream is up are
         dropped: those messages come again. A broadcast queue's are not sent
-        (nothing is kept to confirm). True when these began a batch that now
-        lingers: `tick` has a new deadline for the shell's flusher."""
+        (nothing is kept to confirm). Returns what the shell has to do:
+        CONFIRM_SENT, the batch was full and its frames are in `take()`;
+        CONFIRM_LINGERS, these began a batch, so `tick` has a new deadline
+        for the shell's flusher; CONFIRM_HELD, nothing (no effects either)."""
+        state = self.state
+        if state is not ConnectionState.CONNECTED and state is not ConnectionState.HELD:   # `linked`
+            return CONFIRM_HELD
         q = self.queues.get(queue_id)
-        if not self.state.linked or (q is not None and q.broadcast):
-            return False
+        if q is not None and q.broadcast:
+            return CONFIRM_HELD
         began = not self._confirm_count
         if began:
             self._confirms_since_ms = now_ms
-        held = self._confirms.setdefault(queue_id, [])
+        held = self._confirms.get(queue_id)
+        if held is None:
+            held = self._confirms[queue_id] = []
         before = len(held)
         held.extend(seqs)
         self._confirm_count += len(held) - before
         if self._confirm_count >= self.batch_policy.max_messages:
             self._send_confirms()
-        return began and self._confirm_count > 0
+            return CONFIRM_SENT
+        return CONFIRM_LINGERS if began and self._confirm_count else CONFIRM_HELD
 
     def flush(self) -> None:
         self._seal()

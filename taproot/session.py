@@ -65,7 +65,7 @@ from taproot import errors, events
 from taproot.batching import BatchPolicy
 from taproot.compression import NAMES as COMPRESSION_NAMES
 from taproot.compression import compress
-from taproot.core import Ack, ConnectionState, Effects, Put, QueueRecord, SessionCore
+from taproot.core import CONFIRM_LINGERS, CONFIRM_SENT, Ack, ConnectionState, Effects, Put, QueueRecord, SessionCore
 from taproot.futures import PutFuture, settle
 from taproot.guid import GuidGenerator
 from taproot.message import (
@@ -360,10 +360,12 @@ class Queue:
 
     def confirm(self, messages: Message | MessageBatch | Iterable[Message]) -> None:
         """Confirm messages (by their seqs): a Message, a batch, or many."""
-        if isinstance(messages, MessageBatch):
-            return messages.confirm()
-        items = [messages] if isinstance(messages, Message) else messages
-        self._session._confirm(self, [m.sequence for m in items])
+        if isinstance(messages, Message):
+            self._session._confirm(self, (messages.sequence,))
+        elif isinstance(messages, MessageBatch):
+            messages.confirm()
+        else:
+            self._session._confirm(self, [m.sequence for m in messages])
 
     def _confirm_seqs(self, seqs: "Sequence[int]") -> None:
         self._session._confirm(self, seqs)
@@ -792,9 +794,10 @@ class Session:
         if self._core.state is ConnectionState.STOPPED:
             raise errors.ConnectionError("session is stopped")
         with self._lock:
-            lingers = self._core.confirm(q.queue_id, seqs, self._now_ms())
-            self._send_effects_locked()
-            if lingers:
+            outcome = self._core.confirm(q.queue_id, seqs, self._now_ms())
+            if outcome == CONFIRM_SENT:
+                self._send_effects_locked()
+            elif outcome == CONFIRM_LINGERS:
                 # Only the flusher waits on a CONFIRM, for the first one's
                 # linger deadline; waking every waiter at each CONFIRM cost a
                 # per-message consumer a thread switch a message.

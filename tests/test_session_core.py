@@ -459,21 +459,25 @@ def test_confirms_go_as_seq_ranges_per_queue_split_at_the_frame_bound():
 
 
 def test_only_the_confirm_that_begins_a_batch_asks_for_the_flusher():
-    """The shell wakes its flusher on True only: the first CONFIRM of a batch
-    sets the linger deadline `tick` returns; the next ones change nothing
-    the flusher waits for, and a batch sent at once leaves nothing to wait."""
+    """The shell wakes its flusher on CONFIRM_LINGERS only: the first CONFIRM
+    of a batch sets the linger deadline `tick` returns; the next ones change
+    nothing the flusher waits for (and leave no effects to take), and a
+    batch sent at once is CONFIRM_SENT, its frames to take."""
+    from taproot.core import CONFIRM_HELD, CONFIRM_LINGERS, CONFIRM_SENT, NO_EFFECTS
+
     core = core_with_queue()
-    assert core.confirm(1, [5], now_ms=0) is True
-    assert core.confirm(1, [6], now_ms=1) is False
+    assert core.confirm(1, [5], now_ms=0) == CONFIRM_LINGERS
+    assert core.confirm(1, [6], now_ms=1) == CONFIRM_HELD and core.take() is NO_EFFECTS
     assert core.tick(1) == 5            # the first CONFIRM's linger
     assert core.tick(5) > 5 and [f.WhichOneof("body") for f in core.take().frames] == ["confirm_columns"]
-    assert core.confirm(1, [7], now_ms=6) is True      # a new batch
+    assert core.confirm(1, [7], now_ms=6) == CONFIRM_LINGERS      # a new batch
     core.flush()
     core.take()
-    assert core.confirm(1, [8, 9, 10], now_ms=7) is False   # full (max 3): sent now, nothing lingers
+    assert core.confirm(1, [8, 9, 10], now_ms=7) == CONFIRM_SENT   # full (max 3): sent now, nothing lingers
     assert [f.WhichOneof("body") for f in core.take().frames] == ["confirm_columns"]
     core.connection_lost("gone")
-    assert core.confirm(1, [11], now_ms=9) is False    # dropped while no stream is up
+    core.take()
+    assert core.confirm(1, [11], now_ms=9) == CONFIRM_HELD and core.take() is NO_EFFECTS   # no stream: dropped
 
 
 def test_confirms_of_many_queues_share_frames_each_range_naming_its_queue():
