@@ -500,3 +500,13 @@ def test_the_load_generators_cpu_is_summed_by_role_and_left_out_when_a_worker_wa
                   "ack_ms": ms, "push_ms": ms, "client_cpu_s": {"producers": 10.0, "consumers": 4.5}})
     line = next(x for x in capsys.readouterr().out.splitlines() if "load generator CPU" in x)
     assert "producers 10.0 s, consumers 4.5 s: 29 us per message" in line
+
+
+@pytest.mark.unit
+def test_consume_costs_in_one_thread_run_the_sdks_own_paths():
+    """`consume_cost`'s two in-thread figures call the SDK's code (they would
+    fail, not drift, if it changed under them)."""
+    from taproot_ops.bench.consume_cost import confirm_us, rows_to_messages_us
+
+    assert 0 < rows_to_messages_us(rows=20, repeats=2) < 10_000
+    assert 0 < confirm_us(messages=20, repeats=2) < 10_000

@@ -13,8 +13,8 @@ flusher, gRPC's), and the reading thread's share. The producer is idle
 while the consumer reads: its backlog is posted and ACKed before the
 round's clock starts. First, with no cluster and no other thread, what
 making a PUSH frame's rows into `Message`s costs (`table_messages`, 1,000
-rows without properties): the steadiest of these figures on a machine
-whose speed varies.
+rows without properties) and what a `confirm()` costs: the steadiest of
+these figures on a machine whose speed varies.
 """
 
 from __future__ import annotations
@@ -53,6 +53,38 @@ def rows_to_messages_us(rows: int = 1000, repeats: int = 300, size: int = 1024) 
     return (time.thread_time() - started) / (repeats * rows) * 1e6
 
 
+def confirm_us(messages: int = 1000, repeats: int = 200) -> float:
+    """Microseconds (this thread's CPU) a per-message `Message.confirm()`
+    costs, on a session whose stream is taken as up and never read (no
+    server): the lock, the core's batching, a CONFIRM frame a thousand."""
+    from protocol import pb
+    from taproot.core import QueueRecord
+    from taproot.message import _message
+    from taproot.session import Queue, Session
+
+    session = Session(["127.0.0.1:1"])
+    core = session._core
+    core.connected("bench", 0)
+    record = QueueRecord(1, "taproot://bench/confirm", read=True, write=False,
+                         open_request=pb.OpenQueue(queue_id=1, uri="taproot://bench/confirm", read=True))
+    core.add_queue(record)
+    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=pb.Status(code=pb.SUCCESS)))
+    core.take()
+    queue = Queue(session, record, None)
+    batch = [_message(i.to_bytes(16, "big"), b"x", {}, queue.uri, 1, i, 1, None, queue) for i in range(messages)]
+
+    def confirm_all() -> None:
+        for message in batch:
+            message.confirm()
+        session._out = type(session._out)()   # the frames sent: nobody reads them
+
+    confirm_all()
+    started = time.thread_time()
+    for _ in range(repeats):
+        confirm_all()
+    return (time.thread_time() - started) / (repeats * messages) * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000, help="messages per round")
@@ -69,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from taproot_ops.bench.scenarios import SCENARIOS
     from taproot_ops.embedded import EmbeddedCluster
 
-    print(f"rows to Messages, in this thread alone: {rows_to_messages_us(size=args.size):.2f} us a message",
-          flush=True)
+    print(f"in this thread alone: rows to Messages {rows_to_messages_us(size=args.size):.2f} us a message, "
+          f"a CONFIRM {confirm_us():.2f} us", flush=True)
     uri = "taproot://bench/consume-cost"
     with tempfile.TemporaryDirectory(prefix="taproot-consume-cost-") as scratch:
         config = write_bench_config(Path(scratch) / "conf", [SCENARIOS["priority-1q"]])
