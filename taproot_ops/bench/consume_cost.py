@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import pyarrow as pa
 
-    import taproot
     from taproot.session import Session
     from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.post_cost import run_rounds
     from taproot_ops.bench.scenarios import SCENARIOS
     from taproot_ops.embedded import EmbeddedCluster
 
@@ -131,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 consumer.flush()
                 return time.perf_counter() - wall0, time.process_time() - cpu0, time.thread_time() - mine0
 
-            one_round(20_000)   # warm-up: connections, pyarrow, the node's first commits
-            taproot.tune_gc()
-            for r in range(1, args.rounds + 1):
-                wall, cpu, mine = one_round(args.messages)
-                print(f"round {r}: {args.messages / wall:,.0f} messages/s; {cpu / args.messages * 1e6:.1f} us of "
-                      f"CPU a message, {mine / args.messages * 1e6:.1f} of them in the reading thread", flush=True)
+            run_rounds(one_round, args.messages, args.rounds, "message", "reading")
     return 0
 
 

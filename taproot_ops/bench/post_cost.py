@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,15 +63,26 @@ def main(argv: list[str] | None = None) -> int:
                         acked.acquire()
                     return time.perf_counter() - wall0, time.process_time() - cpu0, mine
 
-                one_round(20_000)   # warm-up: connections, pyarrow, the node's first commits
-                if args.client_gc == "tuned":
-                    import taproot
-                    taproot.tune_gc()
-                for r in range(1, args.rounds + 1):
-                    wall, cpu, mine = one_round(args.messages)
-                    print(f"round {r}: {args.messages / wall:,.0f} PUTs/s; {cpu / args.messages * 1e6:.1f} us of "
-                          f"CPU per PUT, {mine / args.messages * 1e6:.1f} of them in the posting thread", flush=True)
+                run_rounds(one_round, args.messages, args.rounds, "PUT", "posting",
+                           tune_gc=args.client_gc == "tuned")
     return 0
+
+
+def run_rounds(one_round: Callable[[int], tuple[float, float, float]], messages: int, rounds: int, what: str,
+               thread: str, tune_gc: bool = True) -> None:
+    """A warm-up round (connections, pyarrow, the node's first commits),
+    the collector tuned as `taproot.tune_gc` does (unless not `tune_gc`),
+    then `rounds` rounds of `messages`, each printed: `what`s a second, and
+    the process's CPU a `what` with the `thread` thread's share.
+    `one_round(n)` returns its wall, process CPU and own thread's CPU seconds."""
+    one_round(20_000)
+    if tune_gc:
+        import taproot
+        taproot.tune_gc()
+    for r in range(1, rounds + 1):
+        wall, cpu, mine = one_round(messages)
+        print(f"round {r}: {messages / wall:,.0f} {what}s/s; {cpu / messages * 1e6:.1f} us of CPU a {what}, "
+              f"{mine / messages * 1e6:.1f} of them in the {thread} thread", flush=True)
 
 
 if __name__ == "__main__":
