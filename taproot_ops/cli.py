@@ -857,6 +857,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sql-every", type=float, default=0.0, metavar="S",
                    help="the embedded cluster: while the runs go, `taproot sql` queries taproot_backlog on the "
                         "pipeline's Spark Connect endpoint every S seconds (what sharing the pipeline's Spark costs)")
+    p.add_argument("--set", action="append", default=[], dest="settings", metavar="SECTION.KEY=VALUE",
+                   help="the embedded cluster: one setting of the shipped cluster.toml changed, a TOML value "
+                        "(e.g. primary.compact_every_commits=0, or primary.durability='\"os\"'); again for more")
     p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
     p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")

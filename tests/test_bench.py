@@ -136,7 +136,10 @@ def test_a_data_dir_that_cannot_be_one_is_a_clear_error_not_a_traceback(tmp_path
     ("priority-1q", ["--hosts", "127.0.0.1:1", "--tls", "--spark-cluster", "--data-dir", "d"],
      "--tls, --spark-cluster, --data-dir shape the embedded cluster"),
     ("federation-push", ["--no-pipeline"], "federation scenarios .* take no --no-pipeline"),
-    ("federation-push", ["--object-store", "--sql-every", "5"], "take no --object-store, --sql-every")])
+    ("federation-push", ["--object-store", "--sql-every", "5"], "take no --object-store, --sql-every"),
+    ("priority-1q", ["--hosts", "127.0.0.1:1", "--set", "primary.compact_every_commits=0"],
+     "--set shapes the embedded cluster"),
+    ("federation-push", ["--set", "primary.compact_every_commits=0"], "take no --set")])
 def test_options_the_embedded_cluster_cannot_follow_are_a_clear_error(scenario, extra, says):
     from taproot_ops import bench, cli
 
@@ -510,3 +513,42 @@ def test_consume_costs_in_one_thread_run_the_sdks_own_paths():
 
     assert 0 < rows_to_messages_us(rows=20, repeats=2) < 10_000
     assert 0 < confirm_us(messages=20, repeats=2) < 10_000
+
+
+@pytest.mark.unit
+def test_set_changes_one_setting_of_the_shipped_configuration_in_its_own_table(tmp_path):
+    """`taproot bench --set SECTION.KEY=VALUE`: an A/B of a setting without a
+    worktree. The line changes in its table only (a key of the same name in
+    another table stays), and the cluster's configuration loads with it."""
+    import conf
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS
+
+    path = write_bench_config(tmp_path / "conf", [SCENARIOS["priority-1q"]], settings=[
+        "primary.compact_every_commits=0", 'primary.durability="os"', "ha.stop_timeout_ms = 2500"])
+    loaded = conf.load(path, data_dir=str(tmp_path / "data"))
+    shipped = conf.load(conf.DEFAULT_CLUSTER_FILE, data_dir=str(tmp_path / "data"))
+    assert (loaded.primary.compact_every_commits, loaded.primary.durability, loaded.ha.stop_timeout_ms) == \
+        (0, "os", 2500)
+    assert shipped.primary.compact_every_commits != 0 and shipped.ha.stop_timeout_ms != 2500
+    assert loaded.pipeline == shipped.pipeline and loaded.primary.compact_target_file_bytes == \
+        shipped.primary.compact_target_file_bytes
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("setting, says", [
+    ("primary.compact_every_commits", "expected SECTION.KEY=VALUE"),
+    ("compact_every_commits=0", "expected SECTION.KEY=VALUE"),
+    ("primary.compact_every_commits=1\nnodes = 3", "expected SECTION.KEY=VALUE"),
+    ("primary.durability=os", "is not a TOML value"),
+    ("nosuch.key=1", r"has no \[nosuch\] table"),
+    ("primary.no_such_key=1", r"\[primary\] of the shipped cluster.toml sets no no_such_key"),
+    ("primary.compact_every_commits=-5", "must be between 0 and"),
+    ('primary.durability="sometimes"', "must be one of fsync, os"),
+])
+def test_a_setting_that_is_not_one_or_does_not_load_is_a_clear_error(tmp_path, setting, says):
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS
+
+    with pytest.raises(SystemExit, match=says):
+        write_bench_config(tmp_path / "conf", [SCENARIOS["priority-1q"]], settings=[setting])

@@ -29,7 +29,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import conf
 from taproot_ops.bench.report import fmt_ms, plot
@@ -64,14 +64,49 @@ SHIPPED_AUTH = ("[auth]                                 # tokens with rights per
                 "(docs/operations.md)\nenabled = true\n")
 
 
+def apply_settings(text: str, settings: Sequence[str]) -> str:
+    """`text` (a cluster.toml) with each `section.key=value` of `settings`
+    (`taproot bench --set`) in place of what it sets: the value a TOML value
+    (`0`, `true`, `"zstd"`), the key one the file sets in that section's table.
+    SystemExit, naming the setting, for anything else."""
+    import tomllib
+
+    for item in settings:
+        name, sep, value = item.partition("=")
+        section, dot, key = name.strip().rpartition(".")
+        value = value.strip()
+        if not sep or not dot or not section or not key or not value or "\n" in value:
+            raise SystemExit(f"error: --set {item!r}: expected SECTION.KEY=VALUE, e.g. "
+                             "primary.compact_every_commits=0")
+        try:
+            tomllib.loads(f"v = {value}")
+        except tomllib.TOMLDecodeError as exc:
+            raise SystemExit(f"error: --set {item!r}: {value!r} is not a TOML value ({exc}); strings are "
+                             "quoted, e.g. '\"zstd\"'") from None
+        header = re.search(rf"^\[{re.escape(section)}\][ \t]*(#[^\n]*)?$", text, flags=re.M)
+        if header is None:
+            raise SystemExit(f"error: --set {item!r}: the shipped cluster.toml has no [{section}] table")
+        end = re.search(r"^\[", text[header.end():], flags=re.M)
+        body_end = header.end() + (end.start() if end else len(text[header.end():]))
+        body, found = re.subn(rf"^{re.escape(key)}[ \t]*=[^#\n]*", f"{key} = {value}  ", text[header.end():body_end],
+                              count=1, flags=re.M)
+        if not found:
+            raise SystemExit(f"error: --set {item!r}: [{section}] of the shipped cluster.toml sets no {key} "
+                             "(see conf/cluster.toml)")
+        text = text[:header.end()] + body + text[body_end:]
+    return text
+
+
 def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
                        extra: str = "", tls: bool = False, auth: bool = False,
-                       pipeline: dict[str, str] | None = None) -> Path:
+                       pipeline: dict[str, str] | None = None, settings: Sequence[str] = ()) -> Path:
     """The shipped cluster.toml plus the domains the scenarios need; with
     `name`, the cluster's name, and `extra` (TOML sections) appended;
     `pipeline`: [pipeline] settings (TOML values) in place of the shipped ones. TLS as shipped
     with `tls`, token auth as shipped with `auth`, else off (plaintext and
-    no tokens, as the older figures were measured)."""
+    no tokens, as the older figures were measured). `settings`: `--set`'s
+    (`apply_settings`), last, so they win; the result must load
+    (`conf.load`), or SystemExit says why."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
@@ -91,11 +126,17 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
     for key, value in (pipeline or {}).items():
         text, found = re.subn(rf"^{key} = [^#\n]*", f"{key} = {value}  ", text, count=1, flags=re.M)
         assert found, f"the shipped cluster.toml sets [pipeline] {key}"
+    text = apply_settings(text, settings)
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
     for scenario in scenarios:
         (domains / f"{domain_name(scenario)}.toml").write_text(domain_file(scenario))
+    if settings:
+        try:
+            conf.load(cluster_file, data_dir=str(directory / "unused"))
+        except conf.ConfigError as exc:
+            raise SystemExit(f"error: --set {' '.join(settings)}: {exc}") from None
     return cluster_file
 
 
@@ -292,7 +333,7 @@ def _compare_main(args: argparse.Namespace) -> int:
 # cluster (--hosts) has its own configuration, and the federation scenarios'
 # two clusters run as shipped (`_run_federated` refuses --tls and --auth, and says why).
 TREE_FLAGS = (("object_store", "--object-store"), ("spark_cluster", "--spark-cluster"),
-              ("no_pipeline", "--no-pipeline"), ("sql_every", "--sql-every"))
+              ("no_pipeline", "--no-pipeline"), ("sql_every", "--sql-every"), ("settings", "--set"))
 EMBEDDED_ONLY = (("tls", "--tls"), ("auth", "--auth")) + TREE_FLAGS
 
 
@@ -315,7 +356,7 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     if getattr(args, "config", None) and not args.hosts:
         raise SystemExit("error: --config is read with --replay, or with --hosts; an embedded cluster runs the "
                          "shipped cluster.toml with the scenarios' domains (its [pipeline] follows "
-                         "--spark-cluster and --no-pipeline)")
+                         "--spark-cluster and --no-pipeline; --set SECTION.KEY=VALUE changes one setting)")
     federated = [s for s in scenarios if s.federated]
     if federated:
         if args.hosts:
@@ -345,7 +386,10 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     engines = contextlib.ExitStack()
     try:
         extra, pipeline, engine_pids = _engines(engines, args, work)
-        config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline)
+        settings = list(getattr(args, "settings", None) or [])
+        config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline,
+                                    settings=settings)
+        security = " and ".join(part for part in (security, " ".join(settings)) if part)
         print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
               flush=True)
         with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True, with_pipeline=with_pipeline,
@@ -369,6 +413,8 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
                                      phase_probe=lambda: scrape_phases(nodes))
             for r in results:
                 r["pipeline"] = with_pipeline
+                if settings:
+                    r["settings"] = settings
             if sql.times_s:
                 for r in results:
                     r["sql_load"] = sql.summary()
