@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from array import array
 
 import pytest
@@ -552,3 +553,15 @@ def test_a_setting_that_is_not_one_or_does_not_load_is_a_clear_error(tmp_path, s
 
     with pytest.raises(SystemExit, match=says):
         write_bench_config(tmp_path / "conf", [SCENARIOS["priority-1q"]], settings=[setting])
+
+
+@pytest.mark.unit
+def test_a_wrong_setting_stops_the_bench_before_it_makes_anything(tmp_path, monkeypatch):
+    from taproot_ops import bench, cli
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)   # TMPDIR read again
+    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", "--set", "ha.stop_timeout_ms=-1"])
+    with pytest.raises(SystemExit, match="ha.stop_timeout_ms: must be between"):
+        bench._run_taproot(scenarios_from(args), args, None)
+    assert list(tmp_path.iterdir()) == []

@@ -373,6 +373,10 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
         raise SystemExit("error: --no-pipeline runs no Spark: it takes neither --spark-cluster nor --sql-every")
     from taproot_ops.embedded import EmbeddedCluster
 
+    settings = list(getattr(args, "settings", None) or [])
+    if settings:   # checked before anything is made: a setting that is wrong leaves nothing behind
+        with tempfile.TemporaryDirectory(prefix="taproot-bench-settings-") as scratch:
+            write_bench_config(Path(scratch), scenarios, settings=settings)
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     settle(args.data_dir or str(work))
     tls, auth = getattr(args, "tls", False), getattr(args, "auth", False)
@@ -386,7 +390,6 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     engines = contextlib.ExitStack()
     try:
         extra, pipeline, engine_pids = _engines(engines, args, work)
-        settings = list(getattr(args, "settings", None) or [])
         config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline,
                                     settings=settings)
         security = " and ".join(part for part in (security, " ".join(settings)) if part)
@@ -524,6 +527,10 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
     from taproot_ops.bench.taproot_driver import domain_name
     from taproot_ops.embedded import EmbeddedCluster
 
+    settings = list(getattr(args, "settings", None) or [])
+    if settings:   # checked before anything is made: a setting that is wrong leaves nothing behind
+        with tempfile.TemporaryDirectory(prefix="taproot-bench-settings-") as scratch:
+            write_bench_config(Path(scratch), scenarios, settings=settings)
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     settle(args.data_dir or str(work))
     data_root = Path(args.data_dir) if args.data_dir else work / "data"
