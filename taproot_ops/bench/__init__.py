@@ -123,10 +123,8 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
         text = text.replace(SHIPPED_TLS, SHIPPED_TLS.replace("enabled = true", "enabled = false"), 1)
     if not auth:
         text = text.replace(SHIPPED_AUTH, SHIPPED_AUTH.replace("enabled = true", "enabled = false"), 1)
-    for key, value in (pipeline or {}).items():
-        text, found = re.subn(rf"^{key} = [^#\n]*", f"{key} = {value}  ", text, count=1, flags=re.M)
-        assert found, f"the shipped cluster.toml sets [pipeline] {key}"
-    text = apply_settings(text, settings)
+    text = apply_settings(text, [f"pipeline.{key}={value}" for key, value in (pipeline or {}).items()]
+                          + list(settings))
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
@@ -385,14 +383,14 @@ def _run_taproot(scenarios: list[Scenario], args: argparse.Namespace, out_dir: P
     # The roles' logs (and TLS and token files): with the tables in the bucket, beside the bench's other files.
     state_dir = str(work / "state") if object_store else data_dir
     security = " and ".join(name for name, on in (("TLS", tls), ("token auth", auth),
-                                                  ("no pipeline", not with_pipeline)) if on)
+                                                  ("no pipeline", not with_pipeline),
+                                                  (" ".join(settings), bool(settings))) if on)
     results: list[dict[str, Any]] = []
     engines = contextlib.ExitStack()
     try:
         extra, pipeline, engine_pids = _engines(engines, args, work)
         config = write_bench_config(work / "conf", scenarios, tls=tls, auth=auth, extra=extra, pipeline=pipeline,
                                     settings=settings)
-        security = " and ".join(part for part in (security, " ".join(settings)) if part)
         print(f"starting an embedded cluster in {data_dir}" + (f" with {security}" if security else "") + " ...",
               flush=True)
         with EmbeddedCluster(str(config), data_dir, ephemeral_ports=True, with_pipeline=with_pipeline,
@@ -527,10 +525,6 @@ def _run_federated(scenarios: list[Scenario], args: argparse.Namespace,
     from taproot_ops.bench.taproot_driver import domain_name
     from taproot_ops.embedded import EmbeddedCluster
 
-    settings = list(getattr(args, "settings", None) or [])
-    if settings:   # checked before anything is made: a setting that is wrong leaves nothing behind
-        with tempfile.TemporaryDirectory(prefix="taproot-bench-settings-") as scratch:
-            write_bench_config(Path(scratch), scenarios, settings=settings)
     work = Path(tempfile.mkdtemp(prefix="taproot-bench-"))
     settle(args.data_dir or str(work))
     data_root = Path(args.data_dir) if args.data_dir else work / "data"
