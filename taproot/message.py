@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -184,26 +185,21 @@ class TableRows:
     def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
         """Rows `start` to `start + count` as `Message`s of `queue`."""
         if self._columns is None:
-            table, rows = self.table, self.table.num_rows
+            table = self.table
             # A column with nothing in it (no properties, no compression: most
-            # frames) is not listed a row at a time.
+            # frames) is not listed a row at a time: None, read as all None.
             bare = _no_entries(table["properties"])
             self._columns = [table[name].to_pylist() for name in (
                 "guid", "seq", "payload", "put_time_us", "delivery_count")] + [
                 None if bare else table["properties"].to_pylist(),
                 None if bare else table["property_types"].to_pylist(),
-                [None] * rows if table["compression"].null_count == rows else table["compression"].to_pylist()]
+                None if table["compression"].null_count == table.num_rows else table["compression"].to_pylist()]
         uri, stop = queue.uri, start + count
-        guids, seqs, payloads, put_times, delivered, values, types, compression = (
-            None if column is None else column[start:stop] for column in self._columns)
-        if values is None:
-            return [_message(guid, payload, {}, uri, count_, seq, put_time_us, codec, queue)
-                    for guid, seq, payload, put_time_us, count_, codec in zip(
-                        guids, seqs, payloads, put_times, delivered, compression)]
+        nothing = repeat(None)
         return [_message(guid, payload, from_wire(maps_to_wire(value, kinds)) if value else {}, uri, count_, seq,
                          put_time_us, codec, queue)
-                for guid, seq, payload, value, kinds, put_time_us, count_, codec in zip(
-                    guids, seqs, payloads, values, types, put_times, delivered, compression)]
+                for guid, seq, payload, put_time_us, count_, value, kinds, codec in zip(
+                    *(nothing if column is None else column[start:stop] for column in self._columns))]
 
 
 def messages_table(messages: Sequence[Message]) -> pa.Table:
