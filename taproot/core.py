@@ -21,7 +21,7 @@ import enum
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from protocol import ResultCode, columns, pb
 from protocol.frames import frame_of, wrapped
@@ -119,7 +119,7 @@ class _Pending:
     queue: QueueRecord               # (a frame spanning queues: its first row's)
     frame: pb.PutColumns | pb.PutMessage
     guids: bytes                     # the frame's GUIDs, 16 bytes each (the buffer's key)
-    tokens: list[Any] | None = None  # a frame of single PUTs (`post()`): each row's future
+    tokens: Sequence[Any] | None = None  # a frame of single PUTs (`post()`): each row's future
     row_queues: list[QueueRecord] | None = None   # a frame spanning queues: each row's queue
 
     @property
@@ -223,6 +223,7 @@ class SessionCore:
         self.queues: dict[int, QueueRecord] = {}
         self.buffer: RetransmissionBuffer[bytes, _Pending] = RetransmissionBuffer(self.limits)
         self._puts = Batcher(self.batch_policy)
+        self._batch_queue: QueueRecord | None = None   # the batch's one queue; None when it spans several
         self._confirms: dict[int, list[int]] = {}     # queue id -> seqs to confirm, in order
         self._confirm_count = 0
         self._confirms_since_ms = 0.0
@@ -436,7 +437,12 @@ class SessionCore:
         refused = self.refusal(nbytes)
         if refused is not None:
             return AckError(refused[0], f"{refused[1]} while disconnected", message.guid)
-        if self._puts.add((q, message, token), nbytes, now_ms):
+        puts = self._puts
+        if not puts.items:
+            self._batch_queue = q
+        elif q is not self._batch_queue:
+            self._batch_queue = None
+        if puts.add((q, message, token), nbytes, now_ms):
             self._seal()
         return None
 
@@ -502,8 +508,13 @@ class SessionCore:
         batch gets a frame of its own and the others go as PutMessages, each
         its own entry. Each queue's PUTs keep their order."""
         now_ms = self._puts.first_ms
+        one_queue = self._batch_queue
         items = self._puts.take()
         if not items:
+            return
+        if one_queue is not None:   # the usual batch: one queue's, taken whole (no run per queue to make)
+            _, messages, tokens = zip(*items)
+            self._seal_run(one_queue, messages, tokens, now_ms)
             return
         runs: dict[int, list[tuple[QueueRecord, Put | pb.PutMessage, Any]]] = {}
         for q, m, t in items:
@@ -540,27 +551,39 @@ class SessionCore:
         if sent:
             self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
 
+    def _seal_run(self, q: QueueRecord, messages: tuple[Put | pb.PutMessage, ...], tokens: tuple[Any, ...],
+                  now_ms: float) -> None:
+        """`_seal` of a batch of one queue's PUTs: as a frame of its own, or
+        as PutMessages when there are fewer than `columns_min`."""
+        if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
+            self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
+                                          for m, t in zip(messages, tokens))
+        elif len(messages) >= self.batch_policy.columns_min:
+            self._frame([q], messages, tokens, now_ms)
+        else:
+            sent = [m for m in (self._single(q, m, t, now_ms) for m, t in zip(messages, tokens)) if m is not None]
+            if sent:
+                self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
+
     def _single(self, q: QueueRecord, put: Put | pb.PutMessage, token: Any, now_ms: float) -> pb.PutMessage | None:
         """One PUT as a PutMessage, its own entry: the message if it may go now."""
         m = put.message(q.queue_id) if isinstance(put, Put) else put
         return m if self._hold(_Pending(token, q, m, m.guid), len(m.payload), 1, now_ms) else None
 
-    def _frame(self, queues: list[QueueRecord], messages: list[Put | pb.PutMessage], tokens: list[Any],
+    def _frame(self, queues: list[QueueRecord], messages: Sequence[Put | pb.PutMessage], tokens: Sequence[Any],
                now_ms: float) -> None:
         """Single PUTs as one PutColumns frame: of one queue (`queues` holds
         it), or spanning the queues of one partition (`queues` per row)."""
-        guids = b"".join(m.guid for m in messages)
+        body, guids, nbytes = columns.encode_put_rows(messages)
         if len(queues) == 1:
             q, row_queues = queues[0], None
-            out = frame_of("put_columns", queue_id=q.queue_id, arrow_ipc=columns.encode_puts(messages),
-                                   per_message=True, guids=guids)
+            out = frame_of("put_columns", queue_id=q.queue_id, arrow_ipc=body, per_message=True, guids=guids)
         else:
             q, row_queues = queues[0], queues
-            out = frame_of("put_columns", arrow_ipc=columns.encode_puts(messages), per_message=True,
-                                   guids=guids, queue_ids=[r.queue_id for r in queues])
+            out = frame_of("put_columns", arrow_ipc=body, per_message=True, guids=guids,
+                           queue_ids=[r.queue_id for r in queues])
         # The retransmission buffer holds the frame's body (a part of `out`).
-        if self._hold(_Pending(None, q, out.put_columns, guids, tokens, row_queues),
-                      sum(len(m.payload) for m in messages), len(messages), now_ms):
+        if self._hold(_Pending(None, q, out.put_columns, guids, tokens, row_queues), nbytes, len(messages), now_ms):
             self._send(out)
 
     def _hold(self, pending: _Pending, nbytes: int, count: int, now_ms: float) -> bool:

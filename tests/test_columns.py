@@ -53,6 +53,31 @@ def test_a_valid_batch_round_trips_and_passes():
     assert columns.guids_of(table) == b"".join(bytes([i]) * 16 for i in range(5))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.booleans(), st.sampled_from([0, 1, 2]),
+                          st.integers(0, 2**53)), max_size=40))
+def test_single_puts_encode_as_the_rows_built_one_by_one(rows):
+    """`encode_put_rows` (what a `post()` batch becomes): each PUT's fields
+    as its row, a put time of 0 as null, no properties as empty maps; and
+    the frame's header parts, the GUIDs joined and the payloads' bytes."""
+    from taproot.core import Put
+    compressions = {0: None, **{code: name for code, name in columns.COMPRESSION_NAMES.items() if code}}
+    codes = sorted(compressions)
+    puts = [Put(i.to_bytes(16, "big"), payload, to_wire({"n": i, "s": "x"}) if props else [], put_us,
+                codes[code % len(codes)]) for i, (payload, props, code, put_us) in enumerate(rows)]
+    body, guids, nbytes = columns.encode_put_rows(puts)
+    table = columns.decode(body)
+    assert isinstance(table, pa.Table)
+    maps = [wire_to_maps(p.properties) if p.properties else ([], []) for p in puts]
+    assert table.to_pylist() == [
+        dict(guid=p.guid, payload=p.payload, properties=v, property_types=t,
+             compression=compressions[p.compression], put_time_us=p.put_time_us or None)
+        for p, (v, t) in zip(puts, maps)]
+    assert guids == b"".join(p.guid for p in puts) and nbytes == sum(len(p.payload) for p in puts)
+    if puts:
+        assert columns.check(table, 100) is None
+
+
 @pytest.mark.parametrize("override, reason", [
     (dict(guid=b"short"), "16 bytes"),
     (dict(payload=b"y" * 101), "max_payload_bytes"),

@@ -725,3 +725,38 @@ def test_closing_a_queue_fails_its_unsent_puts_and_frees_the_queues_it_shared_a_
     core.post(1, put(20), "next", now_ms=2)
     core.flush()
     assert sent_guids(core.take().frames) == [g(20)]
+
+
+def test_a_batch_of_one_queue_is_its_frame_and_one_other_queues_put_makes_it_span():
+    """`_seal` takes a batch of one queue's PUTs whole; the PUT of another
+    queue, first or last, makes it a batch of several (one frame for the
+    partition, queue by queue); each new batch starts as one queue's again."""
+    core = core_with_queues({1: 0, 2: 0})
+    for i in range(4):
+        core.post(1, put(i, queue_id=1), f"t{i}", now_ms=0)
+    core.flush()
+    (frame,) = core.take().frames
+    assert frame.put_columns.queue_id == 1 and not frame.put_columns.queue_ids
+    assert sent_guids([frame]) == [g(i) for i in range(4)] and frame.put_columns.guids == b"".join(map(g, range(4)))
+    for i, qid in enumerate([2, 2, 2, 1], start=10):
+        core.post(qid, put(i, queue_id=qid), f"t{i}", now_ms=1)
+    core.flush()
+    (frame,) = core.take().frames
+    assert list(frame.put_columns.queue_ids) == [2, 2, 2, 1]
+    for i in range(20, 22):   # under columns_min: PutMessages
+        core.post(2, put(i, queue_id=2), f"t{i}", now_ms=2)
+    core.flush()
+    (frame,) = core.take().frames
+    assert [m.guid for m in frame.put.messages] == [g(20), g(21)]
+    assert core.buffer.messages == 10
+
+
+def test_a_batch_whose_queue_was_closed_before_it_was_sealed_fails_canceled():
+    core = core_with_queues({1: 0})
+    for i in range(4):
+        core.post(1, put(i, queue_id=1), i, now_ms=0)
+    core.queues.pop(1)   # as the shell's close does (`remove_queue`), the batch not sealed yet
+    core.flush()
+    effects = core.take()
+    assert effects.frames == [] and sorted(t for t, _ in effects.answered) == [0, 1, 2, 3]
+    assert all(isinstance(a, AckError) and a.code is ResultCode.CANCELED for _, a in effects.answered)
