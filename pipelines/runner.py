@@ -21,7 +21,7 @@ from pipelines.dedup import dedup_query_name, start_dedup_query
 from pipelines.fanout import DomainsReloader
 from pipelines.priority import LagGovernor, lag_governor, yield_cpu
 from pipelines.retention import maintain
-from pipelines.supervisor import SupervisedQuery
+from pipelines.supervisor import STOP_FINISH_S, SupervisedQuery
 from protocol import pb, pb_grpc
 from protocol.auth import metadata as auth_metadata
 from protocol.metrics import LATENCY_BUCKETS, HttpServer, WeightedHistogram, registry_for
@@ -654,8 +654,10 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
         if interval_s and time.monotonic() >= next_maintenance:
             run_maintenance(spark, dataclasses.replace(config, domains=domains()))
             next_maintenance = time.monotonic() + interval_s
+    # Each query stops between batches if its batch in flight ends in time.
+    deadline = time.monotonic() + STOP_FINISH_S
     for supervised in queries:
-        supervised.stop()
+        supervised.stop(deadline)
     if gave_up is not None:
         log.error("query %s could not be started again %d times in a row (last: %s); the pipeline exits for "
                   "whatever runs it to start it afresh", gave_up.name, gave_up.start_failures, gave_up.last_error)

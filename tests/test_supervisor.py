@@ -165,3 +165,46 @@ def test_after_start_failures_max_refused_starts_in_a_row_it_gives_up():
         clock.now += 8
         sup.check()
     assert sup.gave_up and sup.query is None
+
+
+class BatchingQuery(FakeQuery):
+    """A FakeQuery whose trigger is active for its first `busy` status reads."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy = busy
+        self.reads = 0
+
+    @property
+    def status(self) -> dict:
+        self.reads += 1
+        return {"message": "Processing new data", "isDataAvailable": True, "isTriggerActive": self.reads <= self.busy}
+
+
+def test_a_stop_waits_for_the_batch_in_flight_and_no_longer_than_its_deadline():
+    clock = Clock()
+
+    def sleep(s: float) -> None:
+        clock.now += s
+
+    for busy, stops_at in [(0, 100.0), (10, 100.5), (10**6, 115.0)]:
+        query = BatchingQuery(busy)
+        sup = SupervisedQuery("taproot-dedup-000", lambda query=query: query, clock=clock)
+        clock.now = 100.0
+        sup.stop(deadline=115.0, sleep=sleep)
+        assert query.stopped and clock.now == pytest.approx(stops_at, abs=0.051)   # to a poll
+    query = BatchingQuery(10**6)
+    sup = SupervisedQuery("taproot-dedup-000", lambda: query, clock=clock)
+    sup.stop(sleep=sleep)                      # no deadline: at once
+    assert query.stopped and query.reads == 0
+
+
+def test_a_stop_does_not_wait_on_a_status_that_cannot_be_read():
+    class Gone(FakeQuery):
+        @property
+        def status(self) -> dict:
+            raise RuntimeError("py4j: the gateway is gone")
+
+    query, clock = Gone(), Clock()
+    SupervisedQuery("taproot-dedup-000", lambda: query, clock=clock).stop(deadline=clock.now + 15, sleep=None)
+    assert query.stopped
