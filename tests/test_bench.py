@@ -517,6 +517,15 @@ def test_consume_costs_in_one_thread_run_the_sdks_own_paths():
 
 
 @pytest.mark.unit
+def test_post_costs_seal_runs_the_sdks_own_path():
+    """`post_cost.seal_us` seals real batches with the SDK's core (it would
+    fail, not drift, if the core changed under it)."""
+    from taproot_ops.bench.post_cost import seal_us
+
+    assert 0 < seal_us(64, repeats=2) < 100_000
+
+
+@pytest.mark.unit
 def test_set_changes_one_setting_of_the_shipped_configuration_in_its_own_table(tmp_path):
     """`taproot bench --set SECTION.KEY=VALUE`: an A/B of a setting without a
     worktree. The line changes in its table only (a key of the same name in
