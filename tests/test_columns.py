@@ -53,7 +53,7 @@ def test_a_valid_batch_round_trips_and_passes():
     assert columns.guids_of(table) == b"".join(bytes([i]) * 16 for i in range(5))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.binary(max_size=40), st.booleans(), st.sampled_from([0, 1, 2]),
                           st.integers(0, 2**53)), max_size=40))
 def test_single_puts_encode_as_the_rows_built_one_by_one(rows):
