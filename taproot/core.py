@@ -512,28 +512,33 @@ class SessionCore:
         items = self._puts.take()
         if not items:
             return
+        singles: list[pb.PutMessage | None] = []
         if one_queue is not None:   # the usual batch: one queue's, taken whole (no run per queue to make)
             _, messages, tokens = zip(*items)
-            self._seal_run(one_queue, messages, tokens, now_ms)
-            return
+            self._seal_run(one_queue, messages, tokens, now_ms, singles)
+        else:
+            self._seal_runs(items, now_ms, singles)
+        sent = [m for m in singles if m is not None]
+        if sent:
+            self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
+
+    def _seal_runs(self, items: list[tuple[QueueRecord, Put | pb.PutMessage, Any]], now_ms: float,
+                   singles: list[pb.PutMessage | None]) -> None:
+        """`_seal` of a batch of several queues' PUTs: queue by queue, the
+        queues of a partition sharing a frame (`_seal`'s docstring)."""
         runs: dict[int, list[tuple[QueueRecord, Put | pb.PutMessage, Any]]] = {}
         for q, m, t in items:
             run = runs.get(id(q))
             if run is None:
                 run = runs[id(q)] = []
             run.append((q, m, t))
-        singles: list[pb.PutMessage | None] = []
         by_partition: dict[int, list[list[tuple[QueueRecord, Put | pb.PutMessage, Any]]]] = {}
         for run in runs.values():
             q = run[0][0]
-            if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
-                self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
-                                              for _, m, t in run)
-            elif q.broadcast:   # taken at once by the primary, never committed: not with other queues
-                if len(run) >= self.batch_policy.columns_min:
-                    self._frame([q], [m for _, m, _ in run], [t for _, _, t in run], now_ms)
-                else:
-                    singles.extend(self._single(q, m, t, now_ms) for _, m, t in run)
+            # A closed queue's PUTs fail; a broadcast queue's are taken at once
+            # by the primary, never committed: not in a frame with other queues.
+            if self.queues.get(q.queue_id) is not q or q.broadcast:
+                self._seal_run(q, [m for _, m, _ in run], [t for _, _, t in run], now_ms, singles)
             else:
                 by_partition.setdefault(q.partition, []).append(run)
         for partition_runs in by_partition.values():
@@ -542,28 +547,20 @@ class SessionCore:
                 self._frame([q for q, _, _ in rows], [m for _, m, _ in rows], [t for _, _, t in rows], now_ms)
                 continue
             for run in partition_runs:
-                q = run[0][0]
-                if len(run) >= self.batch_policy.columns_min:
-                    self._frame([q], [m for _, m, _ in run], [t for _, _, t in run], now_ms)
-                else:
-                    singles.extend(self._single(q, m, t, now_ms) for _, m, t in run)
-        sent = [m for m in singles if m is not None]
-        if sent:
-            self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
+                self._seal_run(run[0][0], [m for _, m, _ in run], [t for _, _, t in run], now_ms, singles)
 
-    def _seal_run(self, q: QueueRecord, messages: tuple[Put | pb.PutMessage, ...], tokens: tuple[Any, ...],
-                  now_ms: float) -> None:
-        """`_seal` of a batch of one queue's PUTs: as a frame of its own, or
-        as PutMessages when there are fewer than `columns_min`."""
-        if self.queues.get(q.queue_id) is not q:   # the queue was closed meanwhile
+    def _seal_run(self, q: QueueRecord, messages: Sequence[Put | pb.PutMessage], tokens: Sequence[Any],
+                  now_ms: float, singles: list[pb.PutMessage | None]) -> None:
+        """One queue's PUTs of a batch: failed CANCELED if the queue was
+        closed meanwhile, a frame of their own from `columns_min` on, else
+        PutMessages added to `singles` (the batch's PutBatch frame)."""
+        if self.queues.get(q.queue_id) is not q:
             self._effects.answered.extend((t, AckError(ResultCode.CANCELED, "the queue was closed", m.guid))
                                           for m, t in zip(messages, tokens))
         elif len(messages) >= self.batch_policy.columns_min:
             self._frame([q], messages, tokens, now_ms)
         else:
-            sent = [m for m in (self._single(q, m, t, now_ms) for m, t in zip(messages, tokens)) if m is not None]
-            if sent:
-                self._send(pb.Frame(put=pb.PutBatch(messages=sent)))
+            singles.extend(self._single(q, m, t, now_ms) for m, t in zip(messages, tokens))
 
     def _single(self, q: QueueRecord, put: Put | pb.PutMessage, token: Any, now_ms: float) -> pb.PutMessage | None:
         """One PUT as a PutMessage, its own entry: the message if it may go now."""
