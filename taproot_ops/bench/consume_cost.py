@@ -57,19 +57,12 @@ def confirm_us(messages: int = 1000, repeats: int = 200) -> float:
     """Microseconds (this thread's CPU) a per-message `Message.confirm()`
     costs, on a session whose stream is taken as up and never read (no
     server): the lock, the core's batching, a CONFIRM frame a thousand."""
-    from protocol import pb
-    from taproot.core import QueueRecord
     from taproot.message import _message
     from taproot.session import Queue, Session
+    from taproot_ops.bench.post_cost import open_on_core
 
     session = Session(["127.0.0.1:1"])
-    core = session._core
-    core.connected("bench", 0)
-    record = QueueRecord(1, "taproot://bench/confirm", read=True, write=False,
-                         open_request=pb.OpenQueue(queue_id=1, uri="taproot://bench/confirm", read=True))
-    core.add_queue(record)
-    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=pb.Status(code=pb.SUCCESS)))
-    core.take()
+    record = open_on_core(session._core, "taproot://bench/confirm", read=True)
     queue = Queue(session, record, None)
     batch = [_message(i.to_bytes(16, "big"), b"x", {}, queue.uri, 1, i, 1, None, queue) for i in range(messages)]
 

@@ -28,7 +28,26 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from taproot.core import QueueRecord, SessionCore
+
+
+def open_on_core(core: "SessionCore", uri: str, *, read: bool = False, write: bool = False) -> "QueueRecord":
+    """`core` connected (no server: its frames are never read) with queue 1,
+    `uri`, open: what the in-thread figures of `post_cost` and
+    `consume_cost` run the SDK's own paths on."""
+    from protocol import pb
+    from taproot.core import QueueRecord
+
+    core.connected("bench", 0)
+    record = QueueRecord(1, uri, read=read, write=write,
+                         open_request=pb.OpenQueue(queue_id=1, uri=uri, read=read, write=write))
+    core.add_queue(record)
+    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=pb.Status(code=pb.SUCCESS)))
+    core.take()
+    return record
 
 
 def seal_us(puts: int, repeats: int = 300, size: int = 1024) -> float:
@@ -36,16 +55,12 @@ def seal_us(puts: int, repeats: int = 300, size: int = 1024) -> float:
     one queue into its PutColumns frame (`SessionCore._seal`: the rows
     encoded, the frame held in the retransmission buffer), on a core taken
     as connected; each frame's ACK is answered outside the clock."""
-    from protocol import ResultCode, columns, pb
+    from protocol import ResultCode, columns
     from taproot.batching import BatchPolicy
-    from taproot.core import Put, QueueRecord, SessionCore
+    from taproot.core import Put, SessionCore
 
     core = SessionCore(batch=BatchPolicy(max_messages=puts + 1))
-    core.connected("bench", 0)
-    core.add_queue(QueueRecord(1, "taproot://bench/seal", read=False, write=True,
-                               open_request=pb.OpenQueue(queue_id=1, uri="taproot://bench/seal", write=True)))
-    core.opened(1, pb.OpenQueueResponse(queue_id=1, status=pb.Status(code=pb.SUCCESS)))
-    core.take()
+    open_on_core(core, "taproot://bench/seal", write=True)
     payload = b"x" * size
     guid = 0
     sealing = 0.0
