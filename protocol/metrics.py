@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from protocol import pb
+from protocol import bundles, pb
 from protocol.auth import Authenticator
 from protocol.codes import ResultCode
 
@@ -256,6 +256,7 @@ def registry_for(collect: Callable[[], Iterable[Metric]], auth: Authenticator | 
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     registry.register(FunctionCollector(collect))
+    registry.register(FunctionCollector(_streams))
     if auth is not None:
         registry.register(FunctionCollector(lambda: [_refusals(auth)]))
     return registry
@@ -268,6 +269,19 @@ def _refusals(auth: Authenticator) -> Metric:
     for code in ("UNAUTHENTICATED", "NOT_AUTHORIZED"):
         family.add_metric([code], auth.refusals.get(code, 0))
     return family
+
+
+def _streams() -> Iterator[Metric]:
+    counts = bundles.STREAMS
+    for name, what, into, out in (
+            ("messages", "gRPC messages the process's Session streams read and wrote (a bundle of frames is one)",
+             counts.messages_in, counts.messages_out),
+            ("frames", "frames the process's Session streams read and wrote (each frame of a bundle counts)",
+             counts.frames_in, counts.frames_out)):
+        family = CounterMetricFamily(f"taproot_stream_{name}", what, labels=["direction"])
+        family.add_metric(["in"], into)
+        family.add_metric(["out"], out)
+        yield family
 
 
 Route = Callable[[], tuple[str, bytes]]   # -> (content type, body)

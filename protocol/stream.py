@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Mapping, cast
 
 import grpc
 
-from protocol import gc_tuning, malloc_tuning
+from protocol import bundles, gc_tuning, malloc_tuning
 from protocol import taproot_pb2 as pb
 from protocol import taproot_pb2_grpc as pb_grpc
 from protocol.auth import Authenticator, LinkAuth, admit, presented
@@ -47,14 +47,35 @@ _ids = itertools.count(1)
 CLOSE = object()  # put on a frame queue to end the stream that drains it
 
 
-def drain(frames: "queue.SimpleQueue[object]") -> Iterator[pb.Frame]:
+def drain(frames: "queue.SimpleQueue[object]",
+          bundled: Callable[[], bool] | None = None) -> "Iterator[pb.Frame | bytes]":
     """Yield frames from `frames` until CLOSE: the request or response iterator
-    of a gRPC stream fed by other threads."""
+    of a gRPC stream fed by other threads (written with `serialized`). Once
+    `bundled()` says the peer reads bundles, whatever is queued when the
+    stream writes goes as one message (`protocol.bundles`)."""
+    held: object = None
     while True:
-        frame = frames.get()
+        frame = frames.get() if held is None else held
+        held = None
         if frame is CLOSE:
             return
-        yield frame  # type: ignore[misc]
+        if bundled is None or not bundled():
+            yield frame  # type: ignore[misc]
+            continue
+        taken = [frame]
+        while len(taken) < bundles.TAKE_MAX_FRAMES:
+            try:
+                more = frames.get_nowait()
+            except queue.Empty:
+                break
+            if more is CLOSE:
+                held = more
+                break
+            taken.append(more)
+        if len(taken) == 1:
+            yield frame  # type: ignore[misc]
+        else:
+            yield from bundles.pack([serialized(f) for f in taken])  # type: ignore[arg-type]
 
 # Batches of 1 KiB messages run to megabytes; 64 MiB payloads must fit too.
 _SIZES = [
@@ -100,6 +121,9 @@ class Link:
         # below a relay): one PushColumns frame spans queues of one group.
         self.push_groups: dict[int, int] = {}
         self.broadcast: set[int] = set()  # queue ids read in broadcast mode (no confirms, no seqs)
+        # The peer reads several frames in one message (`protocol.bundles`):
+        # the writer then sends whatever is queued at once as one.
+        self.bundles = False
         self._out: "queue.SimpleQueue[object]" = queue.SimpleQueue()   # each frame's bytes, or CLOSE
         self._closed = threading.Event()
         # The event loop writing this link, woken when a frame is queued while
@@ -223,7 +247,25 @@ class Link:
                 continue
             if data is CLOSE or self.dropped is not None:
                 return
-            yield cast(bytes, data)
+            if not self.bundles:
+                bundles.STREAMS.messages_out += 1
+                bundles.STREAMS.frames_out += 1
+                yield cast(bytes, data)
+                continue
+            taken = [cast(bytes, data)]
+            while len(taken) < bundles.TAKE_MAX_FRAMES:
+                try:
+                    more = self._taken(self._out.get_nowait())
+                except queue.Empty:
+                    break
+                if more is CLOSE:
+                    self._out.put(CLOSE)   # for the next round, after these
+                    break
+                taken.append(cast(bytes, more))
+            bundles.STREAMS.frames_out += len(taken)
+            for message in bundles.pack(taken):
+                bundles.STREAMS.messages_out += 1
+                yield message
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -277,7 +319,9 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
     picks = inline if callable(inline) else None
     link = Link(context.peer(), max_outbound_bytes)
     last: list["futures.Future[None]"] = []
-    token = LinkAuth(presented(context.invocation_metadata())) if auth is not None else None
+    called_with = context.invocation_metadata()
+    token = LinkAuth(presented(called_with)) if auth is not None else None
+    link.bundles = bundles.offered(called_with)
 
     def handle(frame: pb.Frame) -> None:
         try:
@@ -305,14 +349,32 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
 
     failed: list[str] = []
 
+    def handle_run(frames: list[pb.Frame]) -> None:
+        for frame in frames:
+            handle(frame)
+
+    async def on_pool(frames: list[pb.Frame]) -> None:
+        # A bundle's frames for the pool go in one hand-off, not one each.
+        last[:] = [pool.submit(handle_run, frames) if len(frames) > 1 else pool.submit(handle, frames[0])]
+        await asyncio.wrap_future(last[0])
+
     async def read() -> None:
         try:
-            async for frame in request_iterator:
-                if inline is True or (picks is not None and picks(frame)):
-                    handle(frame)
-                    continue
-                last[:] = [pool.submit(handle, frame)]
-                await asyncio.wrap_future(last[0])
+            async for message in request_iterator:
+                run: list[pb.Frame] = []
+                frames = bundles.unbundled(message)
+                bundles.STREAMS.messages_in += 1
+                bundles.STREAMS.frames_in += len(frames)
+                for frame in frames:
+                    if inline is True or (picks is not None and picks(frame)):
+                        if run:
+                            await on_pool(run)
+                            run = []
+                        handle(frame)
+                    else:
+                        run.append(frame)
+                if run:
+                    await on_pool(run)
         except (grpc.RpcError, asyncio.CancelledError):
             pass  # the peer went away: only this link ends
         except Exception as exc:
@@ -330,6 +392,8 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
                 pool.submit(closed)
 
     loop = asyncio.get_running_loop()
+    # Tells the caller it may write several frames a message.
+    await context.send_initial_metadata(bundles.BUNDLES_METADATA)
     if inline is True:
         on_open(link)
     else:

@@ -340,7 +340,7 @@ class FrameError(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns", "push_columns", "confirm_columns")
+    __slots__ = ("open_queue", "open_queue_response", "configure_queue", "configure_queue_response", "close_queue", "close_queue_response", "put", "ack", "push", "confirm", "stop_request", "stop_response", "heartbeat", "error", "put_columns", "ack_columns", "push_columns", "confirm_columns", "bundle")
     OPEN_QUEUE_FIELD_NUMBER: _ClassVar[int]
     OPEN_QUEUE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CONFIGURE_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,7 @@ class Frame(_message.Message):
     ACK_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     PUSH_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
     open_queue: OpenQueue
     open_queue_response: OpenQueueResponse
     configure_queue: ConfigureQueue
@@ -377,7 +378,14 @@ class Frame(_message.Message):
     ack_columns: AckColumns
     push_columns: PushColumns
     confirm_columns: ConfirmColumns
-    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ..., push_columns: _Optional[_Union[PushColumns, _Mapping]] = ..., confirm_columns: _Optional[_Union[ConfirmColumns, _Mapping]] = ...) -> None: ...
+    bundle: FrameBundle
+    def __init__(self, open_queue: _Optional[_Union[OpenQueue, _Mapping]] = ..., open_queue_response: _Optional[_Union[OpenQueueResponse, _Mapping]] = ..., configure_queue: _Optional[_Union[ConfigureQueue, _Mapping]] = ..., configure_queue_response: _Optional[_Union[ConfigureQueueResponse, _Mapping]] = ..., close_queue: _Optional[_Union[CloseQueue, _Mapping]] = ..., close_queue_response: _Optional[_Union[CloseQueueResponse, _Mapping]] = ..., put: _Optional[_Union[PutBatch, _Mapping]] = ..., ack: _Optional[_Union[AckBatch, _Mapping]] = ..., push: _Optional[_Union[PushBatch, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmBatch, _Mapping]] = ..., stop_request: _Optional[_Union[StopRequest, _Mapping]] = ..., stop_response: _Optional[_Union[StopResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[FrameError, _Mapping]] = ..., put_columns: _Optional[_Union[PutColumns, _Mapping]] = ..., ack_columns: _Optional[_Union[AckColumns, _Mapping]] = ..., push_columns: _Optional[_Union[PushColumns, _Mapping]] = ..., confirm_columns: _Optional[_Union[ConfirmColumns, _Mapping]] = ..., bundle: _Optional[_Union[FrameBundle, _Mapping]] = ...) -> None: ...
+
+class FrameBundle(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class DeliveryNotice(_message.Message):
     __slots__ = ("partition", "delivery_version")

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import grpc
 import grpc.aio
 
-from protocol import pb
+from protocol import bundles, pb
 from protocol.auth import metadata as auth_metadata
 from protocol.clock import wall_time_us
 from protocol.liveness import Due, Liveness, heartbeat
@@ -48,7 +48,9 @@ class Upstream:
                  connect_timeout_s: float = 1.0, tls: ClientTls | None = None, token: str | None = None):
         self.hosts = hosts
         self.tls = tls                     # TLS to the nodes above (`protocol.tls`); None: plaintext
-        self._metadata = auth_metadata(token)   # the cluster token with [auth] on (`protocol.auth`)
+        # The cluster token with [auth] on (`protocol.auth`), and that this
+        # relay reads several frames a message (`protocol.bundles`).
+        self._metadata = auth_metadata(token) + bundles.BUNDLES_METADATA
         self.name = name
         self.reconnect_interval_s = reconnect_interval_s
         self.connect_timeout_s = connect_timeout_s
@@ -239,10 +241,16 @@ class Upstream:
         self.connected.set()
         reason = "upstream stream ended"
         try:
-            async for frame in call:
+            # What goes up is bundled once the node says it reads bundles.
+            up_out.bundles = bundles.offered(await call.initial_metadata())
+            async for message in call:
                 with self._lock:
                     self._liveness.heard(time.monotonic() * 1000)
-                    self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
+                    frames = bundles.unbundled(message)
+                    bundles.STREAMS.messages_in += 1
+                    bundles.STREAMS.frames_in += len(frames)
+                    for frame in frames:
+                        self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
         except grpc.RpcError as exc:
             reason = f"upstream lost: {exc.code().name}"
         except asyncio.CancelledError:

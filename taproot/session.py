@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import grpc
 import pyarrow as pa
 
-from protocol import ResultCode, parse_queue_uri, pb, pb_grpc
+from protocol import ResultCode, bundles, parse_queue_uri, pb
 from protocol.auth import metadata as auth_metadata
 from protocol.auth import token_from_env
 from protocol.clock import Clock, MonotonicClock, wall_time_us
@@ -59,7 +59,7 @@ from protocol.liveness import Due, Liveness, heartbeat
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
-from protocol.stream import GRPC_OPTIONS, drain
+from protocol.stream import GRPC_OPTIONS, SESSION_METHOD, drain, serialized
 from protocol.tls import ClientTls, connect
 from taproot import errors, events
 from taproot.batching import BatchPolicy
@@ -461,7 +461,7 @@ class Session:
         self.tls = tls if tls is not None else ClientTls.from_env()
         # A cluster with [auth] on: the token it gave this client; without it, TAPROOT_TOKEN (or the file
         # TAPROOT_TOKEN_FILE names). Sent in each stream's metadata, never logged.
-        self._metadata = auth_metadata(token if token is not None else token_from_env())
+        self._metadata = auth_metadata(token if token is not None else token_from_env()) + bundles.BUNDLES_METADATA
         self.batch_policy = batch or BatchPolicy()
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -597,8 +597,13 @@ class Session:
         self._out = _queue.SimpleQueue()
         self._liveness.connected(self._now_ms())
         self._core.connected(host, self._now_ms())
-        responses = pb_grpc.BrokerStub(channel).Session(drain(self._out), metadata=self._metadata)
-        thread = threading.Thread(target=self._receive, args=(responses, self._out, channel),
+        # Several frames a message once the server says it reads them
+        # (`protocol.bundles`); until then, and with an older server, one.
+        bundled = threading.Event()
+        responses = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
+                                          response_deserializer=pb.Frame.FromString)(
+            drain(self._out, bundled.is_set), metadata=self._metadata)
+        thread = threading.Thread(target=self._receive, args=(responses, self._out, channel, bundled),
                                   name="taproot-receiver", daemon=True)
         thread.start()
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
@@ -960,14 +965,17 @@ class Session:
             for message in rows.messages(q, first, count):
                 q._deliver(message)
 
-    def _receive(self, responses: Iterator[pb.Frame], out: "_queue.SimpleQueue[object]",
-                 channel: grpc.Channel) -> None:
+    def _receive(self, responses: Any, out: "_queue.SimpleQueue[object]",
+                 channel: grpc.Channel, bundled: threading.Event) -> None:
         reason = "stream ended"
         try:
-            for frame in responses:
+            if bundles.offered(responses.initial_metadata()):
+                bundled.set()
+            for message in responses:
                 with self._lock:
                     self._liveness.heard(self._now_ms())
-                    self._core.on_frame(frame)
+                    for frame in bundles.unbundled(message):
+                        self._core.on_frame(frame)
                     effects = self._core.take()
                     self._send_locked(effects)
                 if effects:

@@ -289,7 +289,7 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
 @pytest.mark.unit
 def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
-    from taproot_ops.bench.phases import means_ms, totals_of
+    from taproot_ops.bench.phases import frames_a_message, means_ms, totals_of
 
     def scraped(to_node, group, commit, count):
         lines = ["# TYPE taproot_put_ack_phase_seconds histogram"]
@@ -297,6 +297,14 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
             lines += [f'taproot_put_ack_phase_seconds_bucket{{le="+Inf",phase="{phase}"}} {count}',
                       f'taproot_put_ack_phase_seconds_count{{phase="{phase}"}} {count}',
                       f'taproot_put_ack_phase_seconds_sum{{phase="{phase}"}} {total}']
+        # Each node's Session streams: `count` messages in, carrying twice as
+        # many frames, and as many out as in, one frame each.
+        lines += ["# TYPE taproot_stream_messages_total counter",
+                  f'taproot_stream_messages_total{{direction="in"}} {count}',
+                  f'taproot_stream_messages_total{{direction="out"}} {count}',
+                  "# TYPE taproot_stream_frames_total counter",
+                  f'taproot_stream_frames_total{{direction="in"}} {2 * count}',
+                  f'taproot_stream_frames_total{{direction="out"}} {count}']
         return "\n".join(lines) + "\n"
 
     # Two nodes add up; the run is what moved between the scrapes.
@@ -309,6 +317,10 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
     assert means == {"to_node": pytest.approx(15.0), "group": pytest.approx(20.0), "commit": pytest.approx(7.5)}
     # Nothing ACKed in between: no means rather than a division by zero.
     assert means_ms({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
+    # Frames a gRPC message over the run, both nodes together.
+    assert frames_a_message({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) \
+        == {"in": pytest.approx(2.0), "out": pytest.approx(1.0)}
+    assert frames_a_message({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
 
 
 @pytest.mark.unit
@@ -341,6 +353,9 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     # run's messages; the node's part is at most what the producers saw.
     phases = result["put_ack_phases_ms"]
     assert set(phases) == {"to_node", "group", "commit"} and phases["commit"] > 0
+    # The node's streams carried at least a frame a gRPC message each way.
+    assert set(result["node_frames_a_message"]) == {"in", "out"}
+    assert all(ratio >= 1 for ratio in result["node_frames_a_message"].values())
     assert 0 < sum(phases.values()) <= result["ack_ms"]["max"] and result["ack_mean_ms"] > 0
     assert result["received"] == result["expected_received"] == result["acked"]
     assert 0 < result["ack_ms"]["p50"] <= result["ack_ms"]["max"]

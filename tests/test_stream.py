@@ -92,30 +92,38 @@ def test_next_frame_waits_then_says_empty():
 class _Context:
     """What serve_session asks of a gRPC servicer context."""
 
-    def __init__(self) -> None:
+    def __init__(self, metadata: tuple = ()) -> None:
         self.callbacks: list = []
+        self.metadata = metadata
+        self.initial_metadata: tuple | None = None
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
     def invocation_metadata(self) -> tuple:
-        return ()
+        return self.metadata
+
+    async def send_initial_metadata(self, metadata: tuple) -> None:
+        self.initial_metadata = metadata
 
     def add_done_callback(self, callback) -> None:
         self.callbacks.append(callback)
 
 
-def test_frames_a_predicate_picks_run_on_the_loop_and_the_rest_on_the_pool_in_order():
+@pytest.mark.parametrize("bundled", [False, True], ids=["a-frame-a-message", "one-bundle"])
+def test_frames_a_predicate_picks_run_on_the_loop_and_the_rest_on_the_pool_in_order(bundled: bool):
     """serve_session(inline=predicate): heartbeats on the event loop's
     thread, the other frames on the frame pool's; each frame is handled
-    after every frame before it, even when a pool frame is slow."""
+    after every frame before it, even when a pool frame is slow; and the
+    same when all of them come in one message (a bundle)."""
     import threading
     import time
 
     from protocol.stream import serve_session
 
-    frames = [pb.Frame(put_columns=pb.PutColumns(queue_id=1)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=2)),
-              pb.Frame(put_columns=pb.PutColumns(queue_id=3)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=4))]
+    sent = [pb.Frame(put_columns=pb.PutColumns(queue_id=1)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=2)),
+            pb.Frame(put_columns=pb.PutColumns(queue_id=3)), pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=4))]
+    frames = [pb.Frame(bundle=pb.FrameBundle(frames=sent))] if bundled else sent
     seen: list[tuple[int, bool]] = []
     closed = threading.Event()
 

@@ -156,6 +156,10 @@ def print_result(r: dict[str, Any]) -> None:
             + f" (together {sum(phases.values()):,.1f}"
             + (f"; the producers saw {r['ack_mean_ms']:,.1f} on average)"
                if r.get("ack_mean_ms") is not None else ")"), flush=True)
+    bundled = r.get("node_frames_a_message")
+    if bundled:
+        print("         frames a gRPC message at the nodes: " + ", ".join(
+            f"{direction} {ratio:,.2f}" for direction, ratio in sorted(bundled.items())), flush=True)
     if r.get("apps"):
         print("         per app (received/expected, not matching its subscription, duplicates): " + ", ".join(
             f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']}, {e['duplicates']})"

@@ -1,6 +1,9 @@
 """Where a run's PUT->ACK went at the nodes: the means of
 `taproot_put_ack_phase_seconds` (`primary.metrics.NodeMetrics.observe_put_ack`)
-over the run, from the nodes' own metrics, scraped before and after it."""
+over the run, from the nodes' own metrics, scraped before and after it; and
+how many frames each gRPC message of their Session streams carried
+(`taproot_stream_frames_total` over `taproot_stream_messages_total`,
+`protocol.bundles`)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from typing import Any, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 FAMILY = "taproot_put_ack_phase_seconds"
+STREAM_FAMILIES = {"taproot_stream_frames": 0, "taproot_stream_messages": 1}
+STREAM = "stream "   # a Totals key: "stream in" / "stream out" -> (frames, gRPC messages)
 Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
 
 
@@ -35,6 +40,12 @@ def scrape(urls: Sequence[str], timeout_s: float = 5.0) -> Totals:
 
 def totals_of(text: str, into: dict[str, list[float]]) -> None:
     for family in text_string_to_metric_families(text):
+        if family.name in STREAM_FAMILIES:
+            for sample in family.samples:
+                direction = sample.labels.get("direction")
+                if direction is not None and sample.name.endswith("_total"):
+                    into.setdefault(STREAM + direction, [0.0, 0.0])[STREAM_FAMILIES[family.name]] += sample.value
+            continue
         if family.name != FAMILY:
             continue
         for sample in family.samples:
@@ -52,7 +63,22 @@ def means_ms(before: Totals, after: Totals) -> dict[str, float]:
     ms; empty when none was."""
     means = {}
     for phase, (total, count) in after.items():
+        if phase.startswith(STREAM):
+            continue
         total0, count0 = before.get(phase, (0.0, 0.0))
         if count > count0:
             means[phase] = (total - total0) * 1000 / (count - count0)
     return means
+
+
+def frames_a_message(before: Totals, after: Totals) -> dict[str, float]:
+    """The frames each gRPC message carried over the run at the nodes, by
+    direction ("in", "out"); empty for a direction with no message."""
+    ratios = {}
+    for key, (frames, messages) in after.items():
+        if not key.startswith(STREAM):
+            continue
+        frames0, messages0 = before.get(key, (0.0, 0.0))
+        if messages > messages0:
+            ratios[key[len(STREAM):]] = (frames - frames0) / (messages - messages0)
+    return ratios
