@@ -324,6 +324,8 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
     link.bundles = bundles.offered(called_with)
 
     def handle(frame: pb.Frame) -> None:
+        if link.dropped is not None:
+            return   # the rest of a bundle read before the link was dropped: as if never read
         try:
             if auth is not None and token is not None:
                 verdict = admit(auth, token, frame)

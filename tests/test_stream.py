@@ -89,6 +89,10 @@ def test_next_frame_waits_then_says_empty():
         link.next_frame(0.01)
 
 
+class AbortedError(Exception):
+    """What `_Context.abort` raises, as gRPC's does, to end the stream."""
+
+
 class _Context:
     """What serve_session asks of a gRPC servicer context."""
 
@@ -105,6 +109,9 @@ class _Context:
 
     async def send_initial_metadata(self, metadata: tuple) -> None:
         self.initial_metadata = metadata
+
+    async def abort(self, code, details: str) -> None:
+        raise AbortedError(code, details)
 
     def add_done_callback(self, callback) -> None:
         self.callbacks.append(callback)
@@ -149,4 +156,35 @@ def test_frames_a_predicate_picks_run_on_the_loop_and_the_rest_on_the_pool_in_or
     loop_thread = None
     assert asyncio.run(asyncio.wait_for(run(), 10)) == []   # no handler sent anything back
     assert seen == [(1, False), (2, True), (3, False), (4, True)]
+    assert closed.wait(5)
+
+
+def test_the_frames_of_a_bundle_after_its_link_was_dropped_are_not_handled():
+    """A bundle is read as one message: once a frame of it gets its link
+    dropped (a token revoked, a slow peer), the frames after it are not
+    handled, as if they had never been read."""
+    import threading
+
+    from protocol.stream import serve_session
+
+    sent = [pb.Frame(heartbeat=pb.Heartbeat(sent_time_us=i)) for i in range(4)]
+    seen: list[int] = []
+    closed = threading.Event()
+
+    def on_frame(link, frame) -> None:
+        seen.append(frame.heartbeat.sent_time_us)
+        if frame.heartbeat.sent_time_us == 1:
+            link.drop("dropped by the second frame")
+
+    async def requests():
+        yield pb.Frame(bundle=pb.FrameBundle(frames=sent))
+
+    async def run() -> None:
+        session = serve_session(requests(), _Context(), lambda link: None, on_frame, lambda link: closed.set())
+        with pytest.raises(AbortedError):
+            async for _ in session:
+                pass
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert seen == [0, 1]
     assert closed.wait(5)
