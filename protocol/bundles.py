@@ -101,5 +101,12 @@ class StreamCounts:
     def __init__(self) -> None:
         self.messages_in = self.frames_in = self.messages_out = self.frames_out = 0
 
+    def read(self, message: pb.Frame) -> Sequence[pb.Frame]:
+        """The frames a message read from a stream carries (`unbundled`), counted."""
+        frames = unbundled(message)
+        self.messages_in += 1
+        self.frames_in += len(frames)
+        return frames
+
 
 STREAMS = StreamCounts()

@@ -53,29 +53,33 @@ def drain(frames: "queue.SimpleQueue[object]",
     of a gRPC stream fed by other threads (written with `serialized`). Once
     `bundled()` says the peer reads bundles, whatever is queued when the
     stream writes goes as one message (`protocol.bundles`)."""
-    held: object = None
     while True:
-        frame = frames.get() if held is None else held
-        held = None
+        frame = frames.get()
         if frame is CLOSE:
             return
         if bundled is None or not bundled():
             yield frame  # type: ignore[misc]
             continue
-        taken = [frame]
-        while len(taken) < bundles.TAKE_MAX_FRAMES:
-            try:
-                more = frames.get_nowait()
-            except queue.Empty:
-                break
-            if more is CLOSE:
-                held = more
-                break
-            taken.append(more)
-        if len(taken) == 1:
-            yield frame  # type: ignore[misc]
-        else:
-            yield from bundles.pack([serialized(f) for f in taken])  # type: ignore[arg-type]
+        taken, closing = take_queued(frame, frames.get_nowait)
+        yield from bundles.pack([serialized(f) for f in taken])  # type: ignore[arg-type]
+        if closing:
+            return
+
+
+def take_queued(first: object, get_nowait: Callable[[], object]) -> tuple[list[object], bool]:
+    """`first` and whatever else a stream's queue holds now (up to
+    `bundles.TAKE_MAX_FRAMES`), to be written at once; and whether CLOSE
+    came after them (the stream ends once they are written)."""
+    taken = [first]
+    while len(taken) < bundles.TAKE_MAX_FRAMES:
+        try:
+            more = get_nowait()
+        except queue.Empty:
+            break
+        if more is CLOSE:
+            return taken, True
+        taken.append(more)
+    return taken, False
 
 # Batches of 1 KiB messages run to megabytes; 64 MiB payloads must fit too.
 _SIZES = [
@@ -247,25 +251,14 @@ class Link:
                 continue
             if data is CLOSE or self.dropped is not None:
                 return
-            if not self.bundles:
-                bundles.STREAMS.messages_out += 1
-                bundles.STREAMS.frames_out += 1
-                yield cast(bytes, data)
-                continue
-            taken = [cast(bytes, data)]
-            while len(taken) < bundles.TAKE_MAX_FRAMES:
-                try:
-                    more = self._taken(self._out.get_nowait())
-                except queue.Empty:
-                    break
-                if more is CLOSE:
-                    self._out.put(CLOSE)   # for the next round, after these
-                    break
-                taken.append(cast(bytes, more))
+            taken, closing = (take_queued(data, lambda: self._taken(self._out.get_nowait())) if self.bundles
+                              else ([data], False))
             bundles.STREAMS.frames_out += len(taken)
-            for message in bundles.pack(taken):
+            for message in bundles.pack(cast(list[bytes], taken)):   # a frame alone goes as it is
                 bundles.STREAMS.messages_out += 1
                 yield message
+            if closing:
+                return
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -357,17 +350,14 @@ async def serve_session(request_iterator: AsyncIterator[pb.Frame], context: Any,
 
     async def on_pool(frames: list[pb.Frame]) -> None:
         # A bundle's frames for the pool go in one hand-off, not one each.
-        last[:] = [pool.submit(handle_run, frames) if len(frames) > 1 else pool.submit(handle, frames[0])]
+        last[:] = [pool.submit(handle_run, frames)]
         await asyncio.wrap_future(last[0])
 
     async def read() -> None:
         try:
             async for message in request_iterator:
                 run: list[pb.Frame] = []
-                frames = bundles.unbundled(message)
-                bundles.STREAMS.messages_in += 1
-                bundles.STREAMS.frames_in += len(frames)
-                for frame in frames:
+                for frame in bundles.STREAMS.read(message):
                     if inline is True or (picks is not None and picks(frame)):
                         if run:
                             await on_pool(run)

@@ -246,10 +246,7 @@ class Upstream:
             async for message in call:
                 with self._lock:
                     self._liveness.heard(time.monotonic() * 1000)
-                    frames = bundles.unbundled(message)
-                    bundles.STREAMS.messages_in += 1
-                    bundles.STREAMS.frames_in += len(frames)
-                    for frame in frames:
+                    for frame in bundles.STREAMS.read(message):
                         self._send(self.relay.from_upstream(frame, time.monotonic() * 1000))
         except grpc.RpcError as exc:
             reason = f"upstream lost: {exc.code().name}"
