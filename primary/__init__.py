@@ -8,6 +8,7 @@
   the confirm table, the express lane and its reconciliation with the
   pipeline's delivery log, recovery after a takeover;
 - `dispatcher.py`: routing to consumers, flow control, redelivery (pure);
+  `held.py`: a consumer's unconfirmed rows, a run's as one span (pure);
 - `express.py`: the GUID history and the express decisions (pure);
 - `group_commit.py`, `compaction.py`, `quota.py`: the commit batcher, the
   tables' background compaction, the domains' quotas;
@@ -21,5 +22,5 @@ needs there.
 
 Imports: conf, protocol, replicas, storage, taproot (links.py only).
 Never: pyspark, delta.
-Pure: admission, dispatcher, express.
+Pure: admission, dispatcher, express, held.
 """

@@ -29,8 +29,7 @@ partition lock.
 from __future__ import annotations
 
 import functools
-import itertools
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -51,6 +50,7 @@ from typing import (
 import numpy as np
 import pyarrow as pa
 
+from primary.held import HeldRows
 from protocol.limits import MAX_UNCONFIRMED_BYTES, MAX_UNCONFIRMED_MESSAGES
 from protocol.properties import VIA, from_wire, maps_to_wire, wire_to_maps
 
@@ -314,7 +314,7 @@ class ConsumerOptions:
 class _Consumer:
     key: ConsumerKey
     options: ConsumerOptions
-    unconfirmed: "OrderedDict[int, Held]" = field(default_factory=OrderedDict)   # by seq, in push order
+    unconfirmed: HeldRows = field(default_factory=HeldRows)   # by seq, in push order
     unconfirmed_bytes: int = 0
 
     def has_capacity(self) -> bool:
@@ -595,7 +595,7 @@ class QueueDispatcher:
             if guids is not None:
                 if guids[n] and guids[n] != guid:
                     continue   # not the message held for this seq: it stays held
-                del unconfirmed[seq]
+                unconfirmed.pop(seq)
             known.discard(guid)
             done.append(guid)
             done_seqs.append(seq)
@@ -756,7 +756,10 @@ class QueueDispatcher:
                 if rest is not None:
                     self._pending.appendleft(rest)
                 message.delivery_count += 1
-                consumer.unconfirmed.update(zip(message.seqs, zip(itertools.repeat(message), range(len(message)))))
+                if type(message) is MessageRun:
+                    consumer.unconfirmed.add_run(message)
+                else:   # (a frame's rows are held one by one: `own_frames` takes them apart)
+                    consumer.unconfirmed.update(zip(message.seqs, ((message, i) for i in range(len(message)))))
                 consumer.unconfirmed_bytes += message.size
                 rows = len(message)
             else:
@@ -828,20 +831,12 @@ def confirm_ranges(dispatchers: Sequence["QueueDispatcher | None"], keys: Sequen
         before = len(done_seqs)
         size = 0
         for first, many in zip(start, count):
-            for seq in range(first, first + many) if many != 1 else (first,):
-                held = unconfirmed.pop(seq, None)
-                if held is None:
-                    continue
-                if isinstance(held, tuple):
-                    run, i = held
-                    guid = run.guids[i]
-                    size += run.sizes[i]
-                else:
-                    guid = held.guid
-                    size += len(held.payload)
-                known.discard(guid)
-                done.append(guid)
-                done_seqs.append(seq)
+            guids, seqs, taken_bytes = unconfirmed.take_range(first, many)
+            if seqs:
+                known.difference_update(guids)
+                done += guids
+                done_seqs += seqs
+                size += taken_bytes
         n = len(done_seqs) - before
         confirmed.append(n)
         if n:

@@ -584,13 +584,15 @@ def test_fresh_messages_of_many_queues_dispatch_as_add_messages_does(held, data)
 @st.composite
 def range_schedules(draw):
     """Queues with one or two consumers (random windows); messages arriving
-    one by one or as runs; CONFIRM frames of seq ranges over the queues, a
+    one by one, as a frame's rows, or as a run (gaps in its seqs, sometimes);
+    CONFIRM frames of seq ranges over the queues, a
     queue's ranges apart or together, some of seqs not held (or held by the
     other consumer)."""
     queues = draw(st.lists(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1 << 30, 25])),
                                     min_size=1, max_size=2), min_size=1, max_size=4))
     steps = draw(st.lists(st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 3), st.integers(1, 6), st.booleans()),
+        st.tuples(st.just("add"), st.integers(0, 3), st.integers(1, 6),
+                  st.sampled_from(["messages", "frame", "run", "gaps"])),
         st.tuples(st.just("confirm"), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(0, 8),
                                                          st.integers(1, 3)), min_size=1, max_size=8))),
         max_size=25))
@@ -605,9 +607,11 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
     frame's order and confirmed by one `confirm_many` (the oracle). A frame
     confirms each queue's messages of one of its consumers, as a link's
     queue id is one consumer (two queue ids of one queue on one link are
-    dispatched once after both, where the oracle dispatched twice). Per queue
-    the same seqs confirmed (and GUIDs), the same pushes in the same order,
-    the same held and pending."""
+    dispatched once after both, where the oracle dispatched twice). The
+    oracle takes messages one by one where the other side takes a run
+    (held as spans, `primary.held`), and a frame's rows as they come. Per
+    queue the same seqs confirmed (and GUIDs), the same pushes in the same
+    order, the same held and pending."""
     queues, steps = schedule
     sides = {name: [QueueDispatcher() for _ in queues] for name in ("oracle", "ranges")}
     pushed = {name: [[] for _ in queues] for name in sides}
@@ -619,14 +623,15 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
     seq = 0
     for step in steps:
         if step[0] == "add":
-            _, queue, count, as_run = step
+            _, queue, count, how = step
             q = queue % len(queues)
+            seqs = range(seq, seq + count) if how != "gaps" else range(seq, seq + 3 * count, 3)
             for name, ds in sides.items():
-                made = [StoredMessage(s.to_bytes(16, "big"), s, b"x" * (5 + s % 7), [], 0)
-                        for s in range(seq, seq + count)]
-                items = [_frame_runs(made)[0]] if as_run else made
-                pushed[name][q] += [(k, m.seq) for k, m in ds[q].add_messages(items)]
-            seq += count
+                made = [StoredMessage(s.to_bytes(16, "big"), s, b"x" * (5 + s % 7), [], 0) for s in seqs]
+                items = ([_frame_runs(made)[0]] if how == "frame" else
+                         [run_of(made)] if how != "messages" and name == "ranges" else made)
+                pushed[name][q] += [(k, n) for k, n, _ in _per_row(ds[q].add_messages(items))]
+            seq = seqs[-1] + 1
             continue
         frame = []   # (queue, consumer key, start, count), starts picked from what the consumer holds
         confirming: dict[int, tuple[int, int]] = {}   # a queue's consumer in this frame (a queue id of a link)
@@ -644,7 +649,7 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
                     q = key[0]
                     done, more = ds[q].confirm_many(key, seqs)
                     confirmed[name][q] += list(zip(done.seqs, done.guids))
-                    pushed[name][q] += [(k, m.seq) for k, m in more]
+                    pushed[name][q] += [(k, n) for k, n, _ in _per_row(more)]
                 continue
             rows = ConfirmedRows([], [])
             entries: list[tuple[int, tuple[int, int], list[int], list[int]]] = []   # a queue's consecutive ranges
@@ -664,7 +669,7 @@ def test_confirm_ranges_of_many_queues_confirm_as_confirm_many_per_queue(schedul
             assert len(set(freed)) == len(freed)
             for d in freed:
                 q = ds.index(d)
-                pushed[name][q] += [(k, m.seq) for k, m in d.dispatch()]
+                pushed[name][q] += [(k, n) for k, n, _ in _per_row(d.dispatch())]
         assert confirmed["ranges"] == confirmed["oracle"]
         assert pushed["ranges"] == pushed["oracle"]
         for a, b in zip(sides["ranges"], sides["oracle"]):
