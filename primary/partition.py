@@ -568,7 +568,11 @@ class _SpanFrame:
     def add_run(self, queue_id: int, run: MessageRun, start: int, count: int) -> None:
         self._flush_singles()
         self.parts.append(push_run_table(run.table.slice(start, count), run.delivery_count))
-        self._range(queue_id, run.seqs[start:start + count])
+        seqs = run.seqs
+        if seqs[start + count - 1] - seqs[start] == count - 1:   # (a run's seqs ascend: consecutive, one range)
+            self._extend(queue_id, seqs[start], count)
+        else:
+            self._range(queue_id, seqs[start:start + count])
         self.rows += count
 
     def _flush_singles(self) -> None:

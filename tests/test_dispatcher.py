@@ -707,6 +707,32 @@ def test_a_push_frame_names_the_seq_ranges_of_many_rows_as_a_row_at_a_time(calls
     assert frame.rows == sum(len(rows) for rows in calls)
 
 
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2), st.lists(st.booleans(), min_size=1, max_size=12),
+                          st.integers(0, 11), st.integers(1, 12)), min_size=1, max_size=6))
+def test_a_push_frame_names_a_runs_seq_ranges_as_a_row_at_a_time(calls):
+    """`_SpanFrame.add_run` (one range at once for consecutive seqs) names
+    the same ranges as `_extend` a row at a time, for runs with gaps in
+    their seqs or none, pushed whole or in part. Each call: the queue, each
+    row's seq following the last or not, and the part pushed."""
+    from primary.partition import _SpanFrame
+
+    frame, reference = _SpanFrame(), _SpanFrame()
+    seq = 100
+    for queue_id, follows, start, count in calls:
+        seqs = []
+        for f in follows:
+            seq += 1 if f else 3
+            seqs.append(seq)
+        start = min(start, len(seqs) - 1)
+        count = min(count, len(seqs) - start)
+        run = MessageRun(run_of(msgs(len(seqs))).table, [guid_of(s) for s in seqs], seqs, [1] * len(seqs))
+        frame.add_run(queue_id, run, start, count)
+        for s in seqs[start:start + count]:
+            reference._extend(queue_id, s, 1)
+    assert (frame.queue_ids, frame.starts, frame.counts) == (reference.queue_ids, reference.starts, reference.counts)
+
+
 def test_rows_of_a_frame_held_too_long_get_copies_of_their_own():
     """`own_frames`: a row of a frame spanning queues still held after the
     frame's other rows were confirmed becomes a StoredMessage of its own,
