@@ -19,7 +19,9 @@ A columnar PUT frame enters as one `MessageRun` (its Arrow columns) and
 goes to a consumer as one run, cut at its window, when that consumer is the
 only one of the top priority with room; otherwise it is dispatched row by
 row. Either way the outcome is the per-message one (`tests/test_dispatcher.py`
-holds both to the same schedules).
+holds both to the same schedules). A consumer holds a run it was pushed as
+one span, not an entry a row, and a CONFIRM frame's seq range is taken
+from it in one step (`primary/held.py`).
 
 Every method returns the pushes to send as `(consumer_key, message or run)`
 pairs; the caller owns the links. Not thread safe: the caller holds the
