@@ -12,8 +12,9 @@ confirmed by slicing it.
 
 Messages held one at a time (a StoredMessage, or a row (run, row) of a frame
 spanning queues) stay dict entries, as before. The spans' seq intervals
-never overlap (a run that would overlap one goes in row by row), so the one
-that may hold a seq is found by bisecting their first seqs.
+never overlap (a run that would overlap one goes in row by row, as does one
+whose seqs do not ascend), so the one that may hold a seq is found by
+bisecting their first seqs.
 
 Not thread safe: the caller holds the partition lock.
 """
@@ -78,13 +79,9 @@ class _Span:
             self.live -= b - a
             return None
         was = np.flatnonzero(self.alive[a:b])
-        if len(was) == b - a:
-            was_all = None
-        else:
-            was_all = was + a
         self.alive[a:b] = False
         self.live -= len(was)
-        return was_all
+        return None if len(was) == b - a else was + a
 
 
 class HeldRows:
@@ -185,14 +182,15 @@ class HeldRows:
 
     # -- runs -------------------------------------------------------------------
     def add_run(self, run: "MessageRun") -> None:
-        """Hold every row of `run` (none held yet; seqs ascending), as one
-        span unless its seq interval would overlap another span's."""
+        """Hold every row of `run` (none held yet), as one span unless its
+        seq interval would overlap another span's, or its seqs do not
+        ascend (a span is searched by seq; runs' seqs ascend, as committed)."""
         seqs = run.seqs
         n = len(seqs)
-        if n < SPAN_MIN_ROWS:
+        first, last = (seqs[0], seqs[-1]) if n else (0, 0)
+        if n < SPAN_MIN_ROWS or (last - first != n - 1 and not all(a < b for a, b in zip(seqs, seqs[1:]))):
             self.update(zip(seqs, ((run, i) for i in range(n))))
             return
-        first, last = seqs[0], seqs[-1]
         firsts = self._firsts
         at = bisect.bisect_right(firsts, first)
         if (at and self._spans[at - 1].last >= first) or (at < len(firsts) and firsts[at] <= last):

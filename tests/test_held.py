@@ -53,7 +53,8 @@ operations = st.lists(st.one_of(
 @given(operations)
 def test_held_rows_are_the_dict_they_replace(ops: list[tuple[Any, ...]]) -> None:
     """Runs of consecutive seqs or with gaps (a run whose seq interval meets
-    another's goes in row by row), single messages set and set again in
+    another's goes in row by row, as does one out of order), single
+    messages set and set again in
     place, pops and gets of held and unheld seqs, seq ranges taken (GUIDs,
     seqs ascending, bytes), and clears: after each, the same (seq, held) in
     the same push order, and the same length."""
@@ -65,6 +66,8 @@ def test_held_rows_are_the_dict_they_replace(ops: list[tuple[Any, ...]]) -> None
             seqs = [s for s in range(start, start + count * step, step) if s < SEQS and s not in model]
             if not seqs:
                 continue
+            if step == 5:   # (out of order: held row by row)
+                seqs.reverse()
             run = _run(seqs)
             held.add_run(run)
             model.update((s, (run, i)) for i, s in enumerate(seqs))
