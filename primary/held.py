@@ -140,7 +140,7 @@ class HeldRows:
         and goes last."""
         entries = self._entries
         if seq not in entries:
-            if self.get(seq) is not None:
+            if self._spans and self.get(seq) is not None:   # (no span to look in: a dict's cost)
                 self.pop(seq)
             self._singles += 1
             self._live += 1
@@ -161,10 +161,8 @@ class HeldRows:
         return None if row < 0 else (span.run, row)
 
     def pop(self, seq: int, default: "Held | None" = None) -> "Held | None":
-        entries = self._entries
-        entry: Held | None = entries.get(seq)
+        entry: Held | None = self._entries.pop(seq, None)   # (a span's key is the span, never a seq)
         if entry is not None:
-            del entries[seq]
             self._singles -= 1
             self._live -= 1
             return entry
@@ -247,10 +245,9 @@ class HeldRows:
             else:
                 wanted = sorted(seq for seq in entries if not isinstance(seq, _Span) and first <= seq <= last)
             for seq in wanted:
-                entry = entries.get(seq)
+                entry = entries.pop(seq, None)
                 if entry is None:
                     continue
-                del entries[seq]
                 self._singles -= 1
                 self._live -= 1
                 if isinstance(entry, tuple):
