@@ -8,7 +8,7 @@ how many frames each gRPC message of their Session streams carried
 from __future__ import annotations
 
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,24 +61,21 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
 def means_ms(before: Totals, after: Totals) -> dict[str, float]:
     """Each phase's mean over the messages ACKed between the two scrapes, in
     ms; empty when none was."""
-    means = {}
-    for phase, (total, count) in after.items():
-        if phase.startswith(STREAM):
-            continue
-        total0, count0 = before.get(phase, (0.0, 0.0))
-        if count > count0:
-            means[phase] = (total - total0) * 1000 / (count - count0)
-    return means
+    return {phase: mean * 1000 for phase, mean in _over_run(before, after, streams=False)}
 
 
 def frames_a_message(before: Totals, after: Totals) -> dict[str, float]:
     """The frames each gRPC message carried over the run at the nodes, by
     direction ("in", "out"); empty for a direction with no message."""
-    ratios = {}
-    for key, (frames, messages) in after.items():
-        if not key.startswith(STREAM):
+    return {key[len(STREAM):]: ratio for key, ratio in _over_run(before, after, streams=True)}
+
+
+def _over_run(before: Totals, after: Totals, streams: bool) -> Iterator[tuple[str, float]]:
+    """Per key (the streams' or the phases'), what its sum grew by over its
+    count's growth between the scrapes; a key whose count did not grow is left out."""
+    for key, (total, count) in after.items():
+        if key.startswith(STREAM) != streams:
             continue
-        frames0, messages0 = before.get(key, (0.0, 0.0))
-        if messages > messages0:
-            ratios[key[len(STREAM):]] = (frames - frames0) / (messages - messages0)
-    return ratios
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            yield key, (total - total0) / (count - count0)
