@@ -420,6 +420,14 @@ SERVICE = "taproot.v1.Broker"
 SESSION_METHOD = f"/{SERVICE}/Session"   # what a relay's upstream calls (`replicas.upstream`)
 
 
+def session_stream(channel: Any) -> Any:
+    """The Session method on `channel` (sync or grpc.aio), to call with the
+    request iterator: requests written with `serialized` (a link's bytes as
+    they are, or frames), responses read as frames (a bundle among them)."""
+    return channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
+                                 response_deserializer=pb.Frame.FromString)
+
+
 def add_broker(servicer: Any, server: Any) -> None:
     """`pb_grpc.add_BrokerServicer_to_server`, but the Session stream's
     responses go through `serialized`: a role's links yield bytes."""

@@ -31,7 +31,7 @@ from protocol.clock import wall_time_us
 from protocol.liveness import Due, Liveness, heartbeat
 from protocol.metrics import FrameCounts
 from protocol.retransmit import RetransmissionLimits
-from protocol.stream import GRPC_OPTIONS, SESSION_METHOD, Link, event_loop, serialized
+from protocol.stream import GRPC_OPTIONS, Link, event_loop, session_stream
 from protocol.tls import ClientTls, connect_aio
 from replicas.relay import UPSTREAM, Out, Relay
 
@@ -231,9 +231,7 @@ class Upstream:
             self._channel = channel
             self._liveness.connected(time.monotonic() * 1000)
             self._send(self.relay.upstream_restored())
-        call = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
-                                     response_deserializer=pb.Frame.FromString)(
-            up_out.aio_frames(), metadata=self._metadata)
+        call = session_stream(channel)(up_out.aio_frames(), metadata=self._metadata)
         self._call = call
         self.connects += 1
         log.info("%s: connected upstream to %s (%d queues to reopen, %d PUTs buffered)", self.name, address,

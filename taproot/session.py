@@ -59,7 +59,7 @@ from protocol.liveness import Due, Liveness, heartbeat
 from protocol.properties import PropertyValue, from_wire, to_wire
 from protocol.retransmit import RetransmissionLimits
 from protocol.stream import CLOSE as _CLOSE
-from protocol.stream import GRPC_OPTIONS, SESSION_METHOD, drain, serialized
+from protocol.stream import GRPC_OPTIONS, drain, session_stream
 from protocol.tls import ClientTls, connect
 from taproot import errors, events
 from taproot.batching import BatchPolicy
@@ -600,9 +600,7 @@ class Session:
         # Several frames a message once the server says it reads them
         # (`protocol.bundles`); until then, and with an older server, one.
         bundled = threading.Event()
-        responses = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
-                                          response_deserializer=pb.Frame.FromString)(
-            drain(self._out, bundled.is_set), metadata=self._metadata)
+        responses = session_stream(channel)(drain(self._out, bundled.is_set), metadata=self._metadata)
         thread = threading.Thread(target=self._receive, args=(responses, self._out, channel, bundled),
                                   name="taproot-receiver", daemon=True)
         thread.start()

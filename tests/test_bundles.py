@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from protocol import ResultCode, bundles, columns, pb
 from protocol.auth import metadata as auth_metadata
 from protocol.auth import token_from_env
-from protocol.stream import CLOSE, SESSION_METHOD, Link, drain, serialized
+from protocol.stream import CLOSE, Link, drain, serialized, session_stream
 from protocol.tls import ClientTls
 from protocol.tls import channel as tls_channel
 from tests.conftest import wait_until
@@ -153,8 +153,7 @@ def session(address: str, bundled: bool) -> tuple[grpc.Channel, "queue.SimpleQue
     grpc.channel_ready_future(channel).result(timeout=10)
     out: queue.SimpleQueue[object] = queue.SimpleQueue()
     metadata = auth_metadata(token_from_env()) + (bundles.BUNDLES_METADATA if bundled else ())
-    call = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
-                                 response_deserializer=pb.Frame.FromString)(drain(out), metadata=metadata)
+    call = session_stream(channel)(drain(out), metadata=metadata)
     received: list[pb.Frame] = []
     initial: list[object] = []
 

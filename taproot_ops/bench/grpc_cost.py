@@ -24,7 +24,7 @@ import grpc
 
 from protocol import bundles, pb
 from protocol import taproot_pb2_grpc as pb_grpc
-from protocol.stream import SESSION_METHOD, add_broker, serialized
+from protocol.stream import add_broker, session_stream
 
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
@@ -73,8 +73,7 @@ def measure(mode: str, frames: int, size: int, port: int, bundle: int = 1) -> fl
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
         grpc.channel_ready_future(channel).result(timeout=30)
-        session = channel.stream_stream(SESSION_METHOD, request_serializer=serialized,
-                                        response_deserializer=pb.Frame.FromString)
+        session = session_stream(channel)
         frame = pb.Frame(put_columns=pb.PutColumns(queue_id=1, arrow_ipc=os.urandom(size))).SerializeToString()
 
         def requests() -> Iterator[bytes]:
