@@ -15,7 +15,8 @@ order, so a queue's PUT order is kept whatever the file layout.
 Why `put_time` is a safe watermark column: the primary makes it monotonic per
 partition (it never goes below the last committed value), so no row is ever
 older than the watermark and `dropDuplicatesWithinWatermark` never drops a row
-as late; it only drops a GUID seen within the window.
+as late; it only drops a GUID seen within the window. The watermark's delay
+is half the window (`watermark_delay_ms`: Spark holds a GUID for twice it).
 """
 
 from __future__ import annotations
@@ -72,9 +73,25 @@ def put_stream(spark: SparkSession, puts_path: str, max_files_per_trigger: int =
             .select(*read_columns(legacy_columns)))
 
 
+def watermark_delay_ms(history_window_ms: int) -> int:
+    """The watermark delay that makes Spark hold a GUID for the window.
+
+    `dropDuplicatesWithinWatermark` keeps a GUID first seen at event time t
+    until the watermark (the newest event time less the delay) reaches
+    t + delay: for twice the delay. With the window as the delay, a GUID
+    resent 1.5 windows later was dropped, where the express lane
+    (`primary/express.py`, the same rule as BlazingMQ's history) pushes it,
+    and the state held twice the GUIDs it needs, each read by the
+    operator's scan for expired ones after every batch. Half the window
+    holds each GUID for the window, and until the end of the first batch
+    that starts past it (Spark expires after a batch's rows, by the
+    watermark of the batches before it)."""
+    return max(1, -(-history_window_ms // 2))
+
+
 def dedup_puts(puts: DataFrame, history_window_ms: int) -> DataFrame:
     """Drop rows whose GUID was already seen within `history_window_ms` (streaming only)."""
-    return (puts.withWatermark("put_time", f"{history_window_ms} milliseconds")
+    return (puts.withWatermark("put_time", f"{watermark_delay_ms(history_window_ms)} milliseconds")
             .dropDuplicatesWithinWatermark(["guid"]))
 
 

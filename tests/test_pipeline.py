@@ -255,3 +255,52 @@ def test_the_dedup_stream_reads_on_when_a_new_release_sets_the_put_logs_properti
     run_put_stream(spark, puts, checkpoint, out)
     seqs = sorted(r.seq for r in spark.read.format("delta").load(out).select("seq").collect())
     assert seqs == list(range(10))
+
+
+def test_the_dedup_holds_a_guid_for_the_window_as_the_express_lane_does(spark, tmp_path):
+    """A GUID resent within the history window is dropped; resent after it,
+    once a batch before has passed the window, it is delivered again: what
+    the express lane (`primary.express.GuidHistory`) decides for the same
+    rows. Spark holds a GUID for twice its watermark's delay, so a delay of
+    the whole window dropped the resend 1.5 windows on (and the state held
+    twice the GUIDs). Spark expires after a batch's rows, so a resend in the
+    first batch past the window is still dropped: there the two differ (the
+    reconciler's `dedup` disagreement). One PUT commit a micro-batch, times
+    in seconds."""
+    import pyarrow as pa
+
+    from pipelines.dedup import start_dedup_query
+    from primary.express import GuidHistory
+    from storage import deltars
+    from storage.tables import PROPERTY_MAP, TIMESTAMP, PartitionPaths
+
+    window_s = 10
+    a, b, c, d, e = (bytes([i]) * 16 for i in range(1, 6))
+    commits = [[(0, a), (0, b)], [(4, c)], [(6, a)], [(11, d)], [(13, e)], [(15, a), (15, c)]]
+    paths = PartitionPaths(str(tmp_path), 0)
+    os.makedirs(os.path.dirname(paths.puts), exist_ok=True)
+    appender = deltars.Appender(paths.puts, PUTS_SCHEMA)
+    start = dt.datetime(2026, 12, 7, tzinfo=dt.timezone.utc)
+    express, kept, seq = GuidHistory(window_us=window_s * 1_000_000), [], 0
+    for rows in commits:
+        n = len(rows)
+        times = pa.array([start + dt.timedelta(seconds=s) for s, _ in rows], TIMESTAMP)
+        appender.append(pa.table({
+            "domain": ["d"] * n, "queue": ["q"] * n, "guid": pa.array([g for _, g in rows], pa.binary()),
+            "seq": pa.array(range(seq, seq + n), pa.int64()), "payload": pa.array([b"p"] * n, pa.binary()),
+            "properties": pa.array([[]] * n, PROPERTY_MAP), "property_types": pa.array([[]] * n, PROPERTY_MAP),
+            "producer_time": times, "put_time": times, "epoch": pa.array([1] * n, pa.int64()),
+            "compression": pa.nulls(n, pa.string())}, schema=PUTS_SCHEMA))
+        duplicate = express.commit([g for _, g in rows], now_us=rows[0][0] * 1_000_000)
+        kept += [seq + i for i in range(n) if not duplicate[i]]
+        seq += n
+    assert kept == [0, 1, 2, 4, 5, 6, 7]    # a at 6 s is a duplicate; a and c at 15 s are not
+
+    create_delivery_table(spark, paths.delivery)
+    query = start_dedup_query(spark, paths, window_s * 1000, available_now=True, max_files_per_trigger=1)
+    assert query.awaitTermination(120)
+    assert len(query.recentProgress) == len(commits)
+    delivered = sorted(r.seq for r in spark.read.format("delta").load(paths.delivery).select("seq").collect())
+    # a at 15 s: the batch at 11 s passed its window (0-10 s). c at 15 s:
+    # no batch before it passed c's (4-14 s).
+    assert delivered == [0, 1, 2, 4, 5, 6]
