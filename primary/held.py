@@ -37,15 +37,15 @@ class _Span:
 
     __slots__ = ("run", "first", "last", "seqs", "alive", "live")
 
-    def __init__(self, run: "MessageRun"):
+    def __init__(self, run: "MessageRun", consecutive: bool):
+        """`run`'s seqs ascend; `consecutive`: each is the one before plus one."""
         seqs = run.seqs
         self.run = run
         self.first, self.last = seqs[0], seqs[-1]
-        n = len(seqs)
         # Consecutive seqs (a frame's rows of one queue): row = seq - first.
-        self.seqs: np.ndarray | None = None if self.last - self.first == n - 1 else np.asarray(seqs, np.int64)
+        self.seqs: np.ndarray | None = None if consecutive else np.asarray(seqs, np.int64)
         self.alive: np.ndarray | None = None   # None: every row still held
-        self.live = n
+        self.live = len(seqs)
 
     def rows(self, lo: int, hi: int) -> tuple[int, int]:
         """Rows [a, b) whose seqs are within [lo, hi]."""
@@ -185,20 +185,21 @@ class HeldRows:
         ascend (a span is searched by seq; runs' seqs ascend, as committed)."""
         seqs = run.seqs
         n = len(seqs)
-        first, last = (seqs[0], seqs[-1]) if n else (0, 0)
-        if n < SPAN_MIN_ROWS or (last - first != n - 1 and not all(a < b for a, b in zip(seqs, seqs[1:]))):
-            self.update(zip(seqs, ((run, i) for i in range(n))))
-            return
-        firsts = self._firsts
-        at = bisect.bisect_right(firsts, first)
-        if (at and self._spans[at - 1].last >= first) or (at < len(firsts) and firsts[at] <= last):
-            self.update(zip(seqs, ((run, i) for i in range(n))))
-            return
-        span = _Span(run)
-        firsts.insert(at, first)
-        self._spans.insert(at, span)
-        self._entries[span] = span
-        self._live += n
+        if n >= SPAN_MIN_ROWS:
+            first, last = seqs[0], seqs[-1]
+            # (Both ends alone do not say the seqs between them ascend.)
+            consecutive = last - first == n - 1 and seqs == list(range(first, last + 1))
+            if consecutive or all(a < b for a, b in zip(seqs, seqs[1:])):
+                firsts = self._firsts
+                at = bisect.bisect_right(firsts, first)
+                if not ((at and self._spans[at - 1].last >= first) or (at < len(firsts) and firsts[at] <= last)):
+                    span = _Span(run, consecutive)
+                    firsts.insert(at, first)
+                    self._spans.insert(at, span)
+                    self._entries[span] = span
+                    self._live += n
+                    return
+        self.update(zip(seqs, ((run, i) for i in range(n))))
 
     def take_range(self, first: int, count: int) -> tuple[list[bytes], list[int], int]:
         """Stop holding seqs `first` .. `first + count - 1` (those held):

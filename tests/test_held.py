@@ -40,7 +40,7 @@ def _same(held: Any, want: Any) -> bool:
 
 
 operations = st.lists(st.one_of(
-    st.tuples(st.just("run"), st.integers(0, SEQS - 1), st.integers(1, 30), st.sampled_from([1, 1, 2, 5])),
+    st.tuples(st.just("run"), st.integers(0, SEQS - 1), st.integers(1, 30), st.sampled_from([1, 1, 2, 5, -1])),
     st.tuples(st.just("single"), st.integers(0, SEQS - 1)),
     st.tuples(st.just("pop"), st.integers(0, SEQS + 5)),
     st.tuples(st.just("get"), st.integers(0, SEQS + 5)),
@@ -53,7 +53,8 @@ operations = st.lists(st.one_of(
 @given(operations)
 def test_held_rows_are_the_dict_they_replace(ops: list[tuple[Any, ...]]) -> None:
     """Runs of consecutive seqs or with gaps (a run whose seq interval meets
-    another's goes in row by row, as does one out of order), single
+    another's goes in row by row, as does one out of order, even between
+    first and last seqs in order), single
     messages set and set again in
     place, pops and gets of held and unheld seqs, seq ranges taken (GUIDs,
     seqs ascending, bytes), and clears: after each, the same (seq, held) in
@@ -63,11 +64,13 @@ def test_held_rows_are_the_dict_they_replace(ops: list[tuple[Any, ...]]) -> None
         kind = op[0]
         if kind == "run":
             _, start, count, step = op
-            seqs = [s for s in range(start, start + count * step, step) if s < SEQS and s not in model]
+            seqs = [s for s in range(start, start + count * abs(step), abs(step)) if s < SEQS and s not in model]
             if not seqs:
                 continue
             if step == 5:   # (out of order: held row by row)
                 seqs.reverse()
+            if step == -1 and len(seqs) >= 4:   # (out of order between ends in order: held row by row too)
+                seqs[1], seqs[2] = seqs[2], seqs[1]
             run = _run(seqs)
             held.add_run(run)
             model.update((s, (run, i)) for i, s in enumerate(seqs))
