@@ -24,14 +24,19 @@ def puts_df(spark, guids, domain="d", props=lambda i: ({}, {}), queue="q"):
     return spark.createDataFrame(rows, spark_ddl(PUTS_SCHEMA).replace(" NOT NULL", ""))
 
 
-def append_put(appender, seq: int) -> None:
-    """One PUT row of seq `seq` through the primary's appender."""
+def append_puts(appender, seq: int, rows: list[tuple[bytes, dt.datetime]]) -> None:
+    """One commit of PUT rows (GUID, put time), seqs from `seq`, through the primary's appender."""
     import pyarrow as pa
 
-    now = dt.datetime.now(dt.timezone.utc)
     appender.append(pa.Table.from_pylist([dict(
-        domain="d", queue="q", guid=seq.to_bytes(16, "big"), seq=seq, payload=b"p", properties=[],
-        property_types=[], producer_time=now, put_time=now, epoch=1)], schema=PUTS_SCHEMA))
+        domain="d", queue="q", guid=guid, seq=seq + i, payload=b"p", properties=[],
+        property_types=[], producer_time=at, put_time=at, epoch=1) for i, (guid, at) in enumerate(rows)],
+        schema=PUTS_SCHEMA))
+
+
+def append_put(appender, seq: int) -> None:
+    """One PUT row of seq `seq` through the primary's appender."""
+    append_puts(appender, seq, [(seq.to_bytes(16, "big"), dt.datetime.now(dt.timezone.utc))])
 
 
 def run_put_stream(spark, puts: str, checkpoint: str, out: str) -> None:
@@ -267,12 +272,10 @@ def test_the_dedup_holds_a_guid_for_the_window_as_the_express_lane_does(spark, t
     first batch past the window is still dropped: there the two differ (the
     reconciler's `dedup` disagreement). One PUT commit a micro-batch, times
     in seconds."""
-    import pyarrow as pa
-
     from pipelines.dedup import start_dedup_query
     from primary.express import GuidHistory
     from storage import deltars
-    from storage.tables import PROPERTY_MAP, TIMESTAMP, PartitionPaths
+    from storage.tables import PartitionPaths
 
     window_s = 10
     a, b, c, d, e = (bytes([i]) * 16 for i in range(1, 6))
@@ -284,13 +287,7 @@ def test_the_dedup_holds_a_guid_for_the_window_as_the_express_lane_does(spark, t
     express, kept, seq = GuidHistory(window_us=window_s * 1_000_000), [], 0
     for rows in commits:
         n = len(rows)
-        times = pa.array([start + dt.timedelta(seconds=s) for s, _ in rows], TIMESTAMP)
-        appender.append(pa.table({
-            "domain": ["d"] * n, "queue": ["q"] * n, "guid": pa.array([g for _, g in rows], pa.binary()),
-            "seq": pa.array(range(seq, seq + n), pa.int64()), "payload": pa.array([b"p"] * n, pa.binary()),
-            "properties": pa.array([[]] * n, PROPERTY_MAP), "property_types": pa.array([[]] * n, PROPERTY_MAP),
-            "producer_time": times, "put_time": times, "epoch": pa.array([1] * n, pa.int64()),
-            "compression": pa.nulls(n, pa.string())}, schema=PUTS_SCHEMA))
+        append_puts(appender, seq, [(g, start + dt.timedelta(seconds=s)) for s, g in rows])
         duplicate = express.commit([g for _, g in rows], now_us=rows[0][0] * 1_000_000)
         kept += [seq + i for i in range(n) if not duplicate[i]]
         seq += n
