@@ -859,7 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline's Spark Connect endpoint every S seconds (what sharing the pipeline's Spark costs)")
     p.add_argument("--set", action="append", default=[], dest="settings", metavar="SECTION.KEY=VALUE",
                    help="the embedded cluster: one setting of the shipped cluster.toml changed, a TOML value "
-                        "(e.g. primary.compact_every_commits=0, or primary.durability='\"os\"'); again for more")
+                        "(e.g. primary.compact_every_commits=0, or primary.durability='\"os\"'), or with the section "
+                        "domain one of the scenarios' domains (e.g. domain.dedup_history_window_ms=60000); "
+                        "again for more")
     p.add_argument("--config", help="cluster.toml (--replay, or with --hosts)")
     p.add_argument("--out", help="directory for results.json and the PNG plots")
     p.add_argument("--json", help="also write the results here")

@@ -12,7 +12,7 @@ import pytest
 
 from taproot_ops.bench import scenarios_from
 from taproot_ops.bench.compare import table
-from taproot_ops.bench.report import Samples, percentiles, plot, summarize, sustained_rate
+from taproot_ops.bench.report import Samples, percentiles, plot, rss_by_minute, summarize, sustained_rate
 from taproot_ops.bench.runner import STAMP, payload_factory, push_latency_ms
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
 from taproot_ops.bench.taproot_driver import sessions_of
@@ -589,3 +589,58 @@ def test_a_wrong_setting_stops_the_bench_before_it_makes_anything(tmp_path, monk
     with pytest.raises(SystemExit, match="ha.stop_timeout_ms: must be between"):
         bench._run_taproot(scenarios_from(args), args, None)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.unit
+def test_set_with_the_domain_section_changes_every_scenario_domain_and_not_the_cluster(tmp_path):
+    """`--set domain.KEY=VALUE`: a domain setting (a shorter dedup history
+    window, to see memory level off within a run) in each scenario's domain
+    file, a fanout domain's tables left as they were; a key the domain file
+    already sets is replaced, not repeated."""
+    import conf
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS, TAPROOT_ONLY
+
+    scenarios = [SCENARIOS["priority-1q"], TAPROOT_ONLY["fanout-5c-subs"]]
+    path = write_bench_config(tmp_path / "conf", scenarios, settings=[
+        "domain.dedup_history_window_ms=60000", "domain.max_delivery_attempts = 5", "ha.stop_timeout_ms=2500"])
+    loaded = conf.load(path, data_dir=str(tmp_path / "data"))
+    shipped = conf.load(conf.DEFAULT_CLUSTER_FILE, data_dir=str(tmp_path / "data"))
+    assert loaded.ha.stop_timeout_ms == 2500
+    assert sorted(d.mode for d in loaded.domains.values()) == ["fanout", "priority"]
+    for domain in loaded.domains.values():
+        assert (domain.dedup_history_window_ms, domain.max_delivery_attempts) == (60000, 5)
+    fanout = next(d for d in loaded.domains.values() if d.mode == "fanout")
+    assert len(fanout.subscriptions) == 3 and len(fanout.app_ids) == 5
+    assert loaded.history_window_ms == 60000 != shipped.history_window_ms
+
+    path = write_bench_config(tmp_path / "again", [SCENARIOS["priority-1q"]], settings=['domain.mode="broadcast"'])
+    (domain_file,) = (path.parent / "domains").iterdir()
+    assert domain_file.read_text().count("mode =") == 1
+    assert [d.mode for d in conf.load(path, data_dir=str(tmp_path / "data")).domains.values()] == ["broadcast"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("setting, says", [
+    ("domain.no_such_key=1", "unknown field"),
+    ("domain.dedup_history_window_ms=5", "must be between"),
+    ("domain.dedup_history_window_ms", "expected SECTION.KEY=VALUE"),
+])
+def test_a_domain_setting_that_does_not_load_is_a_clear_error(tmp_path, setting, says):
+    from taproot_ops.bench import write_bench_config
+    from taproot_ops.bench.scenarios import SCENARIOS
+
+    with pytest.raises(SystemExit, match=says):
+        write_bench_config(tmp_path / "conf", [SCENARIOS["priority-1q"]], settings=[setting])
+
+
+@pytest.mark.unit
+def test_memory_per_minute_is_each_minute_median_so_a_peak_is_not_growth():
+    """The sustained run asks for every role's memory flat: a minute's
+    median, not its peak, and nothing from before the start."""
+    flat_with_peaks = [(-1.0, 999.0)] + [(float(t), 3000.0 if t % 20 == 7 else 400.0 + t % 3) for t in range(180)]
+    growing = [(float(t), 100.0 + t) for t in range(150)]
+    minutes = rss_by_minute({"node1": flat_with_peaks, "pipeline": growing})
+    assert minutes["node1"] == [401.0, 401.0, 401.0]
+    assert minutes["pipeline"] == [129.5, 189.5, 234.5]
+    assert rss_by_minute({"proxy1": []}) == {"proxy1": []}

@@ -64,25 +64,32 @@ SHIPPED_AUTH = ("[auth]                                 # tokens with rights per
                 "(docs/operations.md)\nenabled = true\n")
 
 
+def parse_setting(item: str) -> tuple[str, str, str]:
+    """`--set`'s SECTION.KEY=VALUE as (section, key, value), the value a
+    TOML value; SystemExit, naming the setting, for anything else."""
+    import tomllib
+
+    name, sep, value = item.partition("=")
+    section, dot, key = name.strip().rpartition(".")
+    value = value.strip()
+    if not sep or not dot or not section or not key or not value or "\n" in value:
+        raise SystemExit(f"error: --set {item!r}: expected SECTION.KEY=VALUE, e.g. "
+                         "primary.compact_every_commits=0")
+    try:
+        tomllib.loads(f"v = {value}")
+    except tomllib.TOMLDecodeError as exc:
+        raise SystemExit(f"error: --set {item!r}: {value!r} is not a TOML value ({exc}); strings are "
+                         "quoted, e.g. '\"zstd\"'") from None
+    return section, key, value
+
+
 def apply_settings(text: str, settings: Sequence[str]) -> str:
     """`text` (a cluster.toml) with each `section.key=value` of `settings`
     (`taproot bench --set`) in place of what it sets: the value a TOML value
     (`0`, `true`, `"zstd"`), the key one the file sets in that section's table.
     SystemExit, naming the setting, for anything else."""
-    import tomllib
-
     for item in settings:
-        name, sep, value = item.partition("=")
-        section, dot, key = name.strip().rpartition(".")
-        value = value.strip()
-        if not sep or not dot or not section or not key or not value or "\n" in value:
-            raise SystemExit(f"error: --set {item!r}: expected SECTION.KEY=VALUE, e.g. "
-                             "primary.compact_every_commits=0")
-        try:
-            tomllib.loads(f"v = {value}")
-        except tomllib.TOMLDecodeError as exc:
-            raise SystemExit(f"error: --set {item!r}: {value!r} is not a TOML value ({exc}); strings are "
-                             "quoted, e.g. '\"zstd\"'") from None
+        section, key, value = parse_setting(item)
         header = re.search(rf"^\[{re.escape(section)}\][ \t]*(#[^\n]*)?$", text, flags=re.M)
         if header is None:
             raise SystemExit(f"error: --set {item!r}: the shipped cluster.toml has no [{section}] table")
@@ -97,6 +104,25 @@ def apply_settings(text: str, settings: Sequence[str]) -> str:
     return text
 
 
+DOMAIN_SECTION = "domain"   # `--set domain.KEY=VALUE`: a setting of every scenario's domain
+
+
+def apply_domain_settings(text: str, settings: Sequence[str]) -> str:
+    """`text` (a bench domain file) with each `domain.key=value` of
+    `settings` among its top-level keys (before its first table), in place
+    of the same key if it sets it."""
+    for item in settings:
+        _, key, value = parse_setting(item)
+        first_table = re.search(r"^\[", text, flags=re.M)
+        top_end = first_table.start() if first_table else len(text)
+        top, found = re.subn(rf"^{re.escape(key)}[ \t]*=[^\n]*", f"{key} = {value}", text[:top_end],
+                             count=1, flags=re.M)
+        if not found:
+            top += f"{key} = {value}\n"
+        text = top + text[top_end:]
+    return text
+
+
 def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | None = None,
                        extra: str = "", tls: bool = False, auth: bool = False,
                        pipeline: dict[str, str] | None = None, settings: Sequence[str] = ()) -> Path:
@@ -105,8 +131,9 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
     `pipeline`: [pipeline] settings (TOML values) in place of the shipped ones. TLS as shipped
     with `tls`, token auth as shipped with `auth`, else off (plaintext and
     no tokens, as the older figures were measured). `settings`: `--set`'s
-    (`apply_settings`), last, so they win; the result must load
-    (`conf.load`), or SystemExit says why."""
+    (`apply_settings`), last, so they win, and those of the `domain`
+    section in every scenario's domain file (`apply_domain_settings`); the
+    result must load (`conf.load`), or SystemExit says why."""
     import conf
     from taproot_ops.bench.taproot_driver import domain_file, domain_name
 
@@ -123,13 +150,15 @@ def write_bench_config(directory: Path, scenarios: list[Scenario], name: str | N
         text = text.replace(SHIPPED_TLS, SHIPPED_TLS.replace("enabled = true", "enabled = false"), 1)
     if not auth:
         text = text.replace(SHIPPED_AUTH, SHIPPED_AUTH.replace("enabled = true", "enabled = false"), 1)
+    domain_settings = [item for item in settings if parse_setting(item)[0] == DOMAIN_SECTION]
     text = apply_settings(text, [f"pipeline.{key}={value}" for key, value in (pipeline or {}).items()]
-                          + list(settings))
+                          + [item for item in settings if item not in domain_settings])
     cluster_file.write_text(text + extra)
     domains = directory / "domains"
     domains.mkdir(exist_ok=True)
     for scenario in scenarios:
-        (domains / f"{domain_name(scenario)}.toml").write_text(domain_file(scenario))
+        (domains / f"{domain_name(scenario)}.toml").write_text(apply_domain_settings(domain_file(scenario),
+                                                                                       domain_settings))
     if settings:
         try:
             conf.load(cluster_file, data_dir=str(directory / "unused"))
@@ -181,6 +210,11 @@ def print_result(r: dict[str, Any]) -> None:
         parts = ", ".join(f"{name} {min(mb for _, mb in s):,.0f}-{max(mb for _, mb in s):,.0f} (end "
                           f"{s[-1][1]:,.0f})" for name, s in r["rss_mb"].items() if s)
         print(f"         server memory, MiB resident over the run: {parts}", flush=True)
+    minutes_mb = r.get("rss_minutes_mb") or {}
+    if any(len(m) > 1 for m in minutes_mb.values()):
+        print("         server memory per minute, median MiB resident: " + "; ".join(
+            f"{name} " + ", ".join(f"{m}: {mb:,.0f}" for m, mb in enumerate(series))
+            for name, series in minutes_mb.items()), flush=True)
     authority = r.get("authority")
     if authority:
         lag = authority["lag_ms"]

@@ -100,6 +100,21 @@ def summarize(acks: Samples, pushes: Samples, posted: int, failed: dict[str, int
     }
 
 
+def rss_by_minute(rss: dict[str, list[tuple[float, float]]]) -> dict[str, list[float]]:
+    """Each role's resident MiB per minute of the run (samples `(s from the
+    start, MiB)`, one a second): the median of the minute's samples, so a
+    transient peak (a commit's buffers, a garbage collection) does not pass
+    for growth. Samples before the start (the idle cluster) are left out."""
+    minutes: dict[str, list[float]] = {}
+    for role, samples in rss.items():
+        by: dict[int, list[float]] = {}
+        for t, mb in samples:
+            if t >= 0:
+                by.setdefault(int(t // 60), []).append(mb)
+        minutes[role] = [round(float(np.median(by[m])), 1) for m in sorted(by)]
+    return minutes
+
+
 def fmt_ms(values: dict[str, Any]) -> str:
     if values.get("p50") is None:
         return "n/a"

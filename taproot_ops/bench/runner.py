@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from taproot_ops.bench.cpu import tree_cpu_seconds
-from taproot_ops.bench.report import Samples, summarize
+from taproot_ops.bench.report import Samples, rss_by_minute, summarize
 from taproot_ops.bench.scenarios import Scenario
 
 if TYPE_CHECKING:
@@ -401,6 +401,7 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         result["node_frames_a_message"] = frames_a_message(phases_before, phases_after)
     if memory_probe:
         result["rss_mb"] = rss
+        result["rss_minutes_mb"] = rss_by_minute(rss)
     if cpu_probe:
         from taproot_ops.bench.cpu import delta
         cpu_s = delta(cpu_before, cpu_after)
