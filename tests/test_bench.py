@@ -289,12 +289,17 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
 @pytest.mark.unit
 def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
-    from taproot_ops.bench.phases import frames_a_message, means_ms, totals_of
+    from taproot_ops.bench.phases import frames_a_message, means_ms, slow_shares, totals_of
 
     def scraped(to_node, group, commit, count):
         lines = ["# TYPE taproot_put_ack_phase_seconds histogram"]
         for phase, total in (("to_node", to_node), ("group", group), ("commit", commit)):
-            lines += [f'taproot_put_ack_phase_seconds_bucket{{le="+Inf",phase="{phase}"}} {count}',
+            # Of every 100 messages, 1 to the node, 2 waiting and 3 in the commit took over 50 ms.
+            within = count - count * {"to_node": 1, "group": 2, "commit": 3}[phase] // 100
+            lines += [f'taproot_put_ack_phase_seconds_bucket{{le="0.025",phase="{phase}"}} {count // 2}',
+                      f'taproot_put_ack_phase_seconds_bucket{{le="0.05",phase="{phase}"}} {within}',
+                      f'taproot_put_ack_phase_seconds_bucket{{le="0.1",phase="{phase}"}} {count}',
+                      f'taproot_put_ack_phase_seconds_bucket{{le="+Inf",phase="{phase}"}} {count}',
                       f'taproot_put_ack_phase_seconds_count{{phase="{phase}"}} {count}',
                       f'taproot_put_ack_phase_seconds_sum{{phase="{phase}"}} {total}']
         # Each node's Session streams: `count` messages in, carrying twice as
@@ -315,6 +320,9 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
     totals_of(scraped(3.0, 4.0, 1.5, 200), after)
     means = means_ms({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()})
     assert means == {"to_node": pytest.approx(15.0), "group": pytest.approx(20.0), "commit": pytest.approx(7.5)}
+    assert slow_shares({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) == {
+        "to_node": pytest.approx(0.01), "group": pytest.approx(0.02), "commit": pytest.approx(0.03)}
+    assert slow_shares({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
     # Nothing ACKed in between: no means rather than a division by zero.
     assert means_ms({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
     # Frames a gRPC message over the run, both nodes together.
@@ -353,6 +361,8 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     # run's messages; the node's part is at most what the producers saw.
     phases = result["put_ack_phases_ms"]
     assert set(phases) == {"to_node", "group", "commit"} and phases["commit"] > 0
+    assert set(result["put_ack_phases_slow"]) == set(phases)
+    assert all(0 <= share <= 1 for share in result["put_ack_phases_slow"].values())
     # The node's streams carried at least a frame a gRPC message each way.
     assert set(result["node_frames_a_message"]) == {"in", "out"}
     assert all(ratio >= 1 for ratio in result["node_frames_a_message"].values())

@@ -185,6 +185,10 @@ def print_result(r: dict[str, Any]) -> None:
             + f" (together {sum(phases.values()):,.1f}"
             + (f"; the producers saw {r['ack_mean_ms']:,.1f} on average)"
                if r.get("ack_mean_ms") is not None else ")"), flush=True)
+    slow = r.get("put_ack_phases_slow")
+    if slow:
+        print("         PUT->ACK at the nodes, messages whose phase took over 50 ms: " + ", ".join(
+            f"{PHASE_NAMES.get(phase, phase)} {share * 100:.2f}%" for phase, share in slow.items()), flush=True)
     bundled = r.get("node_frames_a_message")
     if bundled:
         print("         frames a gRPC message at the nodes: " + ", ".join(

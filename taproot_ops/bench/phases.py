@@ -1,9 +1,9 @@
 """Where a run's PUT->ACK went at the nodes: the means of
 `taproot_put_ack_phase_seconds` (`primary.metrics.NodeMetrics.observe_put_ack`)
-over the run, from the nodes' own metrics, scraped before and after it; and
-how many frames each gRPC message of their Session streams carried
-(`taproot_stream_frames_total` over `taproot_stream_messages_total`,
-`protocol.bundles`)."""
+over the run, from the nodes' own metrics, scraped before and after it, and
+the share of messages each phase kept over 50 ms; and how many frames each
+gRPC message of their Session streams carried (`taproot_stream_frames_total`
+over `taproot_stream_messages_total`, `protocol.bundles`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 FAMILY = "taproot_put_ack_phase_seconds"
 STREAM_FAMILIES = {"taproot_stream_frames": 0, "taproot_stream_messages": 1}
 STREAM = "stream "   # a Totals key: "stream in" / "stream out" -> (frames, gRPC messages)
+# A Totals key: "slow <phase>" -> (messages whose phase took at most
+# `SLOW_S`, messages): the share of a run's messages each phase made late.
+SLOW = "slow "
+SLOW_S = 0.05        # the paced PUT->ACK p99 asked for (a bucket of `protocol.metrics.LATENCY_BUCKETS`)
 Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
 
 
@@ -56,26 +60,40 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
                 into.setdefault(phase, [0.0, 0.0])[0] += sample.value
             elif sample.name == FAMILY + "_count":
                 into.setdefault(phase, [0.0, 0.0])[1] += sample.value
+                into.setdefault(SLOW + phase, [0.0, 0.0])[1] += sample.value
+            elif sample.name == FAMILY + "_bucket" and float(sample.labels.get("le", "nan")) == SLOW_S:
+                into.setdefault(SLOW + phase, [0.0, 0.0])[0] += sample.value
 
 
 def means_ms(before: Totals, after: Totals) -> dict[str, float]:
     """Each phase's mean over the messages ACKed between the two scrapes, in
     ms; empty when none was."""
-    return {phase: mean * 1000 for phase, mean in _over_run(before, after, streams=False)}
+    return {phase: mean * 1000 for phase, mean in _over_run(before, after, "")}
 
 
 def frames_a_message(before: Totals, after: Totals) -> dict[str, float]:
     """The frames each gRPC message carried over the run at the nodes, by
     direction ("in", "out"); empty for a direction with no message."""
-    return {key[len(STREAM):]: ratio for key, ratio in _over_run(before, after, streams=True)}
+    return dict(_over_run(before, after, STREAM))
 
 
-def _over_run(before: Totals, after: Totals, streams: bool) -> Iterator[tuple[str, float]]:
-    """Per key (the streams' or the phases'), what its sum grew by over its
-    count's growth between the scrapes; a key whose count did not grow is left out."""
+def slow_shares(before: Totals, after: Totals) -> dict[str, float]:
+    """Per phase, the share of the messages ACKed between the scrapes whose
+    phase took longer than `SLOW_S` (where a PUT->ACK tail comes from: one
+    phase, or all of them at once, as a machine short of CPU makes it)."""
+    return {phase: 1.0 - within for phase, within in _over_run(before, after, SLOW)}
+
+
+KINDS = (STREAM, SLOW)
+
+
+def _over_run(before: Totals, after: Totals, kind: str) -> Iterator[tuple[str, float]]:
+    """Per key of a kind ("": the phases' means; `STREAM`, `SLOW`), without
+    its prefix, what its sum grew by over its count's growth between the
+    scrapes; a key whose count did not grow is left out."""
     for key, (total, count) in after.items():
-        if key.startswith(STREAM) != streams:
+        if next((k for k in KINDS if key.startswith(k)), "") != kind:
             continue
         total0, count0 = before.get(key, (0.0, 0.0))
         if count > count0:
-            yield key, (total - total0) / (count - count0)
+            yield key[len(kind):], (total - total0) / (count - count0)
