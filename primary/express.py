@@ -175,6 +175,10 @@ class _Generation:
     def count_since(self, horizon: int) -> int:
         return int(np.count_nonzero(self.t >= horizon))
 
+    @property
+    def nbytes(self) -> int:
+        return self.h.nbytes + self.hi.nbytes + self.lo.nbytes + self.t.nbytes + self.words.nbytes
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.hi, self.lo, self.t
 
@@ -213,6 +217,12 @@ class _Young:
 
     def oldest_us(self) -> int | None:
         return int(self.t[0]) if self.count else None
+
+    @property
+    def nbytes(self) -> int:
+        """Its arrays, made for its capacity (not its count)."""
+        return (self.hi.nbytes + self.lo.nbytes + self.t.nbytes + self.hashes.nbytes + self.refs.nbytes
+                + self.used.nbytes)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = self.count
@@ -327,6 +337,12 @@ class _Freezing:
     def count_since(self, horizon: int) -> int:
         return sum(p.count_since(horizon) for p in self.parts)
 
+    @property
+    def nbytes(self) -> int:
+        """The parts', and the generation's once built (until it replaces them)."""
+        built = self._generation
+        return sum(p.nbytes for p in self.parts) + (built.nbytes if built is not None else 0)
+
 
 class GuidHistory:
     """GUIDs first committed within the last `window_us` microseconds.
@@ -366,6 +382,13 @@ class GuidHistory:
 
     def __len__(self) -> int:
         return self._young.count + sum(g.count_since(self._horizon) for g in self._generations)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory its arrays take: about 34 bytes a GUID once frozen, the
+        young table's for its capacity, and both while a generation is
+        being built (`taproot_express_history_bytes`)."""
+        return self._young.nbytes + sum(g.nbytes for g in self._generations)
 
     def __contains__(self, guid: bytes) -> bool:
         h, hi, lo = _keys(_guid_blob([guid]), self._mix)

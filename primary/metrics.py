@@ -128,14 +128,17 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
                                labels=["partition", "log"])
     history = GaugeMetricFamily("taproot_express_history_guids", "GUIDs the express lane holds for its dedup "
                                 "window (about the rate times the window)", labels=["partition"])
+    history_bytes = GaugeMetricFamily("taproot_express_history_bytes", "memory those GUIDs take (about 34 "
+                                      "bytes each, and the young table's for its capacity)", labels=["partition"])
     held = GaugeMetricFamily("taproot_express_decisions_held", "express decisions waiting for the pipeline's "
                              "delivery rows (about the rate times the authority lag)", labels=["partition"])
     now = time.time()
     for p, partition in sorted(node.partitions.items()):
         epoch.add_metric([str(p)], partition.epoch)
         lag.add_metric([str(p)], authority_lag_s(partition, now))
-        guids, decisions = partition.express_held()
+        guids, nbytes, decisions = partition.express_held()
         history.add_metric([str(p)], guids)
+        history_bytes.add_metric([str(p)], nbytes)
         held.add_metric([str(p)], decisions)
         for log_name, committer in (("puts", partition.put_committer), ("confirms", partition.confirm_committer)):
             committer.seconds.add_to(commits, (str(p), log_name))
@@ -144,6 +147,7 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
     yield epoch
     yield lag
     yield history
+    yield history_bytes
     yield held
     yield commits
     yield sizes

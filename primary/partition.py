@@ -1873,11 +1873,12 @@ class Partition:
         # Each federation link reads on from the version after its progress.
         return min([needed, *(forwarder.needed_version for forwarder in self.links)])
 
-    def express_held(self) -> tuple[int, int]:
+    def express_held(self) -> tuple[int, int, int]:
         """What the express lane holds in memory: the GUIDs of its dedup
-        window, and the decisions waiting for the pipeline's delivery rows."""
+        window and the bytes they take, and the decisions waiting for the
+        pipeline's delivery rows."""
         with self._decisions_lock:
-            return len(self._history), len(self._reconciler)
+            return len(self._history), self._history.nbytes, len(self._reconciler)
 
     def oldest_unjudged_commit(self) -> float | None:
         """When this primary's oldest commit the pipeline has not judged yet

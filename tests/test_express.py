@@ -200,6 +200,11 @@ def test_older_guids_are_frozen_into_generations_of_34_bytes_each():
     assert len(history) == 17_000
     assert all(g.h.nbytes + g.hi.nbytes + g.lo.nbytes + g.t.nbytes == 32 * len(g) and g.words.nbytes <= 2 * len(g) + 8
                for g in history._generations)
+    # What `taproot_express_history_bytes` reports: the generations' 34 bytes a
+    # GUID and the young table's arrays for its capacity.
+    young = history._young
+    assert young.nbytes == young.capacity * 24 + young.hashes.size * 12 + young.used.size
+    assert 16 * 1000 * 32 + young.nbytes < history.nbytes <= 16 * (1000 * 34 + 8) + young.nbytes
     assert history.commit([(17_000).to_bytes(16, "big"), (3_000).to_bytes(16, "big")], 20 * S) == [True, False]
     assert len(history._generations) <= express.GENERATIONS + 1
 
@@ -482,3 +487,24 @@ def test_a_copy_in_another_queue_is_not_the_same_message():
     (row, outcome), = reconciler.delivered_rows(np.array([11]), pa.array([[""]], pa.list_(pa.string())),
                                                 np.array([True]), pa.array([g1], pa.binary()))
     assert (outcome.seq, outcome.push_apps) == (11, ("",))
+
+
+def test_history_bytes_count_a_generation_being_built_with_the_tables_it_replaces():
+    """While a generation is built on its thread, the young table it comes
+    from is still looked up, so both take memory, and the bytes say so."""
+    tasks: list = []
+
+    def later(task):
+        tasks.append(task)
+        return lambda: [t() for t in tasks if t is task]
+
+    history = GuidHistory(window_us=16 * S, spawn=later)   # a generation a second
+    history.commit([i.to_bytes(16, "big") for i in range(1000)], 0)
+    history.commit([(5000 + i).to_bytes(16, "big") for i in range(10)], S)   # second 0 is frozen: a build waits
+    (freezing,) = history._generations
+    building = history.nbytes
+    assert building == freezing.parts[0].nbytes + history._young.nbytes
+    tasks.pop()()                         # the build ends; its generation sits beside the table until taken
+    assert history.nbytes == building + freezing.ready().nbytes
+    history.settle()
+    assert history.nbytes == freezing.ready().nbytes + history._young.nbytes < building

@@ -312,6 +312,7 @@ def test_metrics_after_known_traffic_count_it_exactly(cluster):
     # What the express lane holds: the 87 GUIDs in its dedup window (and whatever
     # else this partition took in the window); its decisions until the pipeline judged them.
     assert value(after, "taproot_express_history_guids", partition="0") >= 87
+    assert value(after, "taproot_express_history_bytes", partition="0") >= 87 * 34
     assert ("taproot_express_decisions_held", (("partition", "0"),)) in after
     assert any(name == "taproot_arrow_allocated_bytes" for name, _ in after)
     assert value(after, "process_resident_memory_bytes") > 0
