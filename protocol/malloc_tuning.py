@@ -22,7 +22,10 @@ after a burst: up to `TRIM_THRESHOLD` free at the top of each malloc arena,
 and the large blocks freed inside a heap, which glibc reuses but does not
 give back (the proxy's resident set sat 50-70 MiB higher at full speed in
 the bench, and stayed flat at 147-173 MiB over 5 minutes at 20k msg/s).
-Set through `mallopt(3)` when the process has started; glibc only.
+And at most `ARENA_MAX` malloc arenas, each of which keeps what was freed
+in it (`ARENA_MAX`'s comment). Set through `mallopt(3)` when the process has started (the node and
+proxy commands do it first, before any thread: a thread keeps the arena it
+took); glibc only.
 A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
 `TAPROOT_MALLOC_TUNING=off` leaves glibc's defaults (`taproot bench
@@ -43,10 +46,22 @@ log = logging.getLogger(__name__)
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 
 MMAP_THRESHOLD = 32 << 20    # glibc's largest allowed on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 64 << 20
+# At most this many malloc arenas (glibc's default: eight a core). A
+# thread takes an arena of its own on its first malloc while there are
+# fewer than the limit, and each arena keeps what was freed in it (up to
+# `TRIM_THRESHOLD` at its top, any amount inside). A primary runs a dozen
+# threads, and the buffers of its GUID history's builds and lookups
+# (`primary.express`, a few MiB each at 20k msg/s) stayed in one arena
+# after another: over 4 minutes at 20k msg/s its resident set reached 749
+# MiB with glibc's limit and 565 with two arenas, at the same CPU
+# (`docs/benchmarks.md`, 2026-12-07, twenty-fourth session).
+ARENA_MAX = max(2, os.cpu_count() or 2)
 ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+ARENA_ENVIRONMENT = "MALLOC_ARENA_MAX"   # glibc's own: kept when set
 SWITCH = "TAPROOT_MALLOC_TUNING"   # off (or 0, false, no): glibc's defaults
 _OFF = ("off", "0", "false", "no")
 _ON = ("", "on", "1", "true", "yes")
@@ -54,14 +69,17 @@ _ON = ("", "on", "1", "true", "yes")
 
 @dataclass(frozen=True)
 class MallocTuning:
-    """What `tune` did: `applied`, or why not (`reason`)."""
+    """What `tune` did: `applied`, or why not (`reason`); `arenas`, the
+    limit it set on malloc's arenas (None: left to glibc or the environment)."""
     applied: bool
     reason: str = ""
+    arenas: int | None = None
 
     def describe(self) -> str:
         if self.applied:
             return (f"malloc: blocks up to {MMAP_THRESHOLD >> 20} MiB from the heap, up to "
-                    f"{TRIM_THRESHOLD >> 20} MiB of free heap kept")
+                    f"{TRIM_THRESHOLD >> 20} MiB of free heap kept"
+                    + (f", at most {self.arenas} arenas" if self.arenas is not None else ""))
         return f"malloc left as it is: {self.reason}"
 
 
@@ -116,4 +134,6 @@ def _tune() -> MallocTuning:
         return MallocTuning(False, f"mallopt refused an mmap threshold of {MMAP_THRESHOLD}")
     if mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
         return MallocTuning(False, f"mallopt refused a trim threshold of {TRIM_THRESHOLD}")
-    return MallocTuning(True)
+    if ARENA_ENVIRONMENT in os.environ or mallopt(M_ARENA_MAX, ARENA_MAX) != 1:
+        return MallocTuning(True)
+    return MallocTuning(True, arenas=ARENA_MAX)

@@ -88,8 +88,18 @@ def _logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _server_malloc() -> None:
+    """A node's or proxy's C allocator, tuned before it starts a thread
+    (`protocol.malloc_tuning`: a thread keeps the malloc arena it took).
+    The server logs what was done once it serves."""
+    from protocol import malloc_tuning
+    malloc_tuning.tune()
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     _logging(args.log_level)
+    if args.action != "stop":
+        _server_malloc()
     config = _config(args)
     name = args.name or config.nodes[0].name
     if args.action == "stop":
@@ -103,6 +113,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     _logging(args.log_level)
+    _server_malloc()
     from proxies.server import serve
     config = _config(args)
     names = {p.name for p in config.proxies}

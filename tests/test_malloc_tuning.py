@@ -39,7 +39,8 @@ CYCLES = textwrap.dedent("""
 
 def run(script: str, **env: str) -> dict:
     environment = {k: v for k, v in os.environ.items()
-                   if k not in ("TAPROOT_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+                   if k not in ("TAPROOT_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                "MALLOC_ARENA_MAX")}
     out = subprocess.run([sys.executable, "-c", CYCLES + textwrap.dedent(script)], capture_output=True, text=True,
                          timeout=120, env={**environment, **env})
     assert out.returncode == 0, out.stderr
@@ -62,7 +63,7 @@ def test_the_sdk_leaves_malloc_alone_until_asked_then_frames_stop_faulting():
     assert got["before"] >= 200                   # 480 of the 768 pages faulted in again each cycle, here
     assert got["after"] <= 5 and got["applied"]   # kept for the next cycle
     assert got["same"] and got["exported"]
-    assert got["describe"] == "malloc: blocks up to 32 MiB from the heap, up to 64 MiB of free heap kept"
+    assert got["describe"].startswith("malloc: blocks up to 32 MiB from the heap, up to 64 MiB of free heap kept")
 
 
 @pytest.mark.parametrize("env,reason", [
@@ -93,3 +94,42 @@ def test_a_switch_value_it_does_not_know_is_named_and_malloc_tuned():
     assert got["applied"] and got["faults"] <= 5
     assert "TAPROOT_MALLOC_TUNING='sometimes' is neither on nor off" in got["stderr"]
     assert "Traceback" not in got["stderr"]
+
+
+# Eight threads each make and free a 1 MiB block at the same time, then
+# glibc's `malloc_stats` names every arena on stderr ("Arena N:").
+ARENAS = textwrap.dedent("""
+    import ctypes, threading
+    def arenas_after_threads(n=8):
+        barrier = threading.Barrier(n)
+        def work():
+            barrier.wait()
+            block = b"x" * (1 << 20)
+            barrier.wait()
+            return len(block)
+        threads = [threading.Thread(target=work) for _ in range(n)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        ctypes.CDLL("libc.so.6").malloc_stats()
+""")
+
+
+@pytest.mark.parametrize("env", [{}, {"TAPROOT_MALLOC_TUNING": "off"}, {"MALLOC_ARENA_MAX": "3"}])
+def test_a_tuned_process_keeps_to_a_few_malloc_arenas_however_many_threads_allocate(env):
+    from protocol import malloc_tuning
+
+    got = run(ARENAS + textwrap.dedent("""
+        from protocol import malloc_tuning
+        tuning = malloc_tuning.tune()
+        arenas_after_threads()
+        print(json.dumps({"applied": tuning.applied, "arenas": tuning.arenas, "describe": tuning.describe()}))
+    """), **env)
+    counted = got["stderr"].count("Arena ")
+    if not env:
+        assert got["applied"] and got["arenas"] == malloc_tuning.ARENA_MAX
+        assert counted <= malloc_tuning.ARENA_MAX
+        assert got["describe"].endswith(f", at most {malloc_tuning.ARENA_MAX} arenas")
+    elif "MALLOC_ARENA_MAX" in env:   # glibc's own limit, kept; the thresholds still tuned
+        assert got["applied"] and got["arenas"] is None and counted <= 3
+    else:                             # glibc's default: an arena a thread here, up to eight a core
+        assert not got["applied"] and counted >= min(9, 8 * (os.cpu_count() or 1)) > malloc_tuning.ARENA_MAX
