@@ -78,7 +78,9 @@ def tune_malloc() -> "MallocTuning":
     consumes frames of a megabyte or more (what Taproot's node and proxy do
     for themselves): such blocks come from the heap instead of fresh pages
     mapped from the kernel, and up to 64 MiB of freed heap is kept for the
-    next frame instead of being given back. With glibc's defaults each
+    next frame instead of being given back, and the process keeps to one
+    malloc arena a core (threads started before the call keep theirs, so
+    call it first). With glibc's defaults each
     frame's memory was faulted in and zeroed again: a relay spent about
     2 ms of CPU, most of it the kernel's, per 1 MiB frame, against 0.25 ms tuned
     (`docs/benchmarks.md`, 2026-12-06). It changes the whole process's
