@@ -23,9 +23,9 @@ and the large blocks freed inside a heap, which glibc reuses but does not
 give back (the proxy's resident set sat 50-70 MiB higher at full speed in
 the bench, and stayed flat at 147-173 MiB over 5 minutes at 20k msg/s).
 And at most `ARENA_MAX` malloc arenas, each of which keeps what was freed
-in it (`ARENA_MAX`'s comment). Set through `mallopt(3)` when the process has started (the node and
-proxy commands do it first, before any thread: a thread keeps the arena it
-took); glibc only.
+in it (`ARENA_MAX`'s comment). Set through `mallopt(3)` when the process
+has started (the node and proxy commands do it first, before any thread:
+a thread keeps the arena it took); glibc only.
 A process started with glibc's own `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in its environment keeps what it asked for, and
 `TAPROOT_MALLOC_TUNING=off` leaves glibc's defaults (`taproot bench
