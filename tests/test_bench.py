@@ -580,6 +580,9 @@ def test_set_changes_one_setting_of_the_shipped_configuration_in_its_own_table(t
     ("primary.no_such_key=1", r"\[primary\] of the shipped cluster.toml sets no no_such_key"),
     ("primary.compact_every_commits=-5", "must be between 0 and"),
     ('primary.durability="sometimes"', "must be one of fsync, os"),
+    ("domain.no_such_key=1", "unknown field"),                  # the scenarios' domains (`--set domain.KEY=VALUE`)
+    ("domain.dedup_history_window_ms=5", "must be between"),
+    ("domain.dedup_history_window_ms", "expected SECTION.KEY=VALUE"),
 ])
 def test_a_setting_that_is_not_one_or_does_not_load_is_a_clear_error(tmp_path, setting, says):
     from taproot_ops.bench import write_bench_config
@@ -628,20 +631,6 @@ def test_set_with_the_domain_section_changes_every_scenario_domain_and_not_the_c
     (domain_file,) = (path.parent / "domains").iterdir()
     assert domain_file.read_text().count("mode =") == 1
     assert [d.mode for d in conf.load(path, data_dir=str(tmp_path / "data")).domains.values()] == ["broadcast"]
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("setting, says", [
-    ("domain.no_such_key=1", "unknown field"),
-    ("domain.dedup_history_window_ms=5", "must be between"),
-    ("domain.dedup_history_window_ms", "expected SECTION.KEY=VALUE"),
-])
-def test_a_domain_setting_that_does_not_load_is_a_clear_error(tmp_path, setting, says):
-    from taproot_ops.bench import write_bench_config
-    from taproot_ops.bench.scenarios import SCENARIOS
-
-    with pytest.raises(SystemExit, match=says):
-        write_bench_config(tmp_path / "conf", [SCENARIOS["priority-1q"]], settings=[setting])
 
 
 @pytest.mark.unit
