@@ -98,13 +98,12 @@ def _server_malloc() -> None:
 
 def cmd_node(args: argparse.Namespace) -> int:
     _logging(args.log_level)
-    if args.action != "stop":
-        _server_malloc()
     config = _config(args)
     name = args.name or config.nodes[0].name
     if args.action == "stop":
         from primary.server import stop_node
         return stop_node(config, name)
+    _server_malloc()   # (importing primary.server starts threads)
     from primary.server import serve
     serve(config, name, port=args.port, ready_file=args.ready_file, cluster_file=args.config,
           http_port=args.http_port)
