@@ -284,29 +284,40 @@ def data_file_name(name_prefix: str = "part-00000") -> str:
     return f"{name_prefix}-{uuid.uuid4()}-c000.snappy.parquet"
 
 
-def write_data_file(root: str, batch: pa.Table, durable: bool = True, name: str | None = None) -> AddAction:
+def write_data_file(root: str, batch: pa.Table, durable: bool = True, name: str | None = None,
+                    entry_durable: bool = False) -> AddAction:
     """Write `batch` as one Parquet file in the table `root` (a local
     directory or an object store's URI) and return its add action; on a
     local disk with `durable`, the file and its directory entry are fsynced
-    first. `name`: a file `reserve_data_file` made (else a new name)."""
-    return write_data_file_from(root, batch.schema, [batch], durable=durable, name=name)
+    first. `name`: a file `reserve_data_file` made (else a new name);
+    `entry_durable`: that file's directory entry is durable already (it
+    was reserved with `durable`), so only its bytes are fsynced."""
+    return write_data_file_from(root, batch.schema, [batch], durable=durable, name=name,
+                                entry_durable=entry_durable)
 
 
-def reserve_data_file(root: str) -> str:
+def reserve_data_file(root: str, durable: bool = False) -> str:
     """Create an empty data file in the local table `root` and return its
     name, for a `write_data_file` to come: a file's creation can be slow
     (on ext4 without a journal, for about 40 s after many deletes, it scans
     past the inodes just freed: 0.4-1.1 ms a create against 23-43 us,
     `taproot_ops/bench/settling.py`), and a reserved file moves that cost
-    off the commit's path. An unused one is a stray that no commit names
-    (vacuum removes those past its age bound)."""
+    off the commit's path. With `durable`, the directory is fsynced too, so
+    the file's entry is durable before the commit writes it, and the commit
+    fsyncs the file's bytes only: one fsync fewer on its path, where each
+    is a chance to wait out the disk's stalls (`docs/benchmarks.md`). An
+    unused one is a stray that no commit names (vacuum removes those past
+    its age bound, far past `RESERVED_MAX_AGE_S`)."""
     name = data_file_name()
     os.close(os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    if durable:
+        fsync_path(root)
     return name
 
 
 def write_data_file_from(root: str, schema: pa.Schema, batches: Iterable[pa.Table],
-                         name_prefix: str = "part-00000", durable: bool = True, name: str | None = None) -> AddAction:
+                         name_prefix: str = "part-00000", durable: bool = True, name: str | None = None,
+                         entry_durable: bool = False) -> AddAction:
     """`write_data_file` for batches that come one at a time (a compaction
     reads its inputs one file at a time, so its memory stays bounded); each
     batch becomes a row group or more. The file is `name_prefix`-<uuid>."""
@@ -344,7 +355,8 @@ def write_data_file_from(root: str, schema: pa.Schema, batches: Iterable[pa.Tabl
         size = sink.tell()
     if durable:
         fsync_path(path)
-        fsync_path(local)
+        if not entry_durable:
+            fsync_path(local)
     return AddAction(name, size, {}, int(time.time() * 1000), True, stats.json())
 
 
@@ -955,7 +967,7 @@ class Appender:
                 return
         data = None
         try:
-            data = reserve_data_file(self.log.root)
+            data = reserve_data_file(self.log.root, durable=self.durable)
             made: tuple[str, str, float] | None = (data, self.log.reserve_temp(), time.monotonic())
         except OSError:
             log.warning("%s: reserving the next commit's files failed; it creates them itself", self.path,
@@ -1039,7 +1051,8 @@ class Appender:
         # The cast is a compute call per column (each gives the GIL up): only when needed.
         rows = batch if batch.schema.equals(self.schema) else batch.cast(self.schema)
         name, temp = self._take_reserved()
-        add = write_data_file(self.path, rows, durable=self.durable, name=name)
+        # A reserved file's directory entry was made durable with it.
+        add = write_data_file(self.path, rows, durable=self.durable, name=name, entry_durable=name is not None)
         for attempt in range(APPEND_ATTEMPTS):
             if self.log is not None and not self.log.fresh():
                 self._update()

@@ -108,23 +108,27 @@ def test_data_then_its_directory_then_the_commit_then_the_log_directory_are_fsyn
 
 def test_a_commit_into_reserved_files_keeps_the_order_and_leaves_no_file_behind(tmp_path, monkeypatch):
     """`Appender.reserve` makes the next commit's data file and temp file
-    ahead of it: the commit writes into those two, fsyncs in the same
-    order, and leaves neither the temp nor an unused data file."""
+    ahead of it, and fsyncs the table's directory there, off the commit's
+    path: the commit writes into those two and fsyncs the data file's bytes
+    (its entry is durable already), the commit, the log directory, and
+    leaves neither the temp nor an unused data file."""
     root = str(tmp_path / "puts")
     appender = deltars.Appender(root, tables.PUTS_SCHEMA)
     appender.append(puts())
+    reserving = fsynced_paths(monkeypatch)
     appender.reserve()
     deadline = time.monotonic() + 10
     while appender._reserved is None:       # made by the appender's reserve thread
         assert time.monotonic() < deadline
         time.sleep(0.005)
+    assert reserving == [root]
     data_name, temp, _ = appender._reserved
     assert os.path.getsize(os.path.join(root, data_name)) == 0 and os.path.getsize(temp) == 0
     calls = fsynced_paths(monkeypatch)
     version = appender.append(puts())
     assert last_add(root)["path"] == data_name and os.path.getsize(os.path.join(root, data_name)) > 0
     log_dir = os.path.join(root, "_delta_log")
-    assert calls == [os.path.join(root, data_name), root, temp, log_dir]
+    assert calls == [os.path.join(root, data_name), temp, log_dir]
     assert not os.path.exists(temp) and os.path.exists(os.path.join(log_dir, f"{version:020d}.json"))
     assert not glob.glob(os.path.join(log_dir, ".taproot-*"))
     assert deltars.try_open(root).to_pyarrow_table().num_rows == 2 * puts().num_rows
