@@ -111,7 +111,7 @@ class Progress:
         with open(temporary, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            deltars.fsync(fh.fileno())
         os.replace(temporary, local)
         deltars.fsync_path(directory)
 

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from primary.dispatcher import MessageRun, SharedPush
 from protocol.clock import wall_time_us
 from protocol.metrics import LATENCY_BUCKETS, FrameCounts, QueueLabels, Summed, WeightedHistogram
+from storage import deltars
 
 if TYPE_CHECKING:
     from primary.dispatcher import Pending
@@ -188,6 +189,11 @@ def collect(node: "Node") -> Iterator[Metric]:
     yield GaugeMetricFamily("taproot_retransmission_buffer_messages", "PUTs relayed to another node's "
                             "partitions, held until their ACK", value=buffered[0])
     yield GaugeMetricFamily("taproot_retransmission_buffer_bytes", "their payload bytes", value=buffered[1])
+    fsyncs = HistogramMetricFamily("taproot_fsync_seconds", "every fsync of this node's tables (data files, "
+                                   "commits, their directories, checkpoints, compactions): the disk's sync "
+                                   "latency, which each durable commit waits for two or three times over")
+    deltars.FSYNC_SECONDS.add_to(fsyncs)
+    yield fsyncs
     pool = pa.default_memory_pool()
     arrow = GaugeMetricFamily("taproot_arrow_allocated_bytes", "bytes Arrow's default memory pool has "
                               "allocated and not freed (frames, commits, compaction)", labels=["backend"])

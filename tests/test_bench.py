@@ -289,7 +289,7 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
 @pytest.mark.unit
 def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
-    from taproot_ops.bench.phases import frames_a_message, means_ms, slow_shares, totals_of
+    from taproot_ops.bench.phases import frames_a_message, fsyncs, means_ms, slow_shares, totals_of
 
     def scraped(to_node, group, commit, count):
         lines = ["# TYPE taproot_put_ack_phase_seconds histogram"]
@@ -310,6 +310,13 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
                   "# TYPE taproot_stream_frames_total counter",
                   f'taproot_stream_frames_total{{direction="in"}} {2 * count}',
                   f'taproot_stream_frames_total{{direction="out"}} {count}']
+        # Each node's fsyncs: as many as messages, a tenth of them over 10 ms.
+        lines += ["# TYPE taproot_fsync_seconds histogram",
+                  f'taproot_fsync_seconds_bucket{{le="0.005"}} {count // 2}',
+                  f'taproot_fsync_seconds_bucket{{le="0.01"}} {count - count // 10}',
+                  f'taproot_fsync_seconds_bucket{{le="+Inf"}} {count}',
+                  f"taproot_fsync_seconds_count {count}",
+                  f"taproot_fsync_seconds_sum {count * 0.002 * (1 + count // 200)}"]
         return "\n".join(lines) + "\n"
 
     # Two nodes add up; the run is what moved between the scrapes.
@@ -329,6 +336,10 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
     assert frames_a_message({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) \
         == {"in": pytest.approx(2.0), "out": pytest.approx(1.0)}
     assert frames_a_message({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
+    # The run's 200 fsyncs took 4 ms each (the second node's sum), a tenth over 10 ms; they are no phase.
+    assert fsyncs({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) == {
+        "count": 200, "mean_ms": pytest.approx(4.0), "slow_share": pytest.approx(0.1)}
+    assert fsyncs({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
 
 
 @pytest.mark.unit

@@ -134,6 +134,16 @@ def test_a_commit_into_reserved_files_keeps_the_order_and_leaves_no_file_behind(
     assert deltars.try_open(root).to_pyarrow_table().num_rows == 2 * puts().num_rows
 
 
+def test_every_fsync_is_timed_for_the_nodes_metrics(tmp_path):
+    """`taproot_fsync_seconds`: the disk's sync latency, which each durable
+    commit waits for; a commit without reserved files makes four fsyncs."""
+    appender = deltars.Appender(str(tmp_path / "puts"), tables.PUTS_SCHEMA)
+    count, total = deltars.FSYNC_SECONDS.count, deltars.FSYNC_SECONDS.sum
+    appender.append(puts())
+    # At least: a thread of an earlier test may fsync meanwhile.
+    assert deltars.FSYNC_SECONDS.count >= count + 4 and deltars.FSYNC_SECONDS.sum > total
+
+
 def test_through_delta_rs_the_same_order_is_kept(tmp_path, monkeypatch):
     """The delta-rs commit path (object stores, protocols the local log does
     not write): data, its directory, the commit file, the log directory."""

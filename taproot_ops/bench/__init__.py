@@ -193,6 +193,10 @@ def print_result(r: dict[str, Any]) -> None:
     if bundled:
         print("         frames a gRPC message at the nodes: " + ", ".join(
             f"{direction} {ratio:,.2f}" for direction, ratio in sorted(bundled.items())), flush=True)
+    synced = r.get("node_fsyncs")
+    if synced:
+        print(f"         fsyncs at the nodes: {synced['count']:,.0f}, mean {synced['mean_ms']:,.2f} ms, "
+              f"{synced['slow_share'] * 100:.1f}% over 10 ms", flush=True)
     if r.get("apps"):
         print("         per app (received/expected, not matching its subscription, duplicates): " + ", ".join(
             f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']}, {e['duplicates']})"

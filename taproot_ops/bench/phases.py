@@ -3,7 +3,9 @@
 over the run, from the nodes' own metrics, scraped before and after it, and
 the share of messages each phase kept over 50 ms; and how many frames each
 gRPC message of their Session streams carried (`taproot_stream_frames_total`
-over `taproot_stream_messages_total`, `protocol.bundles`)."""
+over `taproot_stream_messages_total`, `protocol.bundles`); and the nodes'
+fsyncs over the run (`taproot_fsync_seconds`): how many, their mean, and the
+share that waited on the disk over `FSYNC_SLOW_S`."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ STREAM = "stream "   # a Totals key: "stream in" / "stream out" -> (frames, gRPC
 # `SLOW_S`, messages): the share of a run's messages each phase made late.
 SLOW = "slow "
 SLOW_S = 0.05        # the paced PUT->ACK p99 asked for (a bucket of `protocol.metrics.LATENCY_BUCKETS`)
+FSYNC_FAMILY = "taproot_fsync_seconds"
+FSYNC = "fsync"       # a Totals key: (seconds summed over fsyncs, fsyncs)
+FSYNC_FAST = "fsync within"   # a Totals key: (fsyncs of at most FSYNC_SLOW_S, fsyncs)
+FSYNC_SLOW_S = 0.01  # a bucket of `protocol.metrics.LATENCY_BUCKETS`
 Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
 
 
@@ -49,6 +55,16 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
                 direction = sample.labels.get("direction")
                 if direction is not None and sample.name.endswith("_total"):
                     into.setdefault(STREAM + direction, [0.0, 0.0])[STREAM_FAMILIES[family.name]] += sample.value
+            continue
+        if family.name == FSYNC_FAMILY:
+            for sample in family.samples:
+                if sample.name == FSYNC_FAMILY + "_sum":
+                    into.setdefault(FSYNC, [0.0, 0.0])[0] += sample.value
+                elif sample.name == FSYNC_FAMILY + "_count":
+                    into.setdefault(FSYNC, [0.0, 0.0])[1] += sample.value
+                    into.setdefault(FSYNC_FAST, [0.0, 0.0])[1] += sample.value
+                elif sample.name == FSYNC_FAMILY + "_bucket" and float(sample.labels.get("le", "nan")) == FSYNC_SLOW_S:
+                    into.setdefault(FSYNC_FAST, [0.0, 0.0])[0] += sample.value
             continue
         if family.name != FAMILY:
             continue
@@ -84,7 +100,19 @@ def slow_shares(before: Totals, after: Totals) -> dict[str, float]:
     return {phase: 1.0 - within for phase, within in _over_run(before, after, SLOW)}
 
 
-KINDS = (STREAM, SLOW)
+def fsyncs(before: Totals, after: Totals) -> dict[str, float]:
+    """The nodes' fsyncs between the scrapes: how many, their mean in ms, and
+    the share that took longer than `FSYNC_SLOW_S`; empty without one."""
+    total0, count0 = before.get(FSYNC, (0.0, 0.0))
+    total, count = after.get(FSYNC, (0.0, 0.0))
+    if count <= count0:
+        return {}
+    fast = after.get(FSYNC_FAST, (0.0, 0.0))[0] - before.get(FSYNC_FAST, (0.0, 0.0))[0]
+    n = count - count0
+    return {"count": n, "mean_ms": (total - total0) / n * 1000, "slow_share": 1.0 - fast / n}
+
+
+KINDS = (STREAM, SLOW, FSYNC)
 
 
 def _over_run(before: Totals, after: Totals, kind: str) -> Iterator[tuple[str, float]]:
