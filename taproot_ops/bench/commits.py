@@ -127,6 +127,7 @@ def _run(args: argparse.Namespace, path: str) -> int:
                 started = time.perf_counter()
                 appender.settle()
                 settles.append((time.perf_counter() - started) * 1000)
+            appender.reserve()    # the next commit's files, as the node has them made after each
             if i % args.every == 0:
                 cpu, wall, own = time.process_time(), time.perf_counter(), time.thread_time()
                 logs = f"; {_log_files(path):,} files in _delta_log"
