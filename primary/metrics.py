@@ -191,7 +191,7 @@ def collect(node: "Node") -> Iterator[Metric]:
     yield GaugeMetricFamily("taproot_retransmission_buffer_bytes", "their payload bytes", value=buffered[1])
     fsyncs = HistogramMetricFamily("taproot_fsync_seconds", "every fsync of this node's tables (data files, "
                                    "commits, their directories, checkpoints, compactions): the disk's sync "
-                                   "latency, which each durable commit waits for two or three times over")
+                                   "latency, which each durable commit waits for three times over")
     deltars.FSYNC_SECONDS.add_to(fsyncs)
     yield fsyncs
     pool = pa.default_memory_pool()

@@ -179,7 +179,7 @@ def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
 
 # Every fsync this process makes on its tables (data files, commits, their
 # directories, checkpoints, compactions), timed: the disk's sync latency,
-# which a durable commit waits for two or three times over
+# which a durable commit waits for three times over
 # (`taproot_fsync_seconds`; the bench prints the share over 10 ms).
 FSYNC_SECONDS = WeightedHistogram(LATENCY_BUCKETS)
 
