@@ -100,15 +100,15 @@ def test_a_compaction_streams_its_inputs_and_each_row_is_rewritten_once_per_leve
     written: list[int] = []
     real = deltars.write_data_file_from
 
-    def counting(root, schema, batches, name_prefix="part-00000", durable=True, name=None):
+    def counting(root, schema, batches, name_prefix="part-00000", **options):
         if not name_prefix.startswith(compaction.LEVEL_PREFIX):
-            return real(root, schema, batches, name_prefix, durable, name)   # the appender's own commit
+            return real(root, schema, batches, name_prefix, **options)   # the appender's own commit
 
         def counted():
             for batch in batches:
                 written.append(batch.num_rows)
                 yield batch
-        return real(root, schema, counted(), name_prefix, durable, name)
+        return real(root, schema, counted(), name_prefix, **options)
     monkeypatch.setattr(deltars, "write_data_file_from", counting)
     seq = 0
     for _ in range(LEVEL_FANIN):
