@@ -58,27 +58,28 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
             continue
         if family.name == FSYNC_FAMILY:
             for sample in family.samples:
-                if sample.name == FSYNC_FAMILY + "_sum":
-                    into.setdefault(FSYNC, [0.0, 0.0])[0] += sample.value
-                elif sample.name == FSYNC_FAMILY + "_count":
-                    into.setdefault(FSYNC, [0.0, 0.0])[1] += sample.value
-                    into.setdefault(FSYNC_FAST, [0.0, 0.0])[1] += sample.value
-                elif sample.name == FSYNC_FAMILY + "_bucket" and float(sample.labels.get("le", "nan")) == FSYNC_SLOW_S:
-                    into.setdefault(FSYNC_FAST, [0.0, 0.0])[0] += sample.value
+                _add_histogram_sample(into, FSYNC_FAMILY, sample, FSYNC, FSYNC_FAST, FSYNC_SLOW_S)
             continue
         if family.name != FAMILY:
             continue
         for sample in family.samples:
             phase = sample.labels.get("phase")
-            if phase is None:
-                continue
-            if sample.name == FAMILY + "_sum":
-                into.setdefault(phase, [0.0, 0.0])[0] += sample.value
-            elif sample.name == FAMILY + "_count":
-                into.setdefault(phase, [0.0, 0.0])[1] += sample.value
-                into.setdefault(SLOW + phase, [0.0, 0.0])[1] += sample.value
-            elif sample.name == FAMILY + "_bucket" and float(sample.labels.get("le", "nan")) == SLOW_S:
-                into.setdefault(SLOW + phase, [0.0, 0.0])[0] += sample.value
+            if phase is not None:
+                _add_histogram_sample(into, FAMILY, sample, phase, SLOW + phase, SLOW_S)
+
+
+def _add_histogram_sample(into: dict[str, list[float]], family: str, sample: Any, key: str, within_key: str,
+                          within_s: float) -> None:
+    """One sample of the histogram `family` into the totals: its sum and
+    count under `key`, and (observations of at most `within_s`, count)
+    under `within_key`."""
+    if sample.name == family + "_sum":
+        into.setdefault(key, [0.0, 0.0])[0] += sample.value
+    elif sample.name == family + "_count":
+        into.setdefault(key, [0.0, 0.0])[1] += sample.value
+        into.setdefault(within_key, [0.0, 0.0])[1] += sample.value
+    elif sample.name == family + "_bucket" and float(sample.labels.get("le", "nan")) == within_s:
+        into.setdefault(within_key, [0.0, 0.0])[0] += sample.value
 
 
 def means_ms(before: Totals, after: Totals) -> dict[str, float]:
