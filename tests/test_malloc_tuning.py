@@ -63,7 +63,9 @@ def test_the_sdk_leaves_malloc_alone_until_asked_then_frames_stop_faulting():
     assert got["before"] >= 200                   # 480 of the 768 pages faulted in again each cycle, here
     assert got["after"] <= 5 and got["applied"]   # kept for the next cycle
     assert got["same"] and got["exported"]
-    assert got["describe"].startswith("malloc: blocks up to 32 MiB from the heap, up to 64 MiB of free heap kept")
+    from protocol import malloc_tuning
+    assert got["describe"] == ("malloc: blocks up to 32 MiB from the heap, up to 64 MiB of free heap kept, "
+                               f"at most {malloc_tuning.ARENA_MAX} arenas")
 
 
 @pytest.mark.parametrize("env,reason", [
