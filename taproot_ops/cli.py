@@ -88,12 +88,14 @@ def _logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _server_malloc() -> None:
-    """A node's or proxy's C allocator, tuned before it starts a thread
-    (`protocol.malloc_tuning`: a thread keeps the malloc arena it took).
-    The server logs what was done once it serves."""
-    from protocol import malloc_tuning
+def _server_process() -> None:
+    """Before a node or proxy starts a thread: its C allocator tuned
+    (`protocol.malloc_tuning`: a thread keeps the malloc arena it took; the
+    server logs what was done once it serves), and its threads named to the
+    kernel as they start (`protocol.thread_names`: `top -H` tells them apart)."""
+    from protocol import malloc_tuning, thread_names
     malloc_tuning.tune()
+    thread_names.install()
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -103,7 +105,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.action == "stop":
         from primary.server import stop_node
         return stop_node(config, name)
-    _server_malloc()   # (importing primary.server starts threads)
+    _server_process()   # (importing primary.server starts threads)
     from primary.server import serve
     serve(config, name, port=args.port, ready_file=args.ready_file, cluster_file=args.config,
           http_port=args.http_port)
@@ -112,7 +114,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     _logging(args.log_level)
-    _server_malloc()
+    _server_process()
     from proxies.server import serve
     config = _config(args)
     names = {p.name for p in config.proxies}

@@ -179,7 +179,8 @@ BESIDE = ("test_start_order", "test_spark_cluster",
           "test_session_core", "test_mirror", "test_spanning_frames", "test_stream", "test_seqs", "test_relay",
           "test_retransmit_deferral", "test_links", "test_durability", "test_property_kinds", "test_put_future",
           "test_quota_and_domains", "test_admission", "test_forwarding", "test_gc_tuning", "test_malloc_tuning",
-          "test_console", "test_cores", "test_bench_peers", "test_connect_port", "test_sparkconnect")
+          "test_console", "test_cores", "test_bench_peers", "test_connect_port", "test_sparkconnect",
+          "test_thread_names")
 LAST = ("test_faults", "test_hosts")
 
 
