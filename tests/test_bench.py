@@ -289,7 +289,7 @@ def test_the_authority_lag_by_minute_of_the_puts_shows_whether_it_falls_behind()
 
 @pytest.mark.unit
 def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
-    from taproot_ops.bench.phases import frames_a_message, fsyncs, means_ms, slow_shares, totals_of
+    from taproot_ops.bench.phases import frames_a_message, fsyncs, group_commits, means_ms, slow_shares, totals_of
 
     def scraped(to_node, group, commit, count):
         lines = ["# TYPE taproot_put_ack_phase_seconds histogram"]
@@ -317,6 +317,13 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
                   f'taproot_fsync_seconds_bucket{{le="+Inf"}} {count}',
                   f"taproot_fsync_seconds_count {count}",
                   f"taproot_fsync_seconds_sum {count * 0.002 * (1 + count // 200)}"]
+        # Each node's group commits: a tenth as many PUT commits as messages,
+        # and a fiftieth as many CONFIRM commits of all the messages.
+        lines += ["# TYPE taproot_group_commit_messages histogram"]
+        for log, commits in (("puts", count // 10), ("confirms", count // 50)):
+            lines += [f'taproot_group_commit_messages_bucket{{le="+Inf",log="{log}",partition="0"}} {commits}',
+                      f'taproot_group_commit_messages_count{{log="{log}",partition="0"}} {commits}',
+                      f'taproot_group_commit_messages_sum{{log="{log}",partition="0"}} {count}']
         return "\n".join(lines) + "\n"
 
     # Two nodes add up; the run is what moved between the scrapes.
@@ -340,6 +347,11 @@ def test_put_ack_phases_are_means_over_the_run_from_two_scrapes():
     assert fsyncs({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) == {
         "count": 200, "mean_ms": pytest.approx(4.0), "slow_share": pytest.approx(0.1)}
     assert fsyncs({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
+    # The run's 200 messages in 20 PUT commits of 10 and 4 CONFIRM commits of 50; they are no phase either.
+    assert group_commits({k: tuple(v) for k, v in before.items()}, {k: tuple(v) for k, v in after.items()}) == {
+        "puts": {"count": 20, "messages": pytest.approx(10.0)},
+        "confirms": {"count": 4, "messages": pytest.approx(50.0)}}
+    assert group_commits({k: tuple(v) for k, v in after.items()}, {k: tuple(v) for k, v in after.items()}) == {}
 
 
 @pytest.mark.unit
@@ -377,6 +389,11 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
     # The node's streams carried at least a frame a gRPC message each way.
     assert set(result["node_frames_a_message"]) == {"in", "out"}
     assert all(ratio >= 1 for ratio in result["node_frames_a_message"].values())
+    # Its group commits, PUTs and CONFIRMs, each of a message at least.
+    commits = result["node_group_commits"]
+    assert set(commits) == {"puts", "confirms"}
+    assert all(c["count"] > 0 and c["messages"] >= 1 for c in commits.values())
+    assert commits["puts"]["count"] * commits["puts"]["messages"] == pytest.approx(result["acked"], rel=0.1)
     assert 0 < sum(phases.values()) <= result["ack_ms"]["max"] and result["ack_mean_ms"] > 0
     assert result["received"] == result["expected_received"] == result["acked"]
     assert 0 < result["ack_ms"]["p50"] <= result["ack_ms"]["max"]

@@ -197,6 +197,11 @@ def print_result(r: dict[str, Any]) -> None:
     if synced:
         print(f"         fsyncs at the nodes: {synced['count']:,.0f}, mean {synced['mean_ms']:,.2f} ms, "
               f"{synced['slow_share'] * 100:.1f}% over 10 ms", flush=True)
+    commits = r.get("node_group_commits")
+    if commits:
+        print("         group commits at the nodes: " + ", ".join(
+            f"{log} {c['count']:,.0f} of {c['messages']:,.1f} messages" for log, c in sorted(commits.items())),
+            flush=True)
     if r.get("apps"):
         print("         per app (received/expected, not matching its subscription, duplicates): " + ", ".join(
             f"{app} {e['received']:,}/{e['expected']:,} ({e['wrong']}, {e['duplicates']})"

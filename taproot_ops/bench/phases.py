@@ -3,9 +3,13 @@
 over the run, from the nodes' own metrics, scraped before and after it, and
 the share of messages each phase kept over 50 ms; and how many frames each
 gRPC message of their Session streams carried (`taproot_stream_frames_total`
-over `taproot_stream_messages_total`, `protocol.bundles`); and the nodes'
+over `taproot_stream_messages_total`, `protocol.bundles`); the nodes'
 fsyncs over the run (`taproot_fsync_seconds`): how many, their mean, and the
-share that waited on the disk over `FSYNC_SLOW_S`."""
+share that waited on the disk over `FSYNC_SLOW_S`; and their group commits
+by log (`taproot_group_commit_messages`): how many, and their mean size. A
+node's CPU follows its frames and commits more than its messages
+(`docs/benchmarks.md`, 2026-12-07, twenty-sixth session), so a run shows
+them."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ FSYNC_FAMILY = "taproot_fsync_seconds"
 FSYNC = "fsync"       # a Totals key: (seconds summed over fsyncs, fsyncs)
 FSYNC_FAST = "fsync within"   # a Totals key: (fsyncs of at most FSYNC_SLOW_S, fsyncs)
 FSYNC_SLOW_S = 0.01  # a bucket of `protocol.metrics.LATENCY_BUCKETS`
+COMMITS_FAMILY = "taproot_group_commit_messages"
+COMMITS = "commits "  # a Totals key: "commits <log>" -> (messages summed over commits, commits)
 Totals = dict[str, tuple[float, float]]   # phase -> (seconds summed over messages, messages)
 
 
@@ -60,6 +66,12 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
             for sample in family.samples:
                 _add_histogram_sample(into, FSYNC_FAMILY, sample, FSYNC, FSYNC_FAST, FSYNC_SLOW_S)
             continue
+        if family.name == COMMITS_FAMILY:
+            for sample in family.samples:
+                log = sample.labels.get("log")
+                if log is not None:
+                    _add_histogram_sample(into, COMMITS_FAMILY, sample, COMMITS + log)
+            continue
         if family.name != FAMILY:
             continue
         for sample in family.samples:
@@ -68,17 +80,19 @@ def totals_of(text: str, into: dict[str, list[float]]) -> None:
                 _add_histogram_sample(into, FAMILY, sample, phase, SLOW + phase, SLOW_S)
 
 
-def _add_histogram_sample(into: dict[str, list[float]], family: str, sample: Any, key: str, within_key: str,
-                          within_s: float) -> None:
+def _add_histogram_sample(into: dict[str, list[float]], family: str, sample: Any, key: str,
+                          within_key: str | None = None, within_s: float | None = None) -> None:
     """One sample of the histogram `family` into the totals: its sum and
-    count under `key`, and (observations of at most `within_s`, count)
-    under `within_key`."""
+    count under `key`, and with a `within_key`, (observations of at most
+    `within_s`, count) under it."""
     if sample.name == family + "_sum":
         into.setdefault(key, [0.0, 0.0])[0] += sample.value
     elif sample.name == family + "_count":
         into.setdefault(key, [0.0, 0.0])[1] += sample.value
-        into.setdefault(within_key, [0.0, 0.0])[1] += sample.value
-    elif sample.name == family + "_bucket" and float(sample.labels.get("le", "nan")) == within_s:
+        if within_key is not None:
+            into.setdefault(within_key, [0.0, 0.0])[1] += sample.value
+    elif (within_key is not None and sample.name == family + "_bucket"
+          and float(sample.labels.get("le", "nan")) == within_s):
         into.setdefault(within_key, [0.0, 0.0])[0] += sample.value
 
 
@@ -104,16 +118,33 @@ def slow_shares(before: Totals, after: Totals) -> dict[str, float]:
 def fsyncs(before: Totals, after: Totals) -> dict[str, float]:
     """The nodes' fsyncs between the scrapes: how many, their mean in ms, and
     the share that took longer than `FSYNC_SLOW_S`; empty without one."""
-    total0, count0 = before.get(FSYNC, (0.0, 0.0))
-    total, count = after.get(FSYNC, (0.0, 0.0))
-    if count <= count0:
+    seconds, n = _grown(before, after, FSYNC)
+    if n <= 0:
         return {}
-    fast = after.get(FSYNC_FAST, (0.0, 0.0))[0] - before.get(FSYNC_FAST, (0.0, 0.0))[0]
-    n = count - count0
-    return {"count": n, "mean_ms": (total - total0) / n * 1000, "slow_share": 1.0 - fast / n}
+    fast = _grown(before, after, FSYNC_FAST)[0]
+    return {"count": n, "mean_ms": seconds / n * 1000, "slow_share": 1.0 - fast / n}
 
 
-KINDS = (STREAM, SLOW, FSYNC)
+def group_commits(before: Totals, after: Totals) -> dict[str, dict[str, float]]:
+    """Per log ("puts", "confirms"), the nodes' group commits between the
+    scrapes: how many, and their mean messages; a log without one is left out."""
+    commits = {}
+    for key in after:
+        if key.startswith(COMMITS):
+            messages, n = _grown(before, after, key)
+            if n > 0:
+                commits[key[len(COMMITS):]] = {"count": n, "messages": messages / n}
+    return commits
+
+
+def _grown(before: Totals, after: Totals, key: str) -> tuple[float, float]:
+    """How much `key`'s sum and count grew between the scrapes."""
+    total0, count0 = before.get(key, (0.0, 0.0))
+    total, count = after.get(key, (0.0, 0.0))
+    return total - total0, count - count0
+
+
+KINDS = (STREAM, SLOW, FSYNC, COMMITS)
 
 
 def _over_run(before: Totals, after: Totals, kind: str) -> Iterator[tuple[str, float]]:

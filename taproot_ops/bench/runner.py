@@ -396,11 +396,12 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
     from protocol import malloc_tuning
     result["malloc"] = "default" if malloc_tuning.switched_off() else "tuned"
     if phase_probe:
-        from taproot_ops.bench.phases import frames_a_message, fsyncs, means_ms, slow_shares
+        from taproot_ops.bench.phases import frames_a_message, fsyncs, group_commits, means_ms, slow_shares
         result["put_ack_phases_ms"] = means_ms(phases_before, phases_after)
         result["put_ack_phases_slow"] = slow_shares(phases_before, phases_after)
         result["node_frames_a_message"] = frames_a_message(phases_before, phases_after)
         result["node_fsyncs"] = fsyncs(phases_before, phases_after)
+        result["node_group_commits"] = group_commits(phases_before, phases_after)
     if memory_probe:
         result["rss_mb"] = rss
         result["rss_minutes_mb"] = rss_by_minute(rss)
