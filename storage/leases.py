@@ -57,11 +57,19 @@ LEASE_SCHEMA = pa.schema([
     pa.field("released", pa.bool_(), nullable=False),
     pa.field("time_us", pa.int64(), nullable=False),
 ])
-# Renewals add one small commit per interval: checkpoint often and let delta-rs
-# drop old log files, so reading the lease stays cheap however long it is held.
+# Renewals add one small commit per interval (two a second at the shipped
+# 500 ms), and on a local disk delta-rs lists the whole `_delta_log/` at every
+# refresh and commit: a renewal took 6 ms of CPU with 55 log files, 11 with
+# 530 and 38 with 3,150, a follower's read 2, 3 and 6 ms (`lease_cost.py.txt`,
+# docs/bench/twenty-sixth-2026-12-07). An hour of log, as these tables kept
+# before, is 7,200 files: about 90 ms a renewal, a fifth of a core for each
+# partition a node leads. So: checkpoint often and keep a minute of log.
+# The latest state is all a lease reader needs; one further behind than
+# that starts again from the newest checkpoint (delta-rs does so).
+LEASE_LOG_RETENTION = "interval 1 minutes"
 LEASE_TABLE_PROPERTIES = {
     "delta.checkpointInterval": "20",
-    "delta.logRetentionDuration": "interval 1 hours",
+    "delta.logRetentionDuration": LEASE_LOG_RETENTION,
 }
 
 
@@ -85,6 +93,7 @@ class LeaseTable:
         # follower polling every 100 ms need not read Parquet each time.
         self._holder_key: tuple[int, int] | None = None
         self._holder: tuple[str, str, bool] = ("", "", False)
+        self._properties_checked = False   # `_settle_properties`, after this object's first write
 
     def _open(self, create: bool = False) -> DeltaTable | None:
         if self._table is None:
@@ -138,7 +147,27 @@ class LeaseTable:
             log.info("lease %s: commit for epoch %d lost a race: %s", self.path, app_epoch, exc)
             table.update_incremental()
             return False
+        if not self._properties_checked:
+            self._properties_checked = True
+            self._settle_properties(table)
         return True
+
+    def _settle_properties(self, table: DeltaTable) -> None:
+        """A lease table made with other properties (an hour of log, before
+        2026-12-07) gets `LEASE_TABLE_PROPERTIES`: one metadata commit, by
+        the node that wrote to it, after its write (so a write of its own
+        never waits on it or loses to it). Another node's write at the same
+        moment may win instead; then the next node to write tries."""
+        table.update_incremental()
+        configured = table.metadata().configuration
+        if all(configured.get(k) == v for k, v in LEASE_TABLE_PROPERTIES.items()):
+            return
+        try:
+            table.alter.set_table_properties(LEASE_TABLE_PROPERTIES, raise_if_not_exists=False)
+            log.info("lease %s: table properties set to %s", self.path, LEASE_TABLE_PROPERTIES)
+        except CommitFailedError as exc:
+            log.info("lease %s: setting the table properties lost a race: %s", self.path, exc)
+            table.update_incremental()
 
     def acquire(self, epoch: int, holder: str, address: str, now_us: int,
                 expected_version: int | None = None) -> bool:

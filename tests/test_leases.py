@@ -330,3 +330,65 @@ def test_a_lease_commit_that_fails_leaves_the_node_free_to_try_again(tmp_path):
     while leadership.where(0) is not Where.HERE and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served == [(0, 1)] and leadership.where(0) is Where.HERE
+
+
+# -- the lease table's own log ---------------------------------------------------
+def _log_versions(path: str) -> list[int]:
+    import os
+    return sorted(int(name[:-5]) for name in os.listdir(os.path.join(path, "_delta_log")) if name.endswith(".json"))
+
+
+def test_a_lease_table_keeps_a_minute_of_log_and_an_older_table_is_moved_to_it(tmp_path):
+    """Every refresh and commit of the lease lists its whole log on a local
+    disk, so the table keeps a minute of it (`LEASE_TABLE_PROPERTIES`). A
+    table made with an hour, as before, gets the new properties from the
+    first node that writes to it, after its write."""
+    from deltalake import DeltaTable
+
+    from storage.leases import LEASE_SCHEMA, LEASE_TABLE_PROPERTIES
+
+    assert LEASE_TABLE_PROPERTIES["delta.logRetentionDuration"] == "interval 1 minutes"
+    new = str(tmp_path / "new")
+    assert LeaseTable(new).acquire(1, "n1", "a:1", 1)
+    table = DeltaTable(new)
+    assert table.metadata().configuration == LEASE_TABLE_PROPERTIES
+    assert table.version() == 1            # made, then the acquire: no commit of properties
+
+    old = str(tmp_path / "old")
+    DeltaTable.create(old, LEASE_SCHEMA, configuration={"delta.checkpointInterval": "20",
+                                                        "delta.logRetentionDuration": "interval 1 hours"})
+    holder = LeaseTable(old)
+    assert holder.acquire(1, "n1", "a:1", 1)
+    table = DeltaTable(old)
+    assert table.metadata().configuration == LEASE_TABLE_PROPERTIES
+    assert table.version() == 2            # the acquire, then the properties
+    assert holder.renew(1) and holder.renew(1)
+    lease = LeaseTable(old).read()
+    assert lease is not None and (lease.epoch, lease.holder, lease.version) == (1, "n1", 4)
+
+
+def test_a_lease_tables_expired_log_entries_are_removed_as_it_is_renewed(tmp_path, monkeypatch):
+    """The mechanism the minute rests on, at a second: at each checkpoint
+    (every 20 commits) delta-rs removes the log entries before the newest
+    checkpoint older than the retention, and readers, old and new, still
+    see the holder. So a table renewed twice a second keeps about 80 s of
+    log (160 files) at a minute's retention."""
+    import storage.leases as leases
+
+    monkeypatch.setattr(leases, "LEASE_TABLE_PROPERTIES", {**leases.LEASE_TABLE_PROPERTIES,
+                                                          "delta.logRetentionDuration": "interval 1 seconds"})
+    path = str(tmp_path / "lease")
+    holder = LeaseTable(path)
+    assert holder.acquire(1, "n1", "a:1", 1)
+    follower = LeaseTable(path)
+    assert follower.read() is not None
+    for _ in range(25):
+        assert holder.renew(1)          # versions 2-26, a checkpoint at 19
+    assert _log_versions(path) == list(range(27))
+    time.sleep(1.2)
+    for _ in range(20):
+        assert holder.renew(1)          # versions 27-46, a checkpoint at 39 and the cleanup with it
+    assert _log_versions(path) == list(range(19, 47))   # from the checkpoint at 19, which had expired
+    for reader in (follower, LeaseTable(path)):   # one left at version 1, one new
+        lease = reader.read()
+        assert lease is not None and (lease.epoch, lease.holder, lease.version) == (1, "n1", 46)
