@@ -62,8 +62,9 @@ LEASE_SCHEMA = pa.schema([
 # refresh and commit: a renewal took 6 ms of CPU with 55 log files, 11 with
 # 530 and 38 with 3,150, a follower's read 2, 3 and 6 ms (`lease_cost.py.txt`,
 # docs/bench/twenty-sixth-2026-12-07). An hour of log, as these tables kept
-# before, is 7,200 files: about 90 ms a renewal, a fifth of a core for each
-# partition a node leads. So: checkpoint often and keep a minute of log.
+# before, is 7,200 files: about 90 ms a renewal by a straight line through
+# those, a fifth of a core for each partition a node leads. So: checkpoint
+# often and keep a minute of log (130 files at two renewals a second).
 # The latest state is all a lease reader needs; one further behind than
 # that starts again from the newest checkpoint (delta-rs does so).
 LEASE_LOG_RETENTION = "interval 1 minutes"
@@ -93,7 +94,7 @@ class LeaseTable:
         # follower polling every 100 ms need not read Parquet each time.
         self._holder_key: tuple[int, int] | None = None
         self._holder: tuple[str, str, bool] = ("", "", False)
-        self._properties_checked = False   # `_settle_properties`, after this object's first write
+        self._properties_settled = False   # `_settle_properties`, after this object's writes until it is
 
     def _open(self, create: bool = False) -> DeltaTable | None:
         if self._table is None:
@@ -147,27 +148,30 @@ class LeaseTable:
             log.info("lease %s: commit for epoch %d lost a race: %s", self.path, app_epoch, exc)
             table.update_incremental()
             return False
-        if not self._properties_checked:
-            self._properties_checked = True
-            self._settle_properties(table)
+        if not self._properties_settled:
+            self._properties_settled = self._settle_properties(table)
         return True
 
-    def _settle_properties(self, table: DeltaTable) -> None:
+    def _settle_properties(self, table: DeltaTable) -> bool:
         """A lease table made with other properties (an hour of log, before
         2026-12-07) gets `LEASE_TABLE_PROPERTIES`: one metadata commit, by
-        the node that wrote to it, after its write (so a write of its own
-        never waits on it or loses to it). Another node's write at the same
-        moment may win instead; then the next node to write tries."""
-        table.update_incremental()
-        configured = table.metadata().configuration
-        if all(configured.get(k) == v for k, v in LEASE_TABLE_PROPERTIES.items()):
-            return
+        a node that wrote to it, after its write (so a write of its own
+        never waits on it or loses to it). True once the table has them.
+        Never raises: the write it follows has landed, and a commit that
+        fails here (another node's write won the version) is tried again
+        after this node's next write."""
         try:
-            table.alter.set_table_properties(LEASE_TABLE_PROPERTIES, raise_if_not_exists=False)
-            log.info("lease %s: table properties set to %s", self.path, LEASE_TABLE_PROPERTIES)
-        except CommitFailedError as exc:
-            log.info("lease %s: setting the table properties lost a race: %s", self.path, exc)
             table.update_incremental()
+            configured = table.metadata().configuration
+            if all(configured.get(k) == v for k, v in LEASE_TABLE_PROPERTIES.items()):
+                return True
+            table.alter.set_table_properties(LEASE_TABLE_PROPERTIES, raise_if_not_exists=False)
+        except Exception as exc:   # (CommitFailedError, or the store's own errors)
+            log.info("lease %s: setting the table properties failed; trying again after the next write: %s",
+                     self.path, exc)
+            return False
+        log.info("lease %s: table properties set to %s", self.path, LEASE_TABLE_PROPERTIES)
+        return True
 
     def acquire(self, epoch: int, holder: str, address: str, now_us: int,
                 expected_version: int | None = None) -> bool:

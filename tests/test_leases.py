@@ -392,3 +392,33 @@ def test_a_lease_tables_expired_log_entries_are_removed_as_it_is_renewed(tmp_pat
     for reader in (follower, LeaseTable(path)):   # one left at version 1, one new
         lease = reader.read()
         assert lease is not None and (lease.epoch, lease.holder, lease.version) == (1, "n1", 46)
+
+
+def test_setting_an_older_tables_properties_that_fails_is_tried_again_after_the_next_write(tmp_path, monkeypatch):
+    """The lease write it follows has landed: a failed metadata commit (here
+    one that lost its version to another node's write) is no failed write,
+    and the next write tries again."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.table import TableAlterer
+
+    from storage.leases import LEASE_SCHEMA, LEASE_TABLE_PROPERTIES
+
+    path = str(tmp_path / "old")
+    DeltaTable.create(path, LEASE_SCHEMA, configuration={"delta.logRetentionDuration": "interval 1 hours"})
+    real = TableAlterer.set_table_properties
+    calls: list[int] = []
+
+    def lose_the_first(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CommitFailedError("another writer won the version")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableAlterer, "set_table_properties", lose_the_first)
+    holder = LeaseTable(path)
+    assert holder.acquire(1, "n1", "a:1", 1)
+    assert DeltaTable(path).metadata().configuration["delta.logRetentionDuration"] == "interval 1 hours"
+    assert holder.renew(1)
+    assert DeltaTable(path).metadata().configuration == LEASE_TABLE_PROPERTIES
+    assert holder.renew(1) and len(calls) == 2      # settled: not tried again
