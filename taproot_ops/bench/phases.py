@@ -128,13 +128,7 @@ def fsyncs(before: Totals, after: Totals) -> dict[str, float]:
 def group_commits(before: Totals, after: Totals) -> dict[str, dict[str, float]]:
     """Per log ("puts", "confirms"), the nodes' group commits between the
     scrapes: how many, and their mean messages; a log without one is left out."""
-    commits = {}
-    for key in after:
-        if key.startswith(COMMITS):
-            messages, n = _grown(before, after, key)
-            if n > 0:
-                commits[key[len(COMMITS):]] = {"count": n, "messages": messages / n}
-    return commits
+    return {log: {"count": n, "messages": messages / n} for log, messages, n in _grown_by_kind(before, after, COMMITS)}
 
 
 def _grown(before: Totals, after: Totals, key: str) -> tuple[float, float]:
@@ -151,9 +145,16 @@ def _over_run(before: Totals, after: Totals, kind: str) -> Iterator[tuple[str, f
     """Per key of a kind ("": the phases' means; `STREAM`, `SLOW`), without
     its prefix, what its sum grew by over its count's growth between the
     scrapes; a key whose count did not grow is left out."""
-    for key, (total, count) in after.items():
-        if next((k for k in KINDS if key.startswith(k)), "") != kind:
-            continue
-        total0, count0 = before.get(key, (0.0, 0.0))
-        if count > count0:
-            yield key[len(kind):], (total - total0) / (count - count0)
+    for name, total, n in _grown_by_kind(before, after, kind):
+        yield name, total / n
+
+
+def _grown_by_kind(before: Totals, after: Totals, kind: str) -> Iterator[tuple[str, float, float]]:
+    """Per key of a kind (`KINDS`, or "" for the phases), without its
+    prefix, how much its sum and count grew between the scrapes; a key
+    whose count did not grow is left out."""
+    for key in after:
+        if next((k for k in KINDS if key.startswith(k)), "") == kind:
+            total, n = _grown(before, after, key)
+            if n > 0:
+                yield key[len(kind):], total, n
