@@ -13,7 +13,7 @@ import pytest
 from taproot_ops.bench import scenarios_from
 from taproot_ops.bench.compare import table
 from taproot_ops.bench.report import Samples, percentiles, plot, rss_by_minute, summarize, sustained_rate
-from taproot_ops.bench.runner import STAMP, payload_factory, push_latency_ms
+from taproot_ops.bench.runner import STAMP, Shared, payload_factory, push_latency_ms
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, Scenario
 from taproot_ops.bench.taproot_driver import sessions_of
 
@@ -210,6 +210,48 @@ def test_a_paced_producer_sleeps_only_when_a_millisecond_ahead_and_holds_its_rat
             now += 20e-6
         assert abs(posted - 2 * rate) <= max(2, rate * MIN_SLEEP_S + 1)
         assert sleeps <= 2.0 / MIN_SLEEP_S + 1 and sleeps <= posted
+
+
+@pytest.mark.unit
+def test_receipts_of_many_queues_reported_at_once_add_to_each_queue_and_to_the_progress_line():
+    import multiprocessing as mp
+
+    from taproot_ops.bench.runner import Shared
+
+    ctx = mp.get_context("fork")   # the arrays' shared memory inherited, as the bench's workers map it
+    queues = 50
+    shared = Shared(ctx.Value("i", 0), ctx.Value("d", 0.0), ctx.Event(), ctx.Array("q", queues),
+                    ctx.Array("q", 3), ctx.Array("q", queues), 10.0, ctx.Value("i", 0), ctx.Array("q", queues),
+                    ctx.Value("i", 0))
+    shared.add_received_many({})          # nothing to report: nothing changes
+    shared.add_received(7, 2)
+    assert list(shared.progress) == [0, 2, 0] and shared.received[7] == 2
+
+    # Three consumer processes reporting at once: no receipt is lost under the locks.
+    workers = [ctx.Process(target=_report_receipts, args=(shared, k * 13, queues)) for k in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+        assert w.exitcode == 0
+    rounds = _RECEIPT_ROUNDS
+    assert list(shared.progress) == [3 * rounds, 2 + 9 * rounds, 0]
+    expected = [0] * queues
+    expected[7] = 2
+    for k in range(3):
+        for n in range(rounds):
+            expected[(k * 13 + n) % queues] += 1
+            expected[(k * 13 + n + 1) % queues] += 2
+    assert list(shared.received) == expected
+
+
+_RECEIPT_ROUNDS = 20_000
+
+
+def _report_receipts(shared: Shared, offset: int, queues: int) -> None:
+    for n in range(_RECEIPT_ROUNDS):
+        shared.add_received_many({(offset + n) % queues: 1, (offset + n + 1) % queues: 2})
+        shared.add_progress(acked=1)
 
 
 @pytest.mark.unit

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -113,9 +113,20 @@ class Shared:
 
     def add_received(self, queue: int, count: int) -> None:
         """A consumer's receipts: the progress line and its queue's total."""
-        self.add_progress(received=count)
+        self.add_received_many({queue: count})
+
+    def add_received_many(self, counts: Mapping[int, int]) -> None:
+        """`add_received` for many queues at once: each lock taken once, the
+        totals written to the shared array's memory under it (a consumer of
+        5,000 queues reported queue by queue took 2 locks a queue, 4 times a
+        second: a tenth of its process's CPU)."""
+        if not counts:
+            return
+        self.add_progress(received=sum(counts.values()))
         with self.received.get_lock():
-            self.received[queue] += count
+            totals: Any = self.received.get_obj()   # a ctypes array of int64
+            for queue, count in counts.items():
+                totals[queue] += count
 
     def consumer_done(self, queue: int, own: int, copies: int, idle_s: float, app: int | None = None) -> bool:
         """Whether a consumer can stop: the producers are done and it has what
@@ -135,9 +146,10 @@ class Shared:
 
     def add_progress(self, acked: int = 0, received: int = 0, failed: int = 0) -> None:
         with self.progress.get_lock():
-            self.progress[0] += acked
-            self.progress[1] += received
-            self.progress[2] += failed
+            totals: Any = self.progress.get_obj()   # under the lock: not each item's own acquire
+            totals[0] += acked
+            totals[1] += received
+            totals[2] += failed
 
 
 def _all_delivered(shared: Shared, acked_per_queue: list[int], producers: int, copies: int,

@@ -193,7 +193,7 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
         duplicates = [0]
         inbox: "_queue.SimpleQueue[tuple[int, Message]]" = _queue.SimpleQueue()
         own = dict.fromkeys(queue_indexes, 0)
-        unreported = dict.fromkeys(queue_indexes, 0)
+        unreported: dict[int, int] = {}   # the queues with receipts since the last report
         with Session([address]) as session:
             if scenario.batch_consumer:
                 return _batch_consumer(session, scenario, queue_indexes, n, shared)
@@ -229,12 +229,10 @@ def run_consumers(address: str, scenario: Scenario, clients: list[tuple[int, int
                     message.confirm()
                     last_message = now
                     own[queue_index] += 1
-                    unreported[queue_index] += 1
+                    unreported[queue_index] = unreported.get(queue_index, 0) + 1
                 if message is None or now - last_report > 0.25:
-                    for q, count in unreported.items():
-                        if count:
-                            shared.add_received(q, count)
-                            unreported[q] = 0
+                    shared.add_received_many(unreported)
+                    unreported.clear()
                     last_report = now
                 if message is None and all(shared.consumer_done(q, own[q], scenario.copies, now - last_message,
                                                                 app=n if scenario.app_subscriptions else None)
