@@ -180,10 +180,10 @@ class TableRows:
 
     def __init__(self, table: pa.Table):
         self.table = table
-        self._columns: list[list[Any]] | None = None
+        self._columns: list[list[Any] | None] | None = None
 
-    def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
-        """Rows `start` to `start + count` as `Message`s of `queue`."""
+    def _listed(self) -> list[list[Any] | None]:
+        """The columns as Python lists, made on the first call."""
         if self._columns is None:
             table = self.table
             # A column with nothing in it (no properties, no compression: most
@@ -194,12 +194,27 @@ class TableRows:
                 None if bare else table["properties"].to_pylist(),
                 None if bare else table["property_types"].to_pylist(),
                 None if table["compression"].null_count == table.num_rows else table["compression"].to_pylist()]
+        return self._columns
+
+    def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
+        """Rows `start` to `start + count` as `Message`s of `queue`."""
         uri, stop = queue.uri, start + count
         nothing = repeat(None)
         return [_message(guid, payload, from_wire(maps_to_wire(value, kinds)) if value else {}, uri, count_, seq,
                          put_time_us, codec, queue)
                 for guid, seq, payload, put_time_us, count_, value, kinds, codec in zip(
-                    *(nothing if column is None else column[start:stop] for column in self._columns))]
+                    *(nothing if column is None else column[start:stop] for column in self._listed()))]
+
+    def messages_of_rows(self, row_queues: "Sequence[Queue | None]") -> list[Message]:
+        """Every row as a `Message` of its queue (`row_queues`, one per row;
+        None: the row is left out), in one pass: a frame spanning thousands
+        of queues, a row or two each, is not sliced queue by queue."""
+        nothing = repeat(None)
+        return [_message(guid, payload, from_wire(maps_to_wire(value, kinds)) if value else {}, queue.uri, count_,
+                         seq, put_time_us, codec, queue)
+                for guid, seq, payload, put_time_us, count_, value, kinds, codec, queue in zip(
+                    *(nothing if column is None else column for column in self._listed()), row_queues)
+                if queue is not None]
 
 
 def messages_table(messages: Sequence[Message]) -> pa.Table:

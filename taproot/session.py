@@ -950,8 +950,24 @@ class Session:
             log.error("%s: a PUSH frame of %d messages could not be read: %s", runs[0][0].uri, frame.count, why)
             return  # unconfirmed: redelivered once this consumer goes
         rows = TableRows(received_table(push, runs[0][0].uri))
+        # Queues read with `get` take their rows as slices of the table;
+        # those with a callback get theirs as `Message`s made in one pass
+        # over the frame (not a pass per range: a range is a row or two at
+        # thousands of queues), each queue's in order.
+        row_queues: list[Queue | None] | None = None
         for q, first, count in runs:
-            self._deliver_rows(q, rows, first, count)
+            if q._on_message is None:
+                q._inbox.put(Rows(rows.table.slice(first, count)))
+                continue
+            if row_queues is None:
+                row_queues = [None] * row
+            if count == 1:
+                row_queues[first] = q
+            else:
+                row_queues[first:first + count] = [q] * count
+        if row_queues is not None:
+            for message in rows.messages_of_rows(row_queues):
+                message._queue._deliver(message)   # type: ignore[union-attr]
 
     @staticmethod
     def _deliver_rows(q: "Queue", rows: TableRows, first: int, count: int) -> None:

@@ -81,3 +81,56 @@ def test_a_table_of_slices_and_chunks_is_read_by_its_own_rows():
     sliced = with_props.slice(0, 2)   # rows without entries, from a chunk whose array holds one
     assert TableRows(sliced).messages(QUEUE, 0, 2) == plainly(sliced, 0, 2)  # type: ignore[arg-type]
     assert all(m.properties == {} for m in TableRows(sliced).messages(QUEUE, 0, 2))  # type: ignore[arg-type]
+
+
+def test_a_frame_spanning_queues_gives_each_callback_its_rows_and_each_reader_its_slices():
+    """`Session._deliver_columns` of a PUSH frame spanning queues of a
+    session: callback queues get their rows as `Message`s, made in one pass
+    over the frame, each queue's in the frame's order, equal to the plain
+    way's; queues read with `get` get slices of the table; a range of a
+    queue closed meanwhile (not in the session) goes to nobody."""
+    import queue as _queue
+
+    from protocol import taproot_pb2 as pb
+    from taproot.message import Rows, received_table
+    from taproot.session import Queue, Session
+
+    rows = 10
+    props = [to_wire({"n": i, "tag": "x"}) if i % 3 == 0 else [] for i in range(rows)]
+    maps = [wire_to_maps(p) if p else (None, None) for p in props]
+    push = columns.push_table([bytes([i]) * 16 for i in range(rows)], [50 + i for i in range(rows)],
+                              [b"m%d" % i for i in range(rows)], [m for m, _ in maps], [t for _, t in maps],
+                              [1000 + i for i in range(rows)], [1 + i % 2 for i in range(rows)], [0] * rows)
+    # (queue id, rows): queues 1 and 2 have callbacks and come back later in
+    # the frame; 3 is read with `get`; 4 was closed.
+    ranges = [(1, 2), (2, 1), (3, 2), (4, 1), (1, 1), (2, 3)]
+    starts, row = [], 0
+    for _, count in ranges:
+        starts.append(50 + row)
+        row += count
+    got: dict[int, list[Message]] = {1: [], 2: []}
+
+    def queue(qid: int, callback: bool) -> Queue:
+        q = object.__new__(Queue)
+        q.queue_id, q.uri, q._inbox = qid, f"taproot://d/q{qid}", _queue.SimpleQueue()
+        q._on_message = got[qid].append if callback else None
+        return q
+
+    session = object.__new__(Session)
+    session._queues = {1: queue(1, True), 2: queue(2, True), 3: queue(3, False)}
+    session._deliver_columns(pb.PushColumns(
+        queue_id=1, count=rows, arrow_ipc=columns.encode_push_table(push), range_queue_ids=[q for q, _ in ranges],
+        seq_starts=starts, seq_counts=[c for _, c in ranges]))
+
+    table = received_table(push, "taproot://d/q1")
+    for qid, at in ((1, [0, 1, 6]), (2, [2, 7, 8, 9])):
+        q = session._queues[qid]
+        want = [m for i in at for m in plainly(table, i, 1)]
+        assert got[qid] == [dataclasses.replace(m, queue_uri=q.uri, _queue=q) for m in want]
+        assert all(m._queue is q for m in got[qid])
+        assert [m.properties for m in got[qid]] == [{"n": i, "tag": "x"} if i % 3 == 0 else {} for i in at]
+    inbox = session._queues[3]._inbox
+    (slice_,) = [inbox.get_nowait()]
+    assert inbox.empty() and isinstance(slice_, Rows)
+    assert slice_.table.column("seq").to_pylist() == [53, 54]
+    assert slice_.table.column("payload").to_pylist() == [b"m3", b"m4"]
