@@ -620,8 +620,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """A SIGTERM (`timeout`, a CI runner, `kill`) stops a run as Ctrl-C
+    does: its client processes and its embedded cluster are stopped on the
+    way out, not left running after it."""
+    import signal
+
     from taproot_ops.bench import main as bench_main
-    return bench_main(args)
+
+    def interrupted(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return bench_main(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 START_HERE = """start here:

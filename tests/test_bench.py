@@ -446,6 +446,60 @@ def test_a_short_run_acks_and_delivers_everything_and_plots(cluster, tmp_path):
 
 
 @pytest.mark.integration
+def test_an_abandoned_run_stops_its_client_processes_at_once(cluster):
+    """A run given up midway (here its CPU probe raises as Ctrl-C would, as
+    the producers are about to start) terminates its clients instead of
+    waiting for them to finish a 60 s run."""
+    import multiprocessing as mp
+    import time
+
+    from taproot_ops.bench.runner import run
+
+    def interrupted() -> dict[str, float]:
+        raise KeyboardInterrupt
+    scenario = Scenario("test", "priority", queues=1, rate=200, duration_s=60, size=256)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run("taproot", cluster.proxy_address, scenario, workers=1, drain_idle_s=60, progress=False,
+            cpu_probe=interrupted)
+    assert time.monotonic() - began < 30   # 60 s and more if it waited for its clients
+    assert mp.active_children() == []
+
+
+@pytest.mark.unit
+def test_sigterm_stops_a_bench_as_ctrl_c_does():
+    """`taproot bench` turns SIGTERM into KeyboardInterrupt while it runs,
+    so its `with` blocks stop the embedded cluster (exit 130, as for
+    Ctrl-C), and puts the previous handler back after. In a process of its
+    own: without the handler, the signal ends that process, not pytest."""
+    import subprocess
+    import sys
+
+    script = """
+import os, signal, sys, time
+import taproot_ops.bench as bench_package
+from taproot_ops import cli
+
+def fake_main(_args):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)   # the handler raises here first
+    finally:
+        print("unwound")
+    return 0
+
+bench_package.main = fake_main
+before = signal.getsignal(signal.SIGTERM)
+code = cli.main(["bench", "--scenario", "priority-1q"])
+print("exit", code, "restored", signal.getsignal(signal.SIGTERM) is before)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["unwound", "exit", "130", "restored", "True"]
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.integration
 def test_a_bulk_producer_and_batch_consumers_ack_and_deliver_everything(cluster):
     from taproot_ops.bench.runner import run
     from taproot_ops.bench.scenarios import TAPROOT_ONLY

@@ -384,6 +384,10 @@ def run(system: str, address: str, scenario: Scenario, *, workers: int = 2, drai
         if progress:
             _print_progress(scenario, start, shared)
             sys.stderr.write("\n")
+    except BaseException:
+        for p in procs:   # the run is abandoned (an error, Ctrl-C, SIGTERM): its clients go now
+            p.terminate()
+        raise
     finally:
         shared.producers_done.set()
         release.set()
