@@ -622,12 +622,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """A SIGTERM (`timeout`, a CI runner, `kill`) stops a run as Ctrl-C
     does: its client processes and its embedded cluster are stopped on the
-    way out, not left running after it."""
+    way out, not left running after it. A second SIGTERM during that stop
+    is ignored, so it cannot cut the stop short (each server gets SIGKILL
+    after its own stop timeout)."""
     import signal
 
     from taproot_ops.bench import main as bench_main
 
     def interrupted(_signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, interrupted)
     try:

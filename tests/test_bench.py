@@ -470,8 +470,9 @@ def test_an_abandoned_run_stops_its_client_processes_at_once(cluster):
 def test_sigterm_stops_a_bench_as_ctrl_c_does():
     """`taproot bench` turns SIGTERM into KeyboardInterrupt while it runs,
     so its `with` blocks stop the embedded cluster (exit 130, as for
-    Ctrl-C), and puts the previous handler back after. In a process of its
-    own: without the handler, the signal ends that process, not pytest."""
+    Ctrl-C); a second SIGTERM during that stop does not cut it short; the
+    previous handler is put back after. In a process of its own: without
+    the handler, the signal ends that process, not pytest."""
     import subprocess
     import sys
 
@@ -485,6 +486,8 @@ def fake_main(_args):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)   # the handler raises here first
     finally:
+        os.kill(os.getpid(), signal.SIGTERM)   # a second one while stopping: ignored
+        time.sleep(0.1)
         print("unwound")
     return 0
 
