@@ -360,9 +360,14 @@ class MaintenanceConfig:
     # vacuums (pipelines/retention.py); 0: only by hand (`taproot maintain`).
     interval_s: int = 3600
     # Vacuum keeps files younger than this: the furthest a reader (the dedup
-    # stream, a time-travel query) may lag behind. The delivery log keeps its
-    # versions (its commit files) as long (pipelines/runner.py).
+    # stream, a time-travel query) may lag behind.
     vacuum_retention_hours: int = 24
+    # The delivery log (Spark's) keeps its commit files this long: how far
+    # back a time-travel query (`taproot replay --version`) or a stream
+    # reading it can start. The partition's primary deletes older ones
+    # (`Partition._trim_delivery_log`): Spark's own cleanup only goes back to
+    # a midnight, and every refresh of the log on a local disk lists them all.
+    delivery_log_retention_minutes: int = 360
 
 
 @dataclass(frozen=True)
@@ -558,6 +563,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "retention_ms": (0, 100 * 365 * 24 * 3_600_000),
     "interval_s": (0, 30 * 24 * 3600),
     "vacuum_retention_hours": (0, 100 * 365 * 24),
+    "delivery_log_retention_minutes": (1, 100 * 365 * 24 * 60),
     "lease_duration_ms": (200, 600_000),
     "lease_renew_interval_ms": (50, 300_000),
     "stop_timeout_ms": (0, 3_600_000),

@@ -110,29 +110,26 @@ LOG_RETENTION = "delta.logRetentionDuration"
 # Delta wants the log kept at least as long as this, and refuses to time
 # travel further back: the same value for both.
 FILE_RETENTION = "delta.deletedFileRetentionDuration"
-# A day at least (Delta cuts its log cleanup off at a day boundary anyway):
-# with a vacuum retention of 0, time travel to versions whose files remain
-# (the empty first one) still works. VACUUM is given its retention
-# explicitly (`pipelines/retention.py`), so this does not lengthen it.
-LOG_RETENTION_MIN_HOURS = 24
 
 
-def create_delivery_table(spark: "SparkSession", path: str, log_retention_hours: int | None = None) -> None:
+def create_delivery_table(spark: "SparkSession", path: str, log_retention_minutes: int | None = None) -> None:
     """Create the delivery log (Spark owns it) with its documented schema and
     properties; add the columns a table made by an older Taproot lacks.
 
-    `log_retention_hours` (the cluster's vacuum retention): how long Spark
-    keeps the log's commit files, a day at least (it deletes older ones when
-    it writes a checkpoint). The log gets a commit per micro-batch, and on a local disk
-    every refresh by a reader (the primary's tail, several times a second)
-    lists all of `_delta_log/`; Delta's default of 30 days is about 800,000
-    entries at one micro-batch every 3 s. Time travel cannot reach past the
-    vacuum retention anyway: the files are gone. The deleted-file retention
-    gets the same value (Delta requires it to be no longer than the log's,
-    and will not time travel past it). Set on a table that exists too,
-    once."""
-    hours = None if log_retention_hours is None else max(log_retention_hours, LOG_RETENTION_MIN_HOURS)
-    retention = {} if hours is None else {key: f"interval {hours} hours" for key in (LOG_RETENTION, FILE_RETENTION)}
+    `log_retention_minutes` (`maintenance.delivery_log_retention_minutes`):
+    how long its commit files are kept, so how far back time travel reaches.
+    The log gets a commit per micro-batch, and on a local disk every refresh
+    by a reader (the primary's tail) lists all of `_delta_log/`. Spark's own
+    cleanup keeps everything since the midnight before the retention began
+    (a day or two of micro-batches: 70,000-140,000 files at one every 2.4 s),
+    so the partition's primary trims the log to the retention itself
+    (`Partition._trim_delivery_log`). The deleted-file retention gets the
+    same value (Delta requires it to be no longer than the log's, and will
+    not time travel past it); VACUUM is given its retention explicitly
+    (`pipelines/retention.py`), so this does not shorten it. Set on a table
+    that exists too, once."""
+    retention = ({} if log_retention_minutes is None else
+                 {key: f"interval {log_retention_minutes} minutes" for key in (LOG_RETENTION, FILE_RETENTION)})
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in {**tables.TABLE_PROPERTIES, **retention}.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({tables.spark_ddl(tables.DELIVERY_SCHEMA)}) "
               f"USING DELTA TBLPROPERTIES ({properties})")
@@ -618,7 +615,7 @@ def _run(config: conf.ClusterConfig, stop: threading.Event, stats: PipelineStats
         if not wait_for_table(paths.puts, stop):
             log.info("stopped while waiting for partition %d's PUT log", index)
             return 0
-        create_delivery_table(spark, paths.delivery, config.maintenance.vacuum_retention_hours)
+        create_delivery_table(spark, paths.delivery, config.maintenance.delivery_log_retention_minutes)
         queries.append(SupervisedQuery(dedup_query_name(index), functools.partial(
             start_dedup_query, spark, paths, window, trigger_interval_ms=config.pipeline.trigger_interval_ms,
             max_files_per_trigger=config.pipeline.max_files_per_trigger, on_batch=notifier, domains=domains)))

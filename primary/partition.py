@@ -97,6 +97,9 @@ FRESH_RUN_ROWS = 64
 SPAN_NUMPY_MIN = 32   # a PUSH frame's rows of many queues from this many: their seq ranges found with numpy
 TTL_SWEEP_INTERVAL_S = 0.5
 FRAME_HOLD_S = 5.0   # a frame's rows held unconfirmed this long get copies of their own (`own_frames`)
+# How often the tail trims the delivery log to its retention (`_trim_delivery_log`):
+# a listing of the log each time, so not on every poll.
+DELIVERY_TRIM_INTERVAL_S = 60.0
 ROUTE_CHUNK_ROWS = 20_000  # delivery rows routed per hold of the partition lock
 DISAGREEMENTS_LOGGED_MAX = 20  # log lines per delivery poll; the table has every one
 MESSAGE_COLUMNS = ["domain", "queue", "guid", "seq", "payload", "properties", "property_types", "producer_time",
@@ -1626,12 +1629,15 @@ class Partition:
     # -- delivery path ------------------------------------------------------
     def _tail_delivery(self) -> None:
         interval_s = self.config.primary.delivery_poll_interval_ms / 1000
-        next_sweep = next_frames = 0.0
+        next_sweep = next_frames = next_trim = 0.0
         while not self._stopping.is_set():
             self._wake.wait(interval_s)
             self._wake.clear()
             try:
                 self._catch_up()
+                if time.monotonic() >= next_trim:
+                    next_trim = time.monotonic() + DELIVERY_TRIM_INTERVAL_S
+                    self._trim_delivery_log()
                 # The TTL sweep looks at every queue: not on every poll (at
                 # 10,000 queues it was 6% of a node's Python time). Dispatch
                 # checks TTL itself, so this only records what sits unpushed.
@@ -1655,6 +1661,8 @@ class Partition:
             if self._delivery_table is None:
                 return  # the pipeline has not created it yet
             self._delivery_version = -1
+        if not deltars.has_commit(self.paths.delivery, self._delivery_version + 1):
+            return   # nothing new: one stat, not a refresh that lists the whole log
         latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=DELIVERY_COLUMNS)
         if latest <= self._delivery_version:
             return
@@ -1682,6 +1690,22 @@ class Partition:
         self._delivery_version = latest
         if disagreements:
             self._record(disagreements)
+
+    def _trim_delivery_log(self) -> int:
+        """Delete the delivery log's entries older than
+        `maintenance.delivery_log_retention_minutes` that no reader needs:
+        those before the newest checkpoint at or below the version this
+        primary has read (`deltars.trim_log`). Spark's own cleanup keeps
+        everything since a midnight, and every refresh of the log lists it;
+        this keeps the log to its retention. Returns the files deleted."""
+        if self._delivery_table is None or self._delivery_version < 0:
+            return 0
+        keep_s = self.config.maintenance.delivery_log_retention_minutes * 60
+        removed = deltars.trim_log(self.paths.delivery, self._delivery_version, keep_s)
+        if removed:
+            log.info("partition %d: deleted %d delivery-log entries older than %d minutes", self.index, removed,
+                     self.config.maintenance.delivery_log_retention_minutes)
+        return removed
 
     def _delivery_states(self, rows: pa.Table) -> tuple[pa.Table, list[QueueState | None], np.ndarray]:
         """Delivery rows of queues this partition knows, each row's queue

@@ -149,6 +149,22 @@ def _local_log_entry(root: str, version: int) -> bytes:
         return fh.read()
 
 
+def has_commit(path: str, version: int) -> bool:
+    """Whether the table at `path` has a commit file for `version`: one
+    `stat` (or an object store's HEAD), where a delta-rs refresh lists the
+    whole log (on a local disk, every entry). A reader polling for the next
+    version asks this first."""
+    name = f"_delta_log/{version:020d}.json"
+    root = local_root(path)
+    if root is not None:
+        return os.path.isfile(os.path.join(root, name))
+    store, base = file_system(path)
+    try:
+        return bool(store.get_file_info(f"{base}/{name}").type == pafs.FileType.File)
+    except OSError:
+        return False
+
+
 def commit_info(table: DeltaTable, version: int) -> dict[str, Any] | None:
     """The commitInfo of one version, read from its log file; None if the
     file is gone (log cleanup) or holds none. delta-rs's `history()` cannot

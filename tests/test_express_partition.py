@@ -580,3 +580,67 @@ def test_the_put_log_is_trimmed_no_further_than_a_new_primary_and_the_dedup_stre
             DeltaTable(first.paths.puts, version=judged)
     finally:
         second.stop()
+
+
+def test_the_tail_trims_the_delivery_log_to_its_retention_and_reads_on(tmp_path, monkeypatch):
+    """The primary deletes the delivery log's entries older than
+    `maintenance.delivery_log_retention_minutes` that come before the newest
+    checkpoint it has read past: each commit's JSON and the `.crc` Spark
+    writes beside it (Spark's own cleanup keeps everything since a
+    midnight). Younger entries stay, a reader opening the table after the
+    trim starts from the checkpoint, and the tail reads the commits that
+    follow as before. A poll that finds no new commit does not refresh the
+    table (a refresh lists the whole log): it looks for the next commit's
+    file."""
+    import dataclasses
+    import os
+
+    from deltalake import DeltaTable
+
+    cfg = config(tmp_path, d={"delivery": "pipeline"})   # pushes follow the delivery rows alone
+    cfg = dataclasses.replace(cfg, maintenance=dataclasses.replace(cfg.maintenance,
+                                                                   delivery_log_retention_minutes=1))
+    partition = Partition(0, cfg)
+    partition.start()
+    try:
+        consumer = Consumer(partition)
+        Producer(partition).put(G[:24])
+        pipeline = FakePipeline(partition.paths)
+        for seq in range(12):
+            pipeline.deliver([(seq, [""])])           # a commit each, as micro-batches make them
+        pipeline.table.create_checkpoint()
+        checkpoint = pipeline.table.version()
+        assert [m.guid for m in consumer.pushed(12)] == G[:12]
+        wait_until(lambda: partition._delivery_version == checkpoint, 10, what="the tail read the log")
+
+        log_dir = os.path.join(partition.paths.delivery, "_delta_log")
+        for version in range(checkpoint + 1):        # Spark writes one beside each commit
+            open(os.path.join(log_dir, f"{version:020d}.crc"), "w").close()
+        old = time.time() - 120                     # older than the minute kept, but the last three
+        aged = [n for n in os.listdir(log_dir) if n[:20].isdigit() and int(n[:20]) < checkpoint - 2]
+        for name in aged:
+            os.utime(os.path.join(log_dir, name), (old, old))
+        assert len(aged) >= 2 * (checkpoint - 2)     # a JSON and a .crc each (and delta-rs's own checkpoint)
+        assert partition._trim_delivery_log() == len(aged)
+        assert sorted({int(n[:20]) for n in os.listdir(log_dir) if n[:20].isdigit()}) == list(
+            range(checkpoint - 2, checkpoint + 1))
+        assert partition._trim_delivery_log() == 0   # the rest is young, or the checkpoint and after
+        assert DeltaTable(partition.paths.delivery).version() == checkpoint
+
+        refreshes: list[int] = []
+        real_read_since = deltars.read_since
+
+        def counted(table, after_version, columns=None):
+            refreshes.append(after_version)
+            return real_read_since(table, after_version, columns=columns)
+        monkeypatch.setattr(deltars, "read_since", counted)
+        time.sleep(1.0)                              # five polls with nothing new
+        assert refreshes == []
+        for seq in range(12, 24):
+            pipeline.deliver([(seq, [""])])
+        assert [m.guid for m in consumer.pushed(12)] == G[12:24]
+        assert refreshes and refreshes[0] == checkpoint
+        wait_until(lambda: partition._delivery_version == pipeline.table.version(), 10, what="the tail read on")
+        assert disagreements(partition.paths) == []
+    finally:
+        partition.stop()

@@ -207,7 +207,7 @@ def test_the_dedup_stream_resumes_after_the_put_log_is_trimmed_to_its_resume_ver
     assert seqs == list(range(65))
 
 
-def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark, tmp_path):
+def test_the_delivery_log_keeps_its_commits_for_the_configured_minutes(spark, tmp_path):
     from pipelines.runner import LOG_RETENTION
 
     def retention(path: str) -> str | None:
@@ -215,24 +215,22 @@ def test_the_delivery_log_keeps_its_commits_as_long_as_vacuum_keeps_files(spark,
         return {r.key: r.value for r in rows}.get(LOG_RETENTION)
 
     path = str(tmp_path / "delivery")
-    create_delivery_table(spark, path, log_retention_hours=24)
-    assert retention(path) == "interval 24 hours"
+    create_delivery_table(spark, path, log_retention_minutes=360)
+    assert retention(path) == "interval 360 minutes"
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
-    create_delivery_table(spark, path, log_retention_hours=24)       # unchanged: no commit
+    create_delivery_table(spark, path, log_retention_minutes=360)    # unchanged: no commit
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
-    create_delivery_table(spark, path, log_retention_hours=36)       # the cluster's setting changed
-    assert retention(path) == "interval 36 hours"
-    create_delivery_table(spark, path, log_retention_hours=0)        # a day at least
-    assert retention(path) == "interval 24 hours"
+    create_delivery_table(spark, path, log_retention_minutes=60)     # the cluster's setting changed
+    assert retention(path) == "interval 60 minutes"
     # Delta will not time travel past the deleted-file retention: it is as long.
     assert {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}[
-        "delta.deletedFileRetentionDuration"] == "interval 24 hours"
+        "delta.deletedFileRetentionDuration"] == "interval 60 minutes"
     assert spark.read.format("delta").option("versionAsOf", 0).load(path).count() == 0
     older = str(tmp_path / "older")                                  # made by a release without it
     create_delivery_table(spark, older)
     assert retention(older) is None
-    create_delivery_table(spark, older, log_retention_hours=24)
-    assert retention(older) == "interval 24 hours"
+    create_delivery_table(spark, older, log_retention_minutes=360)
+    assert retention(older) == "interval 360 minutes"
 
 
 def test_the_dedup_stream_reads_on_when_a_new_release_sets_the_put_logs_properties(spark, tmp_path):
