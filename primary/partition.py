@@ -1661,8 +1661,6 @@ class Partition:
             if self._delivery_table is None:
                 return  # the pipeline has not created it yet
             self._delivery_version = -1
-        if not deltars.has_commit(self.paths.delivery, self._delivery_version + 1):
-            return   # nothing new: one stat, not a refresh that lists the whole log
         latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=DELIVERY_COLUMNS)
         if latest <= self._delivery_version:
             return

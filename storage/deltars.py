@@ -1142,8 +1142,12 @@ def read_since(table: DeltaTable, after_version: int, columns: list[str] | None 
 
     Uses the change feed (inserts are synthesised from add actions, so it works
     without `delta.enableChangeDataFeed`); only inserts are returned, with their
-    `_commit_version`. Costs about a millisecond when nothing changed.
+    `_commit_version`. When the commit after `after_version` is not there,
+    nothing changed: one stat (`has_commit`), not a refresh, which lists the
+    whole log (2 ms at 500 entries, 12 at 10,000).
     """
+    if not has_commit(table.table_uri, after_version + 1):
+        return table.version(), pa.table({})
     table.update_incremental()
     latest = table.version()
     if latest <= after_version:

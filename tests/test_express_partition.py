@@ -627,19 +627,27 @@ def test_the_tail_trims_the_delivery_log_to_its_retention_and_reads_on(tmp_path,
         assert partition._trim_delivery_log() == 0   # the rest is young, or the checkpoint and after
         assert DeltaTable(partition.paths.delivery).version() == checkpoint
 
-        refreshes: list[int] = []
-        real_read_since = deltars.read_since
+        # The tail's one handle of the delivery log: its refreshes and reads.
+        table = partition._delivery_table
+        refreshes: list[None] = []
+        reads: list[int] = []
+        real_refresh, real_load_cdf = table.update_incremental, table.load_cdf
 
-        def counted(table, after_version, columns=None):
-            refreshes.append(after_version)
-            return real_read_since(table, after_version, columns=columns)
-        monkeypatch.setattr(deltars, "read_since", counted)
+        def refresh(*args, **kwargs):
+            refreshes.append(None)
+            return real_refresh(*args, **kwargs)
+
+        def load_cdf(*args, **kwargs):
+            reads.append(kwargs["starting_version"])
+            return real_load_cdf(*args, **kwargs)
+        monkeypatch.setattr(table, "update_incremental", refresh)
+        monkeypatch.setattr(table, "load_cdf", load_cdf)
         time.sleep(1.0)                              # five polls with nothing new
         assert refreshes == []
         for seq in range(12, 24):
             pipeline.deliver([(seq, [""])])
         assert [m.guid for m in consumer.pushed(12)] == G[12:24]
-        assert refreshes and refreshes[0] == checkpoint
+        assert refreshes and reads and reads[0] == checkpoint + 1
         wait_until(lambda: partition._delivery_version == pipeline.table.version(), 10, what="the tail read on")
         assert disagreements(partition.paths) == []
     finally:
