@@ -957,7 +957,7 @@ class Session:
         row_queues: list[Queue | None] | None = None
         for q, first, count in runs:
             if q._on_message is None:
-                q._inbox.put(Rows(rows.table.slice(first, count)))
+                self._deliver_rows(q, rows, first, count)   # a slice of the table into its inbox
                 continue
             if row_queues is None:
                 row_queues = [None] * row
