@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, fields
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -198,22 +198,25 @@ class TableRows:
 
     def messages(self, queue: "Queue", start: int, count: int) -> list[Message]:
         """Rows `start` to `start + count` as `Message`s of `queue`."""
-        uri, stop = queue.uri, start + count
-        nothing = repeat(None)
-        return [_message(guid, payload, from_wire(maps_to_wire(value, kinds)) if value else {}, uri, count_, seq,
-                         put_time_us, codec, queue)
-                for guid, seq, payload, put_time_us, count_, value, kinds, codec in zip(
-                    *(nothing if column is None else column[start:stop] for column in self._listed()))]
+        stop = start + count
+        return self._made((None if column is None else column[start:stop] for column in self._listed()),
+                          repeat(queue, count))
 
     def messages_of_rows(self, row_queues: "Sequence[Queue | None]") -> list[Message]:
         """Every row as a `Message` of its queue (`row_queues`, one per row;
         None: the row is left out), in one pass: a frame spanning thousands
         of queues, a row or two each, is not sliced queue by queue."""
+        return self._made(iter(self._listed()), row_queues)
+
+    @staticmethod
+    def _made(columns: Iterator[list[Any] | None], queues: "Iterable[Queue | None]") -> list[Message]:
+        """`Message`s from the listed columns (None: a column of all None)
+        and each row's queue, the rows whose queue is None left out."""
         nothing = repeat(None)
         return [_message(guid, payload, from_wire(maps_to_wire(value, kinds)) if value else {}, queue.uri, count_,
                          seq, put_time_us, codec, queue)
                 for guid, seq, payload, put_time_us, count_, value, kinds, codec, queue in zip(
-                    *(nothing if column is None else column for column in self._listed()), row_queues)
+                    *(nothing if column is None else column for column in columns), queues)
                 if queue is not None]
 
 
