@@ -32,7 +32,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,12 +93,19 @@ def open_or_create(path: str, schema: pa.Schema, storage_options: dict[str, str]
         # mode="ignore": if a concurrent creator won, keep its table.
         return DeltaTable.create(path, schema, mode="ignore", configuration=PRIMARY_TABLE_PROPERTIES,
                                  storage_options=storage_options)
-    configuration = table.metadata().configuration
-    changed = {k: v for k, v in PRIMARY_TABLE_PROPERTIES.items() if configuration.get(k) != v}
-    if changed:
-        table.alter.set_table_properties(changed)
+    set_properties(table, PRIMARY_TABLE_PROPERTIES)
     add_missing_columns(table, schema)
     return table
+
+
+def set_properties(table: DeltaTable, wanted: Mapping[str, str]) -> bool:
+    """Give `table` these properties: one metadata commit of those that
+    differ, none if none does. True if it committed."""
+    configuration = table.metadata().configuration
+    changed = {k: v for k, v in wanted.items() if configuration.get(k) != v}
+    if changed:
+        table.alter.set_table_properties(changed)
+    return bool(changed)
 
 
 def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> None:

@@ -160,12 +160,12 @@ class LeaseTable:
         Never raises: the write it follows has landed, and a commit that
         fails here (another node's write won the version) is tried again
         after this node's next write."""
+        from storage import deltars  # (it imports this module)
+
         try:
             table.update_incremental()
-            configured = table.metadata().configuration
-            if all(configured.get(k) == v for k, v in LEASE_TABLE_PROPERTIES.items()):
+            if not deltars.set_properties(table, LEASE_TABLE_PROPERTIES):
                 return True
-            table.alter.set_table_properties(LEASE_TABLE_PROPERTIES, raise_if_not_exists=False)
         except Exception as exc:   # (CommitFailedError, or the store's own errors)
             log.info("lease %s: setting the table properties failed; trying again after the next write: %s",
                      self.path, exc)
