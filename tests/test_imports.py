@@ -52,21 +52,20 @@ def modules(package: str) -> list[Path]:
 def imported(path: Path) -> frozenset[str]:
     """Every module an `import` or `from ... import` names, at any depth
     (function-level imports too), except under `if TYPE_CHECKING:`."""
-    tree = ast.parse(path.read_text())
-    typing_only = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and any(getattr(n, "id", getattr(n, "attr", None)) == "TYPE_CHECKING"
-                                            for n in ast.walk(node.test)):
-            typing_only.update(id(n) for n in ast.walk(node))
-    names = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    names: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text())]
+    while stack:   # one walk, not descending into `if TYPE_CHECKING:` (its `else:` is walked)
+        node = stack.pop()
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.If) and any(getattr(n, "id", getattr(n, "attr", None)) == "TYPE_CHECKING"
+                                              for n in ast.walk(node.test)):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
     return frozenset(names)
 
 
