@@ -798,7 +798,7 @@ class Partition:
         # as its watermark, and a row older than the watermark would be dropped.
         self._last_put_us = self._max_column("put_time")
         self._delivery_version = -1
-        self._delivery_table: DeltaTable | None = None  # opened once the pipeline creates it
+        self._delivery_tail: deltars.LogTail | None = None  # opened once the pipeline creates it
         policy = GroupPolicy(config.primary.group_commit_max_messages,
                              config.primary.group_commit_max_bytes,
                              config.primary.group_commit_linger_ms,
@@ -1148,7 +1148,8 @@ class Partition:
         express decisions for the unjudged rows (and for every PUT from now
         on) see every GUID committed within it, by any earlier primary."""
         now_us = wall_time_us()
-        delivery = self._delivery_table = deltars.try_open(self.paths.delivery)
+        delivery = deltars.try_open(self.paths.delivery)
+        self._delivery_tail = None if delivery is None else deltars.LogTail(delivery)
         if delivery is not None:
             self._delivery_version, delivered = deltars.read_snapshot(delivery, DELIVERY_COLUMNS)
             judged = self._judged_bound(-1, self._delivery_version)
@@ -1629,7 +1630,10 @@ class Partition:
     # -- delivery path ------------------------------------------------------
     def _tail_delivery(self) -> None:
         interval_s = self.config.primary.delivery_poll_interval_ms / 1000
-        next_sweep = next_frames = next_trim = 0.0
+        next_sweep = next_frames = 0.0
+        # The first trim a full interval in: none in a partition's first minute
+        # (its tests call `_trim_delivery_log` themselves, and must not race one).
+        next_trim = time.monotonic() + DELIVERY_TRIM_INTERVAL_S
         while not self._stopping.is_set():
             self._wake.wait(interval_s)
             self._wake.clear()
@@ -1653,15 +1657,16 @@ class Partition:
     def _catch_up(self) -> None:
         """Reconcile new delivery rows with the express lane's decisions, and
         push what only the pipeline decided (`express.Reconciler`)."""
-        # One handle for the life of the partition: read_since refreshes it
-        # incrementally (~1 ms when nothing changed); reopening would replay
-        # the whole log on every poll.
-        if self._delivery_table is None:
-            self._delivery_table = deltars.try_open(self.paths.delivery)
-            if self._delivery_table is None:
+        # One reader for the life of the partition: a poll with nothing new
+        # is a stat, and the pipeline's appends are read from their commit
+        # files (`deltars.LogTail`); reopening would replay the whole log.
+        if self._delivery_tail is None:
+            table = deltars.try_open(self.paths.delivery)
+            if table is None:
                 return  # the pipeline has not created it yet
+            self._delivery_tail = deltars.LogTail(table)
             self._delivery_version = -1
-        latest, rows = deltars.read_since(self._delivery_table, self._delivery_version, columns=DELIVERY_COLUMNS)
+        latest, rows = self._delivery_tail.read_since(self._delivery_version, columns=DELIVERY_COLUMNS)
         if latest <= self._delivery_version:
             return
         judged = self._judged_bound(self._delivery_version, latest)
@@ -1696,7 +1701,7 @@ class Partition:
         primary has read (`deltars.trim_log`). Spark's own cleanup keeps
         everything since a midnight, and every refresh of the log lists it;
         this keeps the log to its retention. Returns the files deleted."""
-        if self._delivery_table is None or self._delivery_version < 0:
+        if self._delivery_tail is None or self._delivery_version < 0:
             return 0
         keep_s = self.config.maintenance.delivery_log_retention_minutes * 60
         removed = deltars.trim_log(self.paths.delivery, self._delivery_version, keep_s)
@@ -1866,9 +1871,9 @@ class Partition:
         the rows in hand), that records its PUT version (`pipelines/dedup.py`);
         None when none does. A commit past `latest` must not count: its rows
         are not in hand, and they would pass for judged and routed."""
-        assert self._delivery_table is not None
+        assert self._delivery_tail is not None
         for version in range(latest, after_version, -1):
-            info = deltars.commit_info(self._delivery_table, version)
+            info = deltars.commit_info(self._delivery_tail.table, version)
             meta = (info or {}).get("userMetadata")
             if not meta:
                 continue

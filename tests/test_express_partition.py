@@ -627,28 +627,24 @@ def test_the_tail_trims_the_delivery_log_to_its_retention_and_reads_on(tmp_path,
         assert partition._trim_delivery_log() == 0   # the rest is young, or the checkpoint and after
         assert DeltaTable(partition.paths.delivery).version() == checkpoint
 
-        # The tail's one handle of the delivery log: its refreshes and reads.
-        table = partition._delivery_table
+        # The tail's one reader of the delivery log: no refresh while nothing
+        # is new, and the appends after the trim read from their commit files.
+        tail = partition._delivery_tail
         refreshes: list[None] = []
-        reads: list[int] = []
-        real_refresh, real_load_cdf = table.update_incremental, table.load_cdf
+        real_refresh = tail.table.update_incremental
 
         def refresh(*args, **kwargs):
             refreshes.append(None)
             return real_refresh(*args, **kwargs)
-
-        def load_cdf(*args, **kwargs):
-            reads.append(kwargs["starting_version"])
-            return real_load_cdf(*args, **kwargs)
-        monkeypatch.setattr(table, "update_incremental", refresh)
-        monkeypatch.setattr(table, "load_cdf", load_cdf)
+        monkeypatch.setattr(tail.table, "update_incremental", refresh)
+        direct, by_delta_rs = tail.read_directly, tail.read_by_delta_rs
         time.sleep(1.0)                              # five polls with nothing new
-        assert refreshes == []
+        assert refreshes == [] and (tail.read_directly, tail.read_by_delta_rs) == (direct, by_delta_rs)
         for seq in range(12, 24):
             pipeline.deliver([(seq, [""])])
         assert [m.guid for m in consumer.pushed(12)] == G[12:24]
-        assert refreshes and reads and reads[0] == checkpoint + 1
         wait_until(lambda: partition._delivery_version == pipeline.table.version(), 10, what="the tail read on")
+        assert tail.read_directly == direct + 12 and tail.read_by_delta_rs == by_delta_rs and refreshes == []
         assert disagreements(partition.paths) == []
     finally:
         partition.stop()
