@@ -133,9 +133,16 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
                                       "bytes each, and the young table's for its capacity)", labels=["partition"])
     held = GaugeMetricFamily("taproot_express_decisions_held", "express decisions waiting for the pipeline's "
                              "delivery rows (about the rate times the authority lag)", labels=["partition"])
+    versions = CounterMetricFamily("taproot_delivery_log_versions_read", "versions of the delivery log the "
+                                   "primary's tail has read: from their commit files (a micro-batch's append), "
+                                   "or through delta-rs's change feed (deletes, a new column)",
+                                   labels=["partition", "how"])
     now = time.time()
     for p, partition in sorted(node.partitions.items()):
         epoch.add_metric([str(p)], partition.epoch)
+        direct, change_feed = partition.delivery_versions_read()
+        versions.add_metric([str(p), "commit_file"], direct)
+        versions.add_metric([str(p), "change_feed"], change_feed)
         lag.add_metric([str(p)], authority_lag_s(partition, now))
         guids, nbytes, decisions = partition.express_held()
         history.add_metric([str(p)], guids)
@@ -153,6 +160,7 @@ def _partition_families(node: "Node") -> Iterator[Metric]:
     yield commits
     yield sizes
     yield linger
+    yield versions
     metrics = node.metrics
     yield CounterMetricFamily("taproot_partitions_taken", "partitions this node became primary of (its first "
                               "leases and every failover to it)", value=metrics.partitions_taken)

@@ -1907,6 +1907,12 @@ class Partition:
         with self._decisions_lock:
             return len(self._history), self._history.nbytes, len(self._reconciler)
 
+    def delivery_versions_read(self) -> tuple[int, int]:
+        """The delivery log's versions this primary's tail has read: from
+        their commit files, and through delta-rs's change feed."""
+        tail = self._delivery_tail
+        return (0, 0) if tail is None else (tail.read_directly, tail.read_by_delta_rs)
+
     def oldest_unjudged_commit(self) -> float | None:
         """When this primary's oldest commit the pipeline has not judged yet
         was made (wall clock), or None."""

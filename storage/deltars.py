@@ -1208,7 +1208,7 @@ class LogTail:
         self.table = table
         self.root = local_root(table.table_uri)
         self.read_directly = 0     # versions read from their commit files
-        self.read_by_delta_rs = 0  # reads that went through delta-rs
+        self.read_by_delta_rs = 0  # versions read through delta-rs's change feed
 
     def read_since(self, after_version: int, columns: list[str] | None = None) -> tuple[int, pa.Table]:
         uri = self.table.table_uri
@@ -1218,8 +1218,9 @@ class LogTail:
             found = self._appended_since(after_version, columns)
             if found is not None:
                 return found
-        self.read_by_delta_rs += 1
-        return read_since(self.table, after_version, columns)
+        latest, rows = read_since(self.table, after_version, columns)
+        self.read_by_delta_rs += max(0, latest - after_version)
+        return latest, rows
 
     def _appended_since(self, after_version: int, columns: list[str]) -> tuple[int, pa.Table] | None:
         """(latest version, rows its versions after `after_version` added),
