@@ -1243,6 +1243,8 @@ class LogTail:
                 if not isinstance(action, dict) or len(action) != 1:
                     return None
                 (kind, body), = action.items()
+                if not isinstance(body, dict):
+                    return None
                 if kind == "add":
                     if not body.get("dataChange", True):
                         continue   # a rewrite of rows already there (OPTIMIZE, a compaction)
