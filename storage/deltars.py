@@ -1159,6 +1159,12 @@ def read_since(table: DeltaTable, after_version: int, columns: list[str] | None 
     """
     if not has_commit(table.table_uri, after_version + 1):
         return table.version(), pa.table({})
+    return _change_feed_since(table, after_version, columns)
+
+
+def _change_feed_since(table: DeltaTable, after_version: int, columns: list[str] | None) -> tuple[int, pa.Table]:
+    """`read_since` once a commit after `after_version` is known to exist:
+    the handle refreshed, and the inserts from delta-rs's change feed."""
     table.update_incremental()
     latest = table.version()
     if latest <= after_version:
@@ -1218,7 +1224,7 @@ class LogTail:
             found = self._appended_since(after_version, columns)
             if found is not None:
                 return found
-        latest, rows = read_since(self.table, after_version, columns)
+        latest, rows = _change_feed_since(self.table, after_version, columns)
         self.read_by_delta_rs += max(0, latest - after_version)
         return latest, rows
 

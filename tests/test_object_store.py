@@ -77,6 +77,11 @@ def test_the_primary_trims_its_log_on_the_store_behind_its_readers(object_store)
     assert table.version() == version and table.to_pyarrow_table(columns=["seq"]).num_rows == 70
     latest, since = deltars.read_since(table, 24, columns=["seq"])
     assert latest == version and sorted(since["seq"].to_pylist()) == sorted(feed["seq"].to_pylist())
+    tail = deltars.LogTail(deltars.try_open(path))       # the primary's tail: on a store, delta-rs reads
+    latest, since = tail.read_since(24, columns=["seq"])
+    assert latest == version and sorted(since["seq"].to_pylist()) == sorted(feed["seq"].to_pylist())
+    assert (tail.read_directly, tail.read_by_delta_rs) == (0, version - 24)
+    assert tail.read_since(version, columns=["seq"])[0] == version   # nothing new: a HEAD
     appender.append(put_rows("trim", 2, first_seq=71))   # the writer goes on
     assert deltars.try_open(path).version() == version + 1
 
