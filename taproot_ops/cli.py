@@ -835,6 +835,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, help="unacknowledged PUTs per producer, every system (default 10000)")
     p.add_argument("--rate", type=float, help="msg/s over all producers (default 0: max)")
     p.add_argument("--duration", type=float, help="seconds of producing (default 10)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the scenarios N times, in turn (a, b, a, b, ...) on the same cluster, then print each "
+                        "scenario's figures as median (min-max) with every run's value; results.json gets 'spread' "
+                        "(default 1). Runs on a shared machine differ by tens of percent: compare ranges, not runs")
     p.add_argument("--workers", type=int, default=2, help="processes per role (clients are spread over them)")
     p.add_argument("--client-gc", choices=["tuned", "default"], default="tuned",
                    help="the load generator's processes, every system's: tuned (default), the garbage collector "

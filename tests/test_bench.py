@@ -770,3 +770,71 @@ def test_memory_per_minute_is_each_minute_median_so_a_peak_is_not_growth():
     assert minutes["node1"] == [401.0, 401.0, 401.0]
     assert minutes["pipeline"] == [129.5, 189.5, 234.5]
     assert rss_by_minute({"proxy1": []}) == {"proxy1": []}
+
+
+def _fake_run(system, scenario, produce, ack_p99, cpu=None):
+    return {"system": system, "scenario": scenario, "label": f"{scenario} label", "posted": 10, "acked": 10,
+            "failed": {}, "received": 10, "expected_received": 10, "produce_msg_s": produce,
+            "consume_msg_s": produce, "ack_ms": {"p50": 1.0, "p99": ack_p99}, "push_ms": {"p50": None},
+            "cpu_us_per_msg": cpu}
+
+
+@pytest.mark.unit
+def test_the_spread_of_repeated_runs_is_each_scenarios_median_and_range_in_run_order():
+    from taproot_ops.bench.report import fmt_spread, spread
+
+    runs = [_fake_run("taproot", "a", 100.0, 30.0, 20.0), _fake_run("taproot", "b", 7.0, 9.0),
+            _fake_run("taproot", "a", 60.0, 90.0, 25.0), _fake_run("nats", "a", 5.0, 1.0),
+            _fake_run("taproot", "a", 65.0, 40.0, 30.0)]
+    a, b, nats = spread(runs)
+    assert (a["system"], a["scenario"], a["runs"], b["runs"], nats["system"]) == ("taproot", "a", 3, 1, "nats")
+    produce = a["figures"]["produce msg/s"]
+    assert produce == {"values": [100.0, 60.0, 65.0], "median": 65.0, "min": 60.0, "max": 100.0}
+    assert a["figures"]["PUT->ACK p99 ms"]["median"] == 40.0
+    assert a["figures"]["server CPU us/msg"]["values"] == [20.0, 25.0, 30.0]
+    # A figure a run does not have (no PUSH percentiles, no CPU probe) is left out, not zero.
+    assert "PUT->PUSH p99 ms" not in a["figures"] and "server CPU us/msg" not in b["figures"]
+    text = fmt_spread(a)
+    assert "a label: 3 runs" in text and "65.0 (60.0-100.0): 100.0, 60.0, 65.0" in text
+
+
+@pytest.mark.unit
+def test_repeat_runs_the_scenarios_in_turn_and_writes_their_spread(tmp_path, monkeypatch, capsys):
+    import json
+
+    from taproot_ops import bench, cli
+    from taproot_ops.bench import runner
+
+    order, figures = [], iter([100.0, 50.0, 70.0, 40.0])
+
+    def run(system, address, scenario, **kw):
+        order.append(scenario.name)
+        return _fake_run(system, scenario.name, next(figures), 10.0)
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(bench, "plot", lambda result, path, title: open(path, "w").close())
+    monkeypatch.setattr(bench, "_run_taproot",
+                        lambda scenarios, args, out_dir: bench.run_system("taproot", "x", scenarios, args, out_dir))
+    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", "broadcast-5c", "--repeat", "2",
+                                          "--out", str(tmp_path)])
+    assert bench.main(args) == 0
+    assert order == ["priority-1q", "broadcast-5c", "priority-1q", "broadcast-5c"]
+    out = capsys.readouterr().out
+    assert "run 2 of 2" in out and "priority-1q label: 2 runs" in out
+    assert {p.name for p in tmp_path.glob("*.png")} == {f"taproot-{s}-{n}.png" for s in ("priority-1q", "broadcast-5c")
+                                                        for n in (1, 2)}
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert len(report["runs"]) == 4
+    assert [(e["scenario"], e["figures"]["produce msg/s"]["values"]) for e in report["spread"]] == [
+        ("priority-1q", [100.0, 70.0]), ("broadcast-5c", [50.0, 40.0])]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("extra,says", [(["--repeat", "0"], "--repeat 0: give 1 or more"),
+                                        (["--repeat", "2", "--replay", "10"], "--replay runs a measurement of its own"),
+                                        (["--repeat", "3", "--system", "kafka"], "--system kafka runs a measurement")])
+def test_repeat_is_checked_before_anything_starts(extra, says, capsys):
+    from taproot_ops import bench, cli
+
+    assert bench.main(cli.build_parser().parse_args(["bench", *extra])) == 2
+    assert says in capsys.readouterr().err

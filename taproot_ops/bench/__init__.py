@@ -5,6 +5,7 @@
     taproot bench --mode fanout --consumers 5 --rate 10000 --duration 20
     taproot bench --compare --out bench-out         # Kafka, NATS, RabbitMQ with their own tools, and Taproot
     taproot bench --scenario all --compare-python   # RabbitMQ and NATS through Python clients, same scenarios
+    taproot bench --scenario priority-1q-batch priority-1q --repeat 3 --duration 20   # median and range of 3 runs each
     taproot bench --replay 1000000 --size 32        # replay throughput
     taproot bench --pipeline 600000                 # the dedup pipeline's CPU per row, alone
     taproot bench --history 6000000                 # the dedup's cost as its GUID history grows
@@ -28,11 +29,12 @@ import platform
 import re
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import conf
-from taproot_ops.bench.report import fmt_ms, plot
+from taproot_ops.bench.report import fmt_ms, fmt_spread, plot, spread
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 from taproot_ops.bench.settling import settle, tidy
 
@@ -258,9 +260,13 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
     from taproot_ops.bench.runner import run
 
     results = []
+    times = Counter(s.name for s in scenarios)   # > 1: `--repeat`
+    done: Counter[str] = Counter()
     for scenario in scenarios:
+        done[scenario.name] += 1
+        nth = f", run {done[scenario.name]} of {times[scenario.name]}" if times[scenario.name] > 1 else ""
         print(f"{system}: {scenario.label}, {scenario.size} B, "
-              f"{'max rate' if not scenario.rate else f'{scenario.rate:,.0f} msg/s'}, {scenario.duration_s:g} s",
+              f"{'max rate' if not scenario.rate else f'{scenario.rate:,.0f} msg/s'}, {scenario.duration_s:g} s{nth}",
               flush=True)
         result = run(system, address, scenario, workers=args.workers,
                      drain_idle_s=args.drain_idle if args.drain_idle is not None else
@@ -279,7 +285,7 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
                 result["authority"]["cpu_us_per_msg"] = sum(total.values()) * 1e6 / max(1, result["acked"])
         print_result(result)
         if out_dir is not None:
-            png = out_dir / f"{system}-{scenario.name}.png"
+            png = out_dir / f"{system}-{scenario.name}{f'-{done[scenario.name]}' if nth else ''}.png"
             plot(result, str(png), f"{system}: {scenario.label}, {scenario.size} B")
             result["plot"] = str(png)
         results.append(result)
@@ -292,6 +298,18 @@ NATIVE_PEERS = {"kafka": ("kafka", "--paced"), "nats-native": ("nats_native", "-
 
 
 def main(args: argparse.Namespace) -> int:
+    repeat = getattr(args, "repeat", 1)
+    if repeat < 1:
+        print(f"error: --repeat {repeat}: give 1 or more runs of each scenario", file=sys.stderr)
+        return 2
+    alone = [flag for flag, on in (("--replay", args.replay), ("--pipeline", getattr(args, "pipeline", 0)),
+                                   ("--history", getattr(args, "history", 0)),
+                                   ("--compare", getattr(args, "compare", False)),
+                                   (f"--system {args.system}", args.system in NATIVE_PEERS)) if on]
+    if repeat > 1 and alone:
+        print(f"error: --repeat repeats the --scenario runs; {alone[0]} runs a measurement of its own "
+              f"(run it again instead)", file=sys.stderr)
+        return 2
     if args.replay:
         return _replay_main(args)
     if getattr(args, "pipeline", 0):
@@ -314,6 +332,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    scenarios = [s for _ in range(repeat) for s in scenarios]   # round-robin: slow windows fall on all of them
     out_dir = _out_dir(args)
     report: dict[str, Any] = {"machine": {"cpus": mp.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}, "runs": []}
@@ -347,6 +366,10 @@ def main(args: argparse.Namespace) -> int:
     if len(systems) > 1:
         from taproot_ops.bench.compare import table
         print(table(report["runs"]))
+    if repeat > 1:
+        report["spread"] = spread(report["runs"])
+        for entry in report["spread"]:
+            print(fmt_spread(entry), flush=True)
     for target in filter(None, [args.json, out_dir and str(out_dir / "results.json")]):
         with open(target, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -113,6 +113,48 @@ def rss_by_minute(rss: dict[str, list[tuple[float, float]]]) -> dict[str, list[f
                 by.setdefault(int(t // 60), []).append(mb)
         minutes[role] = [round(float(np.median(by[m])), 1) for m in sorted(by)]
     return minutes
+
+
+# The figures `spread` summarises: (name, how to read it from a run's result).
+SPREAD_FIGURES: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("produce msg/s", lambda r: r.get("produce_msg_s")),
+    ("consume msg/s", lambda r: r.get("consume_msg_s")),
+    ("PUT->ACK p50 ms", lambda r: (r.get("ack_ms") or {}).get("p50")),
+    ("PUT->ACK p99 ms", lambda r: (r.get("ack_ms") or {}).get("p99")),
+    ("PUT->PUSH p99 ms", lambda r: (r.get("push_ms") or {}).get("p99")),
+    ("server CPU us/msg", lambda r: r.get("cpu_us_per_msg")),
+)
+
+
+def spread(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeated runs of a scenario on a system (`taproot bench --repeat`),
+    one entry each, in the order first run: every figure of
+    `SPREAD_FIGURES` a run has, as its values in run order with their
+    median, minimum and maximum. One run is not a result on a shared
+    machine; the range says how far apart runs of the same thing land."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["system"], run["scenario"]), []).append(run)
+    out = []
+    for (system, scenario), group in groups.items():
+        figures = {}
+        for name, read in SPREAD_FIGURES:
+            values = [float(v) for v in map(read, group) if v is not None]
+            if values:
+                figures[name] = {"values": values, "median": float(np.median(values)),
+                                 "min": min(values), "max": max(values)}
+        out.append({"system": system, "scenario": scenario, "label": group[0].get("label", scenario),
+                    "runs": len(group), "figures": figures})
+    return out
+
+
+def fmt_spread(entry: dict[str, Any]) -> str:
+    """One scenario's `spread` entry as lines for the terminal."""
+    lines = [f"{entry['system']:>8} {entry['label']}: {entry['runs']} runs, median (min-max), each run in order"]
+    for name, f in entry["figures"].items():
+        lines.append(f"         {name:<18} {f['median']:>10,.1f} ({f['min']:,.1f}-{f['max']:,.1f}): "
+                     + ", ".join(f"{v:,.1f}" for v in f["values"]))
+    return "\n".join(lines)
 
 
 def fmt_ms(values: dict[str, Any]) -> str:
