@@ -783,7 +783,8 @@ def _fake_run(system, scenario, produce, ack_p99, cpu=None):
 def test_the_spread_of_repeated_runs_is_each_scenarios_median_and_range_in_run_order():
     from taproot_ops.bench.report import fmt_spread, spread
 
-    runs = [_fake_run("taproot", "a", 100.0, 30.0, 20.0), _fake_run("taproot", "b", 7.0, 9.0),
+    runs = [_fake_run("taproot", "a", 100.0, 30.0, 20.0) | {"authority": {"lag_ms": {"p99": 7000.0}}},
+            _fake_run("taproot", "b", 7.0, 9.0) | {"authority": {"lag_ms": {"p99": None}}},
             _fake_run("taproot", "a", 60.0, 90.0, 25.0), _fake_run("nats", "a", 5.0, 1.0),
             _fake_run("taproot", "a", 65.0, 40.0, 30.0)]
     a, b, nats = spread(runs)
@@ -794,6 +795,8 @@ def test_the_spread_of_repeated_runs_is_each_scenarios_median_and_range_in_run_o
     assert a["figures"]["server CPU us/msg"]["values"] == [20.0, 25.0, 30.0]
     # A figure a run does not have (no PUSH percentiles, no CPU probe) is left out, not zero.
     assert "PUT->PUSH p99 ms" not in a["figures"] and "server CPU us/msg" not in b["figures"]
+    # The authority's lag where a run measured it (not in broadcast, nor without the pipeline).
+    assert a["figures"]["authority lag p99 ms"]["values"] == [7000.0] and "authority lag p99 ms" not in b["figures"]
     text = fmt_spread(a)
     assert "a label: 3 runs" in text and "65.0 (60.0-100.0): 100.0, 60.0, 65.0" in text
 

@@ -123,6 +123,7 @@ SPREAD_FIGURES: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("PUT->ACK p99 ms", lambda r: (r.get("ack_ms") or {}).get("p99")),
     ("PUT->PUSH p99 ms", lambda r: (r.get("push_ms") or {}).get("p99")),
     ("server CPU us/msg", lambda r: r.get("cpu_us_per_msg")),
+    ("authority lag p99 ms", lambda r: ((r.get("authority") or {}).get("lag_ms") or {}).get("p99")),
 )
 
 
