@@ -128,8 +128,9 @@ SPREAD_FIGURES: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
 
 
 def spread(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repeated runs of a scenario on a system (`taproot bench --repeat`),
-    one entry each, in the order first run: every figure of
+    """Repeated runs of each scenario on each system (`taproot bench
+    --repeat`): one entry per scenario and system, in the order of their
+    first runs, with every figure of
     `SPREAD_FIGURES` a run has, as its values in run order with their
     median, minimum and maximum. One run is not a result on a shared
     machine; the range says how far apart runs of the same thing land."""
@@ -153,7 +154,7 @@ def fmt_spread(entry: dict[str, Any]) -> str:
     """One scenario's `spread` entry as lines for the terminal."""
     lines = [f"{entry['system']:>8} {entry['label']}: {entry['runs']} runs, median (min-max), each run in order"]
     for name, f in entry["figures"].items():
-        lines.append(f"         {name:<18} {f['median']:>10,.1f} ({f['min']:,.1f}-{f['max']:,.1f}): "
+        lines.append(f"         {name:<20} {f['median']:>10,.1f} ({f['min']:,.1f}-{f['max']:,.1f}): "
                      + ", ".join(f"{v:,.1f}" for v in f["values"]))
     return "\n".join(lines)
 
