@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import conf
+from taproot_ops.bench import machine
 from taproot_ops.bench.report import fmt_ms, fmt_spread, plot, spread
 from taproot_ops.bench.scenarios import QUEUE_SWEEP, SCENARIOS, TAPROOT_ONLY, Scenario
 from taproot_ops.bench.settling import settle, tidy
@@ -249,6 +250,8 @@ def print_result(r: dict[str, Any]) -> None:
                       if sum(closes.values()) >= 0.5 else "")
             print(f"         server CPU until the authority caught up: {parts}: "
                   f"{authority['cpu_us_per_msg']:,.0f} us per message{within}", flush=True)
+    if r.get("machine"):
+        print(f"         {machine.fmt(r['machine'])}", flush=True)
 
 
 def run_system(system: str, address: str, scenarios: list[Scenario], args: argparse.Namespace,
@@ -268,11 +271,13 @@ def run_system(system: str, address: str, scenarios: list[Scenario], args: argpa
         print(f"{system}: {scenario.label}, {scenario.size} B, "
               f"{'max rate' if not scenario.rate else f'{scenario.rate:,.0f} msg/s'}, {scenario.duration_s:g} s{nth}",
               flush=True)
-        result = run(system, address, scenario, workers=args.workers,
-                     drain_idle_s=args.drain_idle if args.drain_idle is not None else
-                     (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe,
-                     consumer_address=consumer_address, phase_probe=phase_probe,
-                     client_gc=getattr(args, "client_gc", "tuned"))
+        with machine.Sampler() as speed:   # how fast the shared host let the cores run (machine.py)
+            result = run(system, address, scenario, workers=args.workers,
+                         drain_idle_s=args.drain_idle if args.drain_idle is not None else
+                         (60.0 if system == "taproot" else 10.0), cpu_probe=cpu_probe, memory_probe=memory_probe,
+                         consumer_address=consumer_address, phase_probe=phase_probe,
+                         client_gc=getattr(args, "client_gc", "tuned"))
+        result["machine"] = speed.summary()
         if cluster is not None and scenario.mode != "broadcast":
             from taproot_ops.bench.authority import authority_lag
             from taproot_ops.bench.taproot_driver import domain_name

@@ -124,6 +124,8 @@ SPREAD_FIGURES: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("PUT->PUSH p99 ms", lambda r: (r.get("push_ms") or {}).get("p99")),
     ("server CPU us/msg", lambda r: r.get("cpu_us_per_msg")),
     ("authority lag p99 ms", lambda r: ((r.get("authority") or {}).get("lag_ms") or {}).get("p99")),
+    # The share of the run the shared host's cores ran slow (`machine.py`): the run's window.
+    ("machine slow %", lambda r: None if not r.get("machine") else r["machine"]["slow_share"] * 100),
 )
 
 
