@@ -23,6 +23,7 @@ def test_the_summary_counts_the_samples_in_the_slow_state_against_the_runs_faste
     assert s["mean_vs_fastest"] == pytest.approx((2.0 + 2.2 + 4.0 + 2.0 + 3.0 + 2.69) / 6 / 2.0)
     assert machine.summary([1.5] * 4)["slow_share"] == 0.0
     assert machine.summary([]) is None
+    assert "series" not in s
 
 
 def test_the_fixed_work_is_timed_by_the_clock_it_is_given():
@@ -38,10 +39,12 @@ def test_the_sampler_samples_at_once_then_every_period_until_it_is_left():
         periods.append(seconds)
         return len(periods) == 3     # stopped after the third wait
 
-    values = iter([1.0, 2.0, 3.0, 4.0])
-    with machine.Sampler(every_s=0.5, work=lambda: next(values), wait=wait) as s:
+    values, clock = iter([1.0, 2.0, 3.0, 4.0]), iter([100.0, 100.5, 101.0, 101.5])
+    with machine.Sampler(every_s=0.5, work=lambda: next(values), wait=wait, now=lambda: next(clock)) as s:
         s._thread.join(5)
     assert s.samples == [1.0, 2.0, 3.0] and periods == [0.5, 0.5, 0.5]
+    # Each sample with when it began, for the run's per-second series.
+    assert s.summary()["series"] == [[100.0, 1.0], [100.5, 2.0], [101.0, 3.0]]
 
 
 def test_leaving_the_sampler_stops_its_thread_without_waiting_out_the_period():

@@ -55,9 +55,12 @@ class Sampler:
     order. `work` and `wait` are injectable (tests)."""
 
     def __init__(self, every_s: float = EVERY_S, work: Callable[[], float] | None = None,
-                 wait: Callable[[threading.Event, float], bool] = lambda event, s: event.wait(s)):
+                 wait: Callable[[threading.Event, float], bool] = lambda event, s: event.wait(s),
+                 now: Clock = time.time):
         self.every_s = every_s
         self.samples: list[float] = []
+        self.times: list[float] = []   # when each sample began (`now`: the wall clock, as a run's start_s)
+        self._now = now
         self._work, self._wait = work or (lambda: work_ms()), wait
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-probe", daemon=True)
@@ -72,24 +75,32 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            began = self._now()
             self.samples.append(self._work())
+            self.times.append(began)
             if self._wait(self._stop, self.every_s):
                 return
 
     def summary(self) -> dict[str, Any] | None:
-        return summary(self.samples)
+        return summary(self.samples, self.times)
 
 
-def summary(samples: list[float]) -> dict[str, Any] | None:
+def summary(samples: list[float], times: list[float] | None = None) -> dict[str, Any] | None:
     """The run's samples: how many, the fastest and the median (ms), the
     share in the slow state, and their mean against the fastest (1.0: the
-    whole run at full speed). None without samples."""
+    whole run at full speed); with their `times`, each sample as [when
+    (the wall clock, s), ms], to set beside the run's per-second series.
+    None without samples."""
     if not samples:
         return None
     fastest = min(samples)
-    return {"samples": len(samples), "fastest_ms": fastest, "median_ms": statistics.median(samples),
-            "slow_share": sum(s >= fastest * SLOW_RATIO for s in samples) / len(samples),
-            "mean_vs_fastest": statistics.fmean(samples) / fastest if fastest > 0 else 1.0}
+    out: dict[str, Any] = {
+        "samples": len(samples), "fastest_ms": fastest, "median_ms": statistics.median(samples),
+        "slow_share": sum(s >= fastest * SLOW_RATIO for s in samples) / len(samples),
+        "mean_vs_fastest": statistics.fmean(samples) / fastest if fastest > 0 else 1.0}
+    if times is not None:
+        out["series"] = [[round(t, 3), round(ms, 4)] for t, ms in zip(times, samples)]
+    return out
 
 
 def fmt(machine: dict[str, Any]) -> str:
