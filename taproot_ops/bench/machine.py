@@ -2,11 +2,12 @@
 
 This machine is a two-core VM on a shared host, and its cores change speed
 under it. A fixed piece of interpreter work, timed back to back on one vCPU
-with nothing of ours running, took either about 1.5 ms or about 2.6 ms of
-CPU: two states, 1.6-1.8x apart, switching every few milliseconds to every
-half second (slow spells of 2-170 ms in 6 s). Both vCPUs do it, and keeping
-the other vCPU busy ourselves did not slow the work, so the slow state comes
-from outside the VM (most likely another tenant on the same physical core).
+with nothing of ours running, took either about 1.5 ms or 2.6-3.0 ms of
+CPU: two states, 1.6-1.9x apart, switching every few milliseconds to every
+half second (slow spells of 2-174 ms in 6 s). Both vCPUs do it, and windows
+with the other vCPU kept busy by us had as many slow samples as idle ones,
+so the slow state comes from outside the VM (perhaps another tenant on the
+same physical core; there are no hardware counters here to show it).
 In a minute with many slow spells every process of ours needs more CPU for
 the same messages, and a commit caught in one is late by a good part of it
 (`docs/benchmarks.md`, thirtieth session).
@@ -19,7 +20,7 @@ or more) and their mean against the fastest. It is printed with each run and
 written to its result (`machine`), and `--repeat` shows it beside each run's
 figures, so a reader can tell a slow window from a slow change.
 
-The samples share the cores with the run: about 1.5-2.6 ms of CPU every
+The samples share the cores with the run: about 1.5-3 ms of CPU every
 0.2 s, under 1.5% of one core.
 """
 
@@ -31,7 +32,7 @@ import time
 from typing import Any, Callable
 
 EVERY_S = 0.2          # a sample every this many seconds
-LOOPS = 20_000         # about 1.5 ms of CPU in the fast state, 2.6 in the slow one
+LOOPS = 20_000         # about 1.5 ms of CPU in the fast state, 2.6-3.0 in the slow one
 SLOW_RATIO = 1.35      # a sample this many times the run's fastest or more ran in the slow state
 
 Clock = Callable[[], float]
