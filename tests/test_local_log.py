@@ -290,7 +290,10 @@ def test_reserved_files_are_used_once_and_never_when_old_removed_or_closed(tmp_p
         return glob.glob(os.path.join(log_dir, ".taproot-*"))
 
     reserve(appender)
-    reserve(appender)                        # one reservation at a time
+    # One reservation at a time: the thread's work, called here so that it
+    # has run before the commits below (a wake of the thread could run it
+    # after the first commit took the reservation, and reserve again).
+    appender._make_reserved()
     assert len(temps()) == 1 and len(parquet_files()) == 1
     (data, _temp, _) = appender._reserved
     assert appender.append(rows(1)) == 1 and actions(path, 1)[1]["add"]["path"] == data
