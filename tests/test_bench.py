@@ -841,3 +841,55 @@ def test_repeat_is_checked_before_anything_starts(extra, says, capsys):
 
     assert bench.main(cli.build_parser().parse_args(["bench", *extra])) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_each_run_reports_the_machines_speed_and_repeat_puts_it_in_the_spread(tmp_path, monkeypatch, capsys):
+    import json
+    import time
+
+    from taproot_ops import bench, cli
+    from taproot_ops.bench import machine, runner
+
+    # Each run's samples: the first run's all fast, the second's half slow.
+    runs = iter([[1.5, 1.5, 1.6, 1.5], [1.5, 3.0, 1.5, 3.0]])
+    current: list[float] = []
+
+    def run(system, address, scenario, **kw):
+        deadline = time.monotonic() + 5
+        while len(sampled) < len(current) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return _fake_run(system, scenario.name, 1.0, 10.0)
+
+    sampled: list[float] = []
+
+    def work():
+        value = current[len(sampled)] if len(sampled) < len(current) else current[0]   # then fast again
+        sampled.append(value)
+        return value
+
+    def sampler(*a, **kw):
+        current[:] = next(runs)
+        sampled.clear()
+        return machine_sampler(every_s=0.001, work=work)
+
+    machine_sampler = machine.Sampler
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(bench.machine, "Sampler", sampler)
+    monkeypatch.setattr(bench, "plot", lambda result, path, title: open(path, "w").close())
+    monkeypatch.setattr(bench, "_run_taproot",
+                        lambda scenarios, args, out_dir: bench.run_system("taproot", "x", scenarios, args, out_dir))
+    args = cli.build_parser().parse_args(["bench", "--scenario", "priority-1q", "--repeat", "2",
+                                          "--out", str(tmp_path)])
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert [r["machine"]["fastest_ms"] for r in report["runs"]] == [1.5, 1.5]
+    first, second = (r["machine"] for r in report["runs"])
+    # The sampler may take a fast sample or two more before the run's end is noticed.
+    assert first["slow_share"] == 0.0 and second["slow_share"] == 2 / second["samples"] and second["samples"] >= 4
+    assert f"machine speed: 0% of {first['samples']} samples in the slow state" in out
+    assert f"machine speed: {second['slow_share'] * 100:.0f}% of {second['samples']} samples" in out
+    first, second = first["slow_share"], second["slow_share"]
+    values = report["spread"][0]["figures"]["machine slow %"]["values"]
+    assert values == [first * 100, second * 100]

@@ -55,14 +55,14 @@ class Sampler:
     (`with Sampler() as s:`), the first at once; `samples` holds them in
     order. `work` and `wait` are injectable (tests)."""
 
-    def __init__(self, every_s: float = EVERY_S, work: Callable[[], float] | None = None,
+    def __init__(self, every_s: float = EVERY_S, work: Callable[[], float] = work_ms,
                  wait: Callable[[threading.Event, float], bool] = lambda event, s: event.wait(s),
                  now: Clock = time.time):
         self.every_s = every_s
         self.samples: list[float] = []
         self.times: list[float] = []   # when each sample began (`now`: the wall clock, as a run's start_s)
         self._now = now
-        self._work, self._wait = work or (lambda: work_ms()), wait
+        self._work, self._wait = work, wait
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-probe", daemon=True)
 
